@@ -1,0 +1,22 @@
+"""Triton kernels of radixrt (installed as `radixrt.kernels`); pure-torch references in `.reference`.
+
+KV layout and the metadata each kernel takes: docs/kernels.md.
+"""
+
+from .activation import silu_and_mul
+from .decode_attention import choose_num_kv_splits, decode_attention
+from .extend_attention import extend_attention
+from .norm import rms_norm
+from .rotary import apply_rotary, build_rope_cache
+from .store_kv import store_kv
+
+__all__ = [
+    "apply_rotary",
+    "build_rope_cache",
+    "choose_num_kv_splits",
+    "decode_attention",
+    "extend_attention",
+    "rms_norm",
+    "silu_and_mul",
+    "store_kv",
+]

@@ -1,0 +1,42 @@
+"""Small helpers shared by the kernel launchers (argument checks, block-size arithmetic)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def check(cond: bool, msg: str) -> None:
+    """Raise ValueError(msg) unless cond holds (launchers validate shapes before launching)."""
+    if not cond:
+        raise ValueError(msg)
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (and >= 1)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def check_int_vector(t: torch.Tensor, name: str, length: int) -> None:
+    """`t` must be an int32/int64 vector of `length` elements (batch metadata)."""
+    check(t.dim() == 1 and t.shape[0] == length, f"{name} must be [{length}], got {tuple(t.shape)}")
+    check(t.dtype in (torch.int32, torch.int64), f"{name} must be int32 or int64, got {t.dtype}")
+
+
+def check_pool(k_buffer: torch.Tensor, v_buffer: torch.Tensor, num_kv_heads: int, head_dim: int) -> None:
+    """Pool buffers of one layer must be [S, Hkv, D] with a contiguous last dim and match each other."""
+    check(k_buffer.dim() == 3 and k_buffer.shape == v_buffer.shape,
+          f"k_buffer {tuple(k_buffer.shape)} / v_buffer {tuple(v_buffer.shape)} must be equal [S, Hkv, D]")
+    check(tuple(k_buffer.shape[1:]) == (num_kv_heads, head_dim),
+          f"pool rows are {tuple(k_buffer.shape[1:])}, expected ({num_kv_heads}, {head_dim})")
+    check(k_buffer.stride(-1) == 1 and v_buffer.stride(-1) == 1, "pool buffers need a contiguous last dim")
+    check(k_buffer.dtype == v_buffer.dtype, "k_buffer and v_buffer dtypes differ")
+
+
+def check_page_size(page_size: int) -> None:
+    """page_size is a positive int; kernels take it as a compile-time constant (one build per size)."""
+    check(isinstance(page_size, int) and page_size >= 1, f"page_size must be an int >= 1, got {page_size!r}")
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot input precision: exact fp32 products for fp32 inputs (not tf32); native for fp16/bf16."""
+    return "ieee" if dtype == torch.float32 else "tf32"

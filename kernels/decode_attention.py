@@ -1,0 +1,209 @@
+"""Split-KV decode attention over a paged KV cache (one query token per request).
+
+Two stages, as in Flash-Decoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context
+inference"):
+  1. grid (split, KV head, request): each program streams its slice of the sequence once, for ALL
+     query heads that share that KV head (GQA group padded to >= 16 rows so the scores are one
+     tl.dot), and writes a partial output normalised by its own softmax sum plus its log-sum-exp.
+  2. grid (request, query head): merge the splits, weighting each by exp(lse_split - lse_max).
+Reading each K/V page once per KV head (not per query head) is what keeps the kernel at the
+memory-bandwidth roofline for GQA models. Pages are read through the page table (PagedAttention,
+Kwon et al. 2023); the split ranges are computed on the device from seq_lens, so one launch shape
+serves every sequence length (CUDA-graph friendly).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
+
+LOG2E = 1.4426950408889634
+H200_NUM_SMS = 132
+
+
+@triton.jit
+def _decode_split_kernel(
+    q, k_buf, v_buf, page_table, seq_lens, mid_o, mid_lse,
+    qk_scale, num_splits,
+    stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_pt_b,
+    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.program_id(2)
+    # this split's token range, a whole number of BLOCK_N blocks (the last split may be short or empty)
+    seq_len = tl.load(seq_lens + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    heads = kvh * GROUP + offs_g
+    mask_h = offs_g < GROUP
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+
+    # the group's queries [BLOCK_H, BLOCK_D]; padding rows are zero and never stored
+    qg = tl.load(q + b * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
+                 mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+
+    for n0 in range(start, end, BLOCK_N):
+        # slots of this block of positions, via the page table
+        pos = n0 + offs_n
+        mask_n = pos < end
+        page = tl.load(page_table + b * stride_pt_b + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        slot = page * PAGE_SIZE + pos % PAGE_SIZE
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        # scores of all heads of the group against BLOCK_N keys, read once
+        kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        s = tl.dot(qg, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        # online softmax (FlashAttention-2 recurrence), exp2 domain
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vb = tl.load(v_buf + slot[:, None] * stride_vb_s + kvh * stride_vb_h + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # partial result and its log2-sum-exp; an empty split writes zeros and lse = -inf
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    tl.store(mid_o + b * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s + offs_d[None, :],
+             out, mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(mid_lse + b * stride_ml_b + heads * stride_ml_h + split, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    mid_o, mid_lse, o, num_splits,
+    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < num_splits
+    mask_d = offs_d < HEAD_DIM
+    # weights of the splits relative to the largest lse (all-empty row: weights 0, output 0)
+    lse = tl.load(mid_lse + b * stride_ml_b + h * stride_ml_h + offs_s, mask=mask_s, other=float("-inf"))
+    lse_max = tl.max(lse, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    w = tl.exp2(lse - lse_max)
+    # weighted sum of the partial outputs [BLOCK_S, BLOCK_D]
+    parts = tl.load(mid_o + b * stride_mo_b + h * stride_mo_h + offs_s[:, None] * stride_mo_s + offs_d[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    w_sum = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(w_sum > 0.0, w_sum, 1.0)
+    tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, out.to(o.dtype.element_ty), mask=mask_d)
+
+
+def _pick_config(head_dim: int, group: int, device: torch.device) -> dict:
+    """Blocks and warps for stage 1. BLOCK_H pads the GQA group to >= 16 rows (tl.dot minimum)."""
+    cfg = {"BLOCK_D": next_pow2(head_dim), "BLOCK_H": max(16, next_pow2(group))}
+    if device.type != "cuda":  # Triton interpreter (CPU tests): small key blocks exercise the loop
+        return {**cfg, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    return {**cfg, "BLOCK_N": 64 if cfg["BLOCK_D"] <= 128 else 32, "num_warps": 4, "num_stages": 2}
+
+
+def choose_num_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
+                         num_sms: int = H200_NUM_SMS, max_splits: int = 32) -> int:
+    """Number of KV splits for stage 1, from host ints only (no device sync).
+
+    Aim for about 4 programs per SM over (request, KV head, split), but give each split at least
+    128 tokens, so short sequences are not cut into slivers whose merge costs more than it saves.
+    The result depends only on the arguments, so a CUDA graph captured with max_seq_len set to the
+    longest sequence it will replay stays valid (the kernel clips the split ranges on the device).
+    """
+    want = triton.cdiv(4 * num_sms, max(1, batch_size * num_kv_heads))
+    by_len = triton.cdiv(max(1, max_seq_len), 128)
+    return int(max(1, min(want, by_len, max_splits)))
+
+
+def decode_attention(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
+    seq_lens: torch.Tensor, page_size: int, scale: float | None, num_kv_splits: int,
+    out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None,
+    mid_lse: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of one new query token per request over its whole cached sequence.
+
+    q                 : [B, Hq, D]  (last dim contiguous; any row/head strides)
+    k_buffer, v_buffer: [S, Hkv, D] one layer of the pool; must already hold the new token's K/V
+    page_table        : [B, P] int32/int64, P * page_size >= seq_len
+    seq_lens          : [B] int32/int64 tokens to attend to (0 gives a zero output row)
+    page_size         : tokens per page;  scale: softmax scale (default 1/sqrt(D))
+    num_kv_splits     : host int >= 1 (see choose_num_kv_splits); fixes the grid
+    out               : optional [B, Hq, D] output (q's dtype)
+    mid_o, mid_lse    : optional fp32 workspaces [B, Hq, num_kv_splits, D] and [B, Hq, num_kv_splits]
+                        (pass views of preallocated memory to avoid allocations under CUDA graphs)
+    Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices.
+    """
+    batch_size, num_q_heads, head_dim = q.shape
+    check(k_buffer.dim() == 3, "k_buffer must be [S, Hkv, D]")
+    num_kv_heads = k_buffer.shape[1]
+    check(num_q_heads % num_kv_heads == 0, f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
+    check_pool(k_buffer, v_buffer, num_kv_heads, head_dim)
+    check(page_table.dim() == 2 and page_table.shape[0] == batch_size
+          and page_table.dtype in (torch.int32, torch.int64), f"page_table must be [{batch_size}, P] int32/int64")
+    check(page_table.stride(-1) == 1, "page_table rows must be contiguous")
+    check_int_vector(seq_lens, "seq_lens", batch_size)
+    check_page_size(page_size)
+    check(isinstance(num_kv_splits, int) and num_kv_splits >= 1, f"bad num_kv_splits {num_kv_splits!r}")
+    check(q.dtype == k_buffer.dtype, f"q is {q.dtype} but the pool is {k_buffer.dtype}")
+    check(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
+    check(q.stride(-1) == 1, "q must have a contiguous last dim")
+    for t in (k_buffer, v_buffer, page_table, seq_lens):
+        check(t.device == q.device, f"all tensors must be on {q.device}")
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    check(out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1, "bad out buffer")
+    mid_shape = (batch_size, num_q_heads, num_kv_splits)
+    if mid_o is None:
+        mid_o = torch.empty((*mid_shape, head_dim), dtype=torch.float32, device=q.device)
+    if mid_lse is None:
+        mid_lse = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
+    check(mid_o.shape == (*mid_shape, head_dim) and mid_o.dtype == torch.float32 and mid_o.stride(-1) == 1,
+          f"mid_o must be fp32 {(*mid_shape, head_dim)}")
+    check(mid_lse.shape == mid_shape and mid_lse.dtype == torch.float32 and mid_lse.stride(-1) == 1,
+          f"mid_lse must be fp32 {mid_shape}")
+    if batch_size == 0:
+        return out
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+    cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device)
+    _decode_split_kernel[(num_kv_splits, num_kv_heads, batch_size)](
+        q, k_buffer, v_buffer, page_table, seq_lens, mid_o, mid_lse,
+        scale * LOG2E, num_kv_splits,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size,
+        HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"], BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    _decode_merge_kernel[(num_q_heads, batch_size)](
+        mid_o, mid_lse, out, num_kv_splits,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"],
+        BLOCK_S=next_pow2(num_kv_splits), num_warps=4,
+    )
+    return out

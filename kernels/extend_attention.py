@@ -1,0 +1,188 @@
+"""Extend (prefill) attention over a paged KV cache, variable lengths in one launch.
+
+Each new token of request b attends to (1) b's cached prefix, read from the pool through the page
+table (slot = page_table[b, pos // page_size] * page_size + pos % page_size; PagedAttention, Kwon
+et al. 2023), and (2) causally to b's new tokens up to and including itself, read from the new K/V
+tensors. Online softmax with a running max and sum over key blocks, as in FlashAttention-2 (Dao,
+2023), in exp2 with the softmax scale folded into log2(e). GQA: query head h reads KV head
+h // (Hq // Hkv). The prefix may end anywhere, also inside a page.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _online_softmax_step(s, m_i, l_i, acc):
+    """One FlashAttention-2 update for a block of scores `s` [M, N] (log2 units, masked = -inf)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, m_new, l_new, acc * alpha[:, None]
+
+
+@triton.jit
+def _extend_attn_kernel(
+    q, k_new, v_new, k_buf, v_buf, o,
+    page_table, prefix_lens, extend_lens, extend_start_loc,
+    qk_scale,
+    stride_q_t, stride_q_h, stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h,
+    stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_o_t, stride_o_h, stride_pt_b,
+    GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # longest query blocks (most causal work) first, to shorten the tail of the launch
+    mb = tl.num_programs(0) - 1 - tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    ext_len = tl.load(extend_lens + b)
+    if mb * BLOCK_M >= ext_len:
+        return
+    prefix_len = tl.load(prefix_lens + b)
+    tok0 = tl.load(extend_start_loc + b).to(tl.int64)
+    kvh = h // GROUP
+
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < ext_len
+    mask_d = offs_d < HEAD_DIM
+
+    # this block of queries [BLOCK_M, BLOCK_D]; padded rows/dims are zero
+    qb = tl.load(q + (tok0 + offs_m)[:, None] * stride_q_t + h * stride_q_h + offs_d[None, :],
+                 mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # 1) cached prefix: gather key/value rows through the page table, mask the ragged end
+    for n0 in range(0, prefix_len, BLOCK_N):
+        pos = n0 + offs_n
+        mask_n = pos < prefix_len
+        page = tl.load(page_table + b * stride_pt_b + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        slot = page * PAGE_SIZE + pos % PAGE_SIZE
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        p, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc)
+        vb = tl.load(v_buf + slot[:, None] * stride_vb_s + kvh * stride_vb_h + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
+
+    # 2) new tokens strictly before this query block: every key is visible to every query row
+    for n0 in range(0, mb * BLOCK_M, BLOCK_N):
+        tok = tok0 + n0 + offs_n
+        kb = tl.load(k_new + tok[:, None] * stride_kn_t + kvh * stride_kn_h + offs_d[None, :],
+                     mask=mask_d[None, :], other=0.0)
+        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
+        p, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc)
+        vb = tl.load(v_new + tok[:, None] * stride_vn_t + kvh * stride_vn_h + offs_d[None, :],
+                     mask=mask_d[None, :], other=0.0)
+        acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
+
+    # 3) the diagonal: new tokens inside this query block, causal mask key <= query
+    for n0 in range(mb * BLOCK_M, tl.minimum((mb + 1) * BLOCK_M, ext_len), BLOCK_N):
+        idx = n0 + offs_n
+        mask_n = idx < ext_len
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        kb = tl.load(k_new + (tok0 + idx)[:, None] * stride_kn_t + kvh * stride_kn_h + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(mask_n[None, :] & (idx[None, :] <= offs_m[:, None]), s, float("-inf"))
+        p, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc)
+        vb = tl.load(v_new + (tok0 + idx)[:, None] * stride_vn_t + kvh * stride_vn_h + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
+
+    # normalise and write the valid rows
+    out = acc / l_i[:, None]
+    tl.store(o + (tok0 + offs_m)[:, None] * stride_o_t + h * stride_o_h + offs_d[None, :],
+             out.to(o.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def _pick_config(head_dim: int, device: torch.device) -> dict:
+    """Blocks and warps. BLOCK_M must be a multiple of BLOCK_N (the unmasked loop ends on a block edge)."""
+    block_d = next_pow2(head_dim)
+    if device.type != "cuda":  # Triton interpreter (CPU tests): small blocks exercise every loop
+        return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 1}
+    if block_d <= 64:
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 3}
+    if block_d <= 128:
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 2}
+    return {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 2}
+
+
+def extend_attention(
+    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+    k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
+    prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_start_loc: torch.Tensor,
+    page_size: int, scale: float | None, max_extend_len: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of the new tokens of B requests over their cached prefix plus themselves.
+
+    q                 : [T, Hq, D]   new tokens' queries, T = sum(extend_lens) (last dim contiguous)
+    k_new, v_new      : [T, Hkv, D]  new tokens' keys/values (same dtype as q); Hq % Hkv == 0
+    k_buffer, v_buffer: [S, Hkv, D]  one layer of the pool; positions < prefix_len are read from it
+    page_table        : [B, P] int32 pages of each request in position order (P * page_size >= prefix_len)
+    prefix_lens, extend_lens, extend_start_loc : [B] int32/int64; extend_start_loc = exclusive cumsum
+    page_size         : tokens per page;  scale: softmax scale (default 1/sqrt(D))
+    max_extend_len    : host int >= max(extend_lens) (sets the grid; no device sync)
+    out               : optional [T, Hq, D] output buffer (dtype of q)
+    Returns o [T, Hq, D] in q's dtype. Tokens of a request with extend_len 0 produce nothing.
+    Raises ValueError on bad shapes/dtypes/devices.
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    check(k_new.dim() == 3 and k_new.shape == v_new.shape and k_new.shape[0] == num_tokens
+          and k_new.shape[2] == head_dim, f"k_new/v_new must be [{num_tokens}, Hkv, {head_dim}]")
+    num_kv_heads = k_new.shape[1]
+    check(num_q_heads % num_kv_heads == 0, f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
+    check_pool(k_buffer, v_buffer, num_kv_heads, head_dim)
+    check(page_table.dim() == 2 and page_table.dtype in (torch.int32, torch.int64),
+          "page_table must be a [B, P] int32/int64 tensor")
+    batch_size = page_table.shape[0]
+    for name, t in (("prefix_lens", prefix_lens), ("extend_lens", extend_lens),
+                    ("extend_start_loc", extend_start_loc)):
+        check_int_vector(t, name, batch_size)
+    check_page_size(page_size)
+    check(q.dtype == k_new.dtype == v_new.dtype == k_buffer.dtype,
+          f"dtypes differ: q {q.dtype}, k_new {k_new.dtype}, v_new {v_new.dtype}, pool {k_buffer.dtype}")
+    check(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
+    for name, t in (("q", q), ("k_new", k_new), ("v_new", v_new)):
+        check(t.stride(-1) == 1, f"{name} must have a contiguous last dim")
+    check(page_table.stride(-1) == 1, "page_table rows must be contiguous")
+    for t in (k_new, v_new, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, extend_start_loc):
+        check(t.device == q.device, f"all tensors must be on {q.device}")
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    check(out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1, "bad out buffer")
+    if num_tokens == 0 or max_extend_len <= 0:
+        return out
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+    cfg = _pick_config(head_dim, q.device)
+    grid = (triton.cdiv(max_extend_len, cfg["BLOCK_M"]), num_q_heads, batch_size)
+    _extend_attn_kernel[grid](
+        q, k_new, v_new, k_buffer, v_buffer, out,
+        page_table, prefix_lens, extend_lens, extend_start_loc,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        out.stride(0), out.stride(1), page_table.stride(0),
+        GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size, HEAD_DIM=head_dim,
+        BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out

@@ -1,0 +1,101 @@
+"""Pure-torch references for every kernel in radixrt.kernels (slow, obviously correct, any device).
+
+The attention references loop over requests, gather each request's keys/values position by
+position through the page table, and compute softmax attention in fp32 with an explicit causal mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def slots_of(page_table_row: torch.Tensor, page_size: int, start: int, end: int) -> torch.Tensor:
+    """Slots of positions [start, end) of one request: page_table_row[pos // page_size] * page_size + pos % page_size."""
+    pos = torch.arange(start, end, device=page_table_row.device)
+    return page_table_row.long()[pos // page_size] * page_size + pos % page_size
+
+
+def store_kv_ref(k_buffer: torch.Tensor, v_buffer: torch.Tensor, out_cache_loc: torch.Tensor,
+                 k: torch.Tensor, v: torch.Tensor) -> None:
+    """k_buffer[out_cache_loc] = k; v_buffer[out_cache_loc] = v (in place)."""
+    k_buffer[out_cache_loc.long()] = k.to(k_buffer.dtype)
+    v_buffer[out_cache_loc.long()] = v.to(v_buffer.dtype)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_pos: torch.Tensor) -> torch.Tensor:
+    """q [M, Hq, D] at positions q_pos [M] over keys/values [N, Hkv, D] at positions 0..N-1, causal, fp32."""
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)  # [N, Hq, D]
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("mhd,nhd->hmn", q.float(), k) * scale  # [Hq, M, N]
+    visible = torch.arange(k.shape[0], device=q.device)[None, :] <= q_pos[:, None]  # [M, N]
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    return torch.einsum("hmn,nhd->mhd", scores.softmax(dim=-1), v)
+
+
+def extend_attention_ref(q, k_new, v_new, k_buffer, v_buffer, page_table, prefix_lens, extend_lens,
+                         extend_start_loc, page_size: int, scale: float | None) -> torch.Tensor:
+    """Same contract as kernels.extend_attention; returns o [T, Hq, D] in q's dtype."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out = torch.zeros_like(q)
+    for b in range(page_table.shape[0]):
+        prefix_len, ext_len = int(prefix_lens[b]), int(extend_lens[b])
+        start = int(extend_start_loc[b])
+        if ext_len == 0:
+            continue
+        slots = slots_of(page_table[b], page_size, 0, prefix_len)
+        k = torch.cat([k_buffer[slots], k_new[start:start + ext_len]])  # [prefix + ext, Hkv, D]
+        v = torch.cat([v_buffer[slots], v_new[start:start + ext_len]])
+        q_pos = prefix_len + torch.arange(ext_len, device=q.device)
+        out[start:start + ext_len] = _attend(q[start:start + ext_len], k, v, scale, q_pos).to(q.dtype)
+    return out
+
+
+def decode_attention_ref(q, k_buffer, v_buffer, page_table, seq_lens, page_size: int,
+                         scale: float | None) -> torch.Tensor:
+    """Same contract as kernels.decode_attention; returns o [B, Hq, D] (zero rows where seq_len == 0)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out = torch.zeros_like(q)
+    for b in range(q.shape[0]):
+        seq_len = int(seq_lens[b])
+        if seq_len == 0:
+            continue
+        slots = slots_of(page_table[b], page_size, 0, seq_len)
+        q_pos = torch.tensor([seq_len - 1], device=q.device)
+        out[b] = _attend(q[b:b + 1], k_buffer[slots], v_buffer[slots], scale, q_pos)[0].to(q.dtype)
+    return out
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, new_residual) as kernels.rms_norm: residual add rounded to x's dtype, statistics in fp32."""
+    h = x if residual is None else (x.float() + residual.float()).to(x.dtype)
+    hf = h.float()
+    out = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
+    return out.to(x.dtype), h
+
+
+def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                     cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX rotate-half RoPE; returns new (q, k) and leaves the inputs untouched."""
+    half = cos_sin_cache.shape[1] // 2
+    cos = cos_sin_cache[positions.long(), :half].float()[:, None, :]  # [T, 1, R/2]
+    sin = cos_sin_cache[positions.long(), half:].float()[:, None, :]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float().clone()
+        x1, x2 = xf[..., :half].clone(), xf[..., half:2 * half].clone()
+        xf[..., :half] = x1 * cos - x2 * sin
+        xf[..., half:2 * half] = x2 * cos + x1 * sin
+        return xf.to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[:, :I]) * x[:, I:] in fp32, cast back to x's dtype."""
+    inter = x.shape[-1] // 2
+    xf = x.float()
+    return (torch.nn.functional.silu(xf[..., :inter]) * xf[..., inter:]).to(x.dtype)

@@ -1,0 +1,74 @@
+"""Write the new tokens' K and V into their KV-pool slots.
+
+KV layout (one layer): `k_buffer`, `v_buffer` are `[num_slots, num_kv_heads, head_dim]`, slot =
+page * page_size + offset (PagedAttention, Kwon et al. 2023). The scheduler picks the slots; this
+kernel only scatters rows, so it is a pure copy bounded by memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check, next_pow2
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_buf, v_buf, k_src, v_src, out_cache_loc,
+    stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+    stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    tok = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    # slot of this token; int64 so that slot * stride cannot overflow on large pools
+    slot = tl.load(out_cache_loc + tok).to(tl.int64)
+    # copy one head's row of K and of V, casting to the pool's dtype
+    k = tl.load(k_src + tok * stride_k_t + head * stride_k_h + offs_d, mask=mask_d)
+    v = tl.load(v_src + tok * stride_v_t + head * stride_v_h + offs_d, mask=mask_d)
+    tl.store(k_buf + slot * stride_kb_s + head * stride_kb_h + offs_d,
+             k.to(k_buf.dtype.element_ty), mask=mask_d)
+    tl.store(v_buf + slot * stride_vb_s + head * stride_vb_h + offs_d,
+             v.to(v_buf.dtype.element_ty), mask=mask_d)
+
+
+def _pick_config(head_dim: int) -> dict:
+    """Block and warp choice: one program copies one head row of K and of V."""
+    block_d = next_pow2(head_dim)
+    return {"BLOCK_D": block_d, "num_warps": 1 if block_d <= 128 else 2}
+
+
+def store_kv(k_buffer: torch.Tensor, v_buffer: torch.Tensor, out_cache_loc: torch.Tensor,
+             k: torch.Tensor, v: torch.Tensor) -> None:
+    """Scatter new K/V rows into the pool, in place: `k_buffer[out_cache_loc[t]] = k[t]`.
+
+    k_buffer, v_buffer : [S, Hkv, D]  pool of one layer (any float dtype; the last dim contiguous)
+    out_cache_loc      : [T] int64 (int32 accepted)  slot of each new token; slots must be distinct
+                         except for padding tokens that all go to the sink page 0
+    k, v               : [T, Hkv, D]  may be strided views (e.g. slices of a fused QKV output)
+                         with a contiguous last dim; cast to the pool dtype on store.
+    Raises ValueError on shape, device or stride mismatches. No host synchronisation.
+    """
+    check(k_buffer.dim() == 3 and v_buffer.shape == k_buffer.shape, "k_buffer/v_buffer must be [S, Hkv, D]")
+    num_tokens, num_kv_heads, head_dim = k.shape
+    check(k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    check(tuple(k_buffer.shape[1:]) == (num_kv_heads, head_dim),
+          f"k is {tuple(k.shape)} but the pool rows are {tuple(k_buffer.shape[1:])}")
+    check(out_cache_loc.shape == (num_tokens,), f"out_cache_loc must be [{num_tokens}]")
+    check(out_cache_loc.dtype in (torch.int64, torch.int32), "out_cache_loc must be int64 or int32")
+    for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k", k), ("v", v)):
+        check(t.stride(-1) == 1, f"{name} must have a contiguous last dim")
+        check(t.device == k_buffer.device, f"{name} is on {t.device}, the pool on {k_buffer.device}")
+    if num_tokens == 0:
+        return
+    cfg = _pick_config(head_dim)
+    _store_kv_kernel[(num_tokens, num_kv_heads)](
+        k_buffer, v_buffer, k, v, out_cache_loc,
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"], num_warps=cfg["num_warps"],
+    )

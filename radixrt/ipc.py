@@ -1,0 +1,88 @@
+"""ZeroMQ PUSH/PULL channels over ipc:// sockets in a private 0700 directory.
+
+The launcher creates the directory and names one address per channel (`IpcAddresses`); each
+process binds the channel it receives on and connects the ones it sends on. Messages are encoded
+by `radixrt.protocol` (orjson header + raw array frames; never pickle).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import zmq
+
+from radixrt import protocol
+
+
+@dataclass(frozen=True, slots=True)
+class IpcAddresses:
+    """One ipc:// endpoint per channel, named after its receiver."""
+
+    dir: str
+    scheduler_in: str  # tokenizer -> scheduler
+    tokenizer_in: str  # scheduler -> tokenizer
+    worker_in: str  # scheduler -> worker
+    scheduler_results: str  # worker -> scheduler
+    launcher_in: str  # every child -> launcher (Ready / Fatal)
+
+    @classmethod
+    def create(cls) -> IpcAddresses:
+        """Make a fresh private (0700) directory; the caller removes it with `cleanup`."""
+        d = tempfile.mkdtemp(prefix="radixrt-")
+        os.chmod(d, 0o700)
+        return cls(dir=d, **{name: f"ipc://{d}/{name}" for name in
+                             ("scheduler_in", "tokenizer_in", "worker_in", "scheduler_results", "launcher_in")})
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, str]) -> IpcAddresses:
+        return cls(**d)
+
+
+class Sender:
+    """PUSH end of a channel. `send` never blocks forever: HWM is large and linger bounded."""
+
+    def __init__(self, ctx: zmq.Context, addr: str, bind: bool = False) -> None:
+        self.sock = ctx.socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        (self.sock.bind if bind else self.sock.connect)(addr)
+
+    def send(self, msg: Any) -> None:
+        self.sock.send_multipart(protocol.encode(msg), copy=False)
+
+
+class Receiver:
+    """PULL end of a channel accepting only `allowed` message types."""
+
+    def __init__(self, ctx: zmq.Context, addr: str, allowed: tuple[type, ...], bind: bool = True) -> None:
+        self.sock = ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.allowed = allowed
+        (self.sock.bind if bind else self.sock.connect)(addr)
+
+    def recv(self, timeout_ms: int | None = None) -> Any | None:
+        """Next message, or None after `timeout_ms` (None: wait forever; 0: poll)."""
+        if timeout_ms is not None and not self.sock.poll(timeout_ms):
+            return None
+        return protocol.decode(self.sock.recv_multipart(), self.allowed)
+
+    def recv_all(self) -> list[Any]:
+        """Every message already queued, without waiting."""
+        out = []
+        while True:
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            out.append(protocol.decode(frames, self.allowed))

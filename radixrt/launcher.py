@@ -1,0 +1,160 @@
+"""`radixrt launch-server`: start the three processes, wait for their handshakes, own shutdown.
+
+Start order: the worker first (its Ready carries the KV pool size and model facts), then the
+scheduler and the tokenizer process together (both need the worker's facts). Each child reports
+`protocol.Ready` (with PROTOCOL_VERSION) or `protocol.Fatal` on the launcher's channel.
+
+Shutdown: SIGINT/SIGTERM -> exit 0 after stopping every child; a child that dies -> every other
+child is stopped and the launcher exits 1 within seconds. Children run in their own session (the
+terminal's Ctrl-C reaches only the launcher) and die with it (PR_SET_PDEATHSIG); the private ipc
+directory is removed on every path out.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import zmq
+
+from radixrt.config import PROTOCOL_VERSION, Env, ServerArgs
+from radixrt.ipc import IpcAddresses, Receiver
+from radixrt.protocol import CHILD_TO_LAUNCHER, Fatal, Ready
+
+log = logging.getLogger("radixrt.launcher")
+
+READY_TIMEOUT_S = 900.0
+STOP_GRACE_S = 5.0
+POLL_S = 0.1
+
+
+class LaunchError(RuntimeError):
+    """A child failed; the message is one line for the user, `exit_code` the server's exit status."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _Stop(Exception):
+    """Raised from the signal handler to leave the wait loops."""
+
+
+class Launcher:
+    """Owns the child processes and the ipc directory for the server's lifetime."""
+
+    def __init__(self, args: ServerArgs, model_dir: Path) -> None:
+        self.args = args
+        self.model_dir = model_dir
+        self.addrs = IpcAddresses.create()
+        self.ctx = zmq.Context()
+        self.rx = Receiver(self.ctx, self.addrs.launcher_in, CHILD_TO_LAUNCHER, bind=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def spawn(self, role: str, extra: dict[str, Any]) -> None:
+        spec = {"args": self.args.to_dict(), "addrs": self.addrs.to_dict(),
+                "model_dir": str(self.model_dir), "extra": extra}
+        proc = subprocess.Popen([sys.executable, "-m", "radixrt.child", role], stdin=subprocess.PIPE,
+                                start_new_session=True)
+        assert proc.stdin is not None
+        proc.stdin.write(orjson.dumps(spec))
+        proc.stdin.close()
+        self.procs[role] = proc
+
+    def wait_ready(self, roles: set[str]) -> dict[str, dict]:
+        """Block until every role in `roles` sent Ready; raise LaunchError on Fatal, death or timeout."""
+        infos: dict[str, dict] = {}
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while roles - infos.keys():
+            self.check_children()
+            if time.monotonic() > deadline:
+                raise LaunchError(f"timed out waiting for {sorted(roles - infos.keys())} to start")
+            msg = self.rx.recv(timeout_ms=int(POLL_S * 1000))
+            if isinstance(msg, Fatal):
+                raise LaunchError(f"{msg.process} process failed to start: {msg.message}", msg.exit_code)
+            if isinstance(msg, Ready):
+                if msg.protocol_version != PROTOCOL_VERSION:
+                    raise LaunchError(f"{msg.process} speaks protocol {msg.protocol_version}, "
+                                      f"launcher {PROTOCOL_VERSION}")
+                infos[msg.process] = msg.info
+                log.info("%s process ready (pid %d)", msg.process, msg.pid)
+        return infos
+
+    def check_children(self) -> None:
+        for role, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None:
+                raise LaunchError(f"{role} process exited unexpectedly with code {code}")
+
+    def monitor(self) -> None:
+        """Return only by exception: LaunchError when a child dies, _Stop on a signal."""
+        while True:
+            self.check_children()
+            msg = self.rx.recv(timeout_ms=int(POLL_S * 1000))
+            if isinstance(msg, Fatal):
+                raise LaunchError(f"{msg.process} process failed: {msg.message}")
+
+    def shutdown(self) -> None:
+        """SIGTERM every live child, SIGKILL after a grace period, remove the ipc directory."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.rx.sock.close()
+        self.ctx.term()
+        self.addrs.cleanup()
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop()
+
+
+def launch_server(args: ServerArgs) -> int:
+    """Run the server until a signal (exit 0) or a failure (exit 1; 2 for a bad model)."""
+    from radixrt.models.loader import ModelLoadError, resolve_model_dir
+
+    logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s launcher] %(message)s",
+                        datefmt="%H:%M:%S")
+    try:
+        model_dir = resolve_model_dir(args.model_path, Env.read().cache_dir, args.load_format)
+    except ModelLoadError as e:
+        print(f"radixrt: error: {e}", file=sys.stderr)
+        return 2
+    launcher = Launcher(args, model_dir)
+    log.info("model dir %s, ipc dir %s", model_dir, launcher.addrs.dir)
+    old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    code = 0
+    try:
+        launcher.spawn("worker", {})
+        worker_info = launcher.wait_ready({"worker"})["worker"]
+        launcher.spawn("scheduler", {"worker_info": worker_info})
+        launcher.spawn("tokenizer", {"worker_info": worker_info})
+        launcher.wait_ready({"scheduler", "tokenizer"})
+        log.info("radixrt serving %s on http://%s:%d (KV pool: %s tokens, %s GiB)", model_dir.name,
+                 args.host, args.port, worker_info.get("pool_tokens"), worker_info.get("pool_gib"))
+        print(f"radixrt: ready on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+        launcher.monitor()
+    except _Stop:
+        log.info("signal received, shutting down")
+    except LaunchError as e:
+        print(f"radixrt: error: {e}", file=sys.stderr, flush=True)
+        code = e.exit_code
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        launcher.shutdown()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return code

@@ -1,0 +1,260 @@
+"""Request-side KV bookkeeping: a request's page table and the one manager the scheduler talks to.
+
+KVManager composes the PageAllocator (who holds which page) and the RadixCache (which prefixes are
+cached) and implements the request lifecycle: admit (reuse the cached prefix, copy-on-write a shared
+partial page), reserve (pages for new tokens), publish (cache_unfinished_req / cache_finished_req),
+release (abort / retract) and fork (n > 1 sampling). Design: RadixAttention (Zheng et al., SGLang,
+2023) for reuse and publication, PagedAttention (Kwon et al., SOSP 2023) for reference-counted pages
+and copy-on-write.
+
+Index ranges of one request over its positions (P = page_size, here 4; "|" = page boundary):
+
+    positions        0   1   2 | 3   4   5   6 | 7   8   9
+    at admit         [ cached_len = 3  ]                       matched in the tree, pages shared
+                     page 0 is partial: copied (COW) into a fresh page owned by the request
+    reserve(10)                  [ new tokens: slots returned    ]   kv_len = 10
+    cache_unfinished [ published: floor(10 / P) * P = 8 tokens  ]   inserted; the tree refs pages 0, 1
+                                                     [ 8   9 ]  partial page 2 stays exclusive
+    cache_finished   [ published: all 10 tokens, page 2 included               ]
+                     then the request drops its refs on pages 0..2 (the tree keeps its own)
+
+Invariant kept for every live ReqKV: a page that the request will still write into (the one holding
+position kv_len when kv_len % P != 0) has reference count 1. Pages are append-only: once admit/fork
+returns, kv.pages[i] never changes, so a device copy of the page table can be updated incrementally.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from radixrt.memory.page_allocator import PageAllocator
+from radixrt.memory.radix_cache import RadixCache, TreeNode
+
+
+@dataclass(slots=True)
+class ReqKV:
+    """KV state of one request. Owned by the scheduler's Req; mutated only through KVManager.
+
+    Slots derived from pages are valid only while the ReqKV holds its references (until release /
+    cache_finished_req).
+    """
+
+    pages: list[int] = field(default_factory=list)  # page table; one reference held on each entry
+    kv_len: int = 0  # tokens whose KV is written (or being written this step) in pages
+    cached_len: int = 0  # tokens taken from the tree at admission (usage.cached_tokens)
+    last_node: TreeNode | None = None  # node this request holds one lock_ref on (root if no match)
+    published_len: int = 0  # tokens of this request present in the tree along last_node's path
+
+    @property
+    def active(self) -> bool:
+        """Whether the request still holds pages / a lock (False after release or finish)."""
+        return self.last_node is not None
+
+
+class KVManager:
+    """The scheduler's single entry point to KV memory. Not thread-safe; the scheduler owns it.
+
+    Every method either succeeds completely or returns None leaving the request's state unchanged
+    (a failed admit/reserve/fork may still have split tree nodes, which changes no accounting).
+    """
+
+    def __init__(self, allocator: PageAllocator, cache: RadixCache, page_size: int) -> None:
+        if cache.allocator is not allocator or cache.page_size != page_size:
+            raise ValueError("cache must be built over this allocator with this page_size")
+        self.allocator = allocator
+        self.cache = cache
+        self.page_size = page_size
+
+    # ---------------------------------------------------------------- admission / growth
+    def admit(
+        self, token_ids: Sequence[int], max_new_tokens_reserve: int = 0
+    ) -> tuple[ReqKV, list[tuple[int, int]]] | None:
+        """Start a request: reuse the cached prefix of token_ids[:-1] and lock it.
+
+        The last prompt token is always computed (its logits are needed), so at most len - 1 tokens
+        come from the cache. If the prefix ends inside a page, that page is shared with the tree: a
+        fresh page is allocated and (src, dst) is returned in the COW list; the worker must copy page
+        src to dst before any KV write of the batch it ships with. Pages for the tokens to compute are
+        not allocated (see reserve), but admission requires free + evictable pages to cover positions
+        [0, len(token_ids) + max_new_tokens_reserve) beyond what the request already holds; otherwise
+        None is returned and nothing is held or evicted. Raises ValueError on an empty prompt.
+        """
+        if not token_ids:
+            raise ValueError("cannot admit an empty prompt")
+        cache, ps = self.cache, self.page_size
+        match = cache.match_prefix(token_ids[:-1])
+        prefix_len, pages = match.prefix_len, list(match.pages)
+        cache.inc_lock_ref(match.last_node)  # before any eviction below can touch the match
+        self.allocator.inc_ref(pages)
+        needs_cow = prefix_len % ps != 0
+        num_needed = needs_cow + self._num_pages_for(len(token_ids) + max_new_tokens_reserve) - len(pages)
+        if num_needed > self.num_available_pages():
+            self.allocator.dec_ref(pages)
+            cache.dec_lock_ref(match.last_node)
+            return None
+        cow: list[tuple[int, int]] = []
+        if needs_cow:
+            dst = self._alloc(1)
+            assert dst is not None  # guaranteed by the availability check
+            cow.append((pages[-1], dst[0]))
+            self.allocator.dec_ref(pages[-1:])  # src stays alive: held by the locked path
+            pages[-1] = dst[0]
+        kv = ReqKV(pages=pages, kv_len=prefix_len, cached_len=prefix_len, last_node=match.last_node,
+                   published_len=prefix_len)
+        return kv, cow
+
+    def reserve(self, kv: ReqKV, new_kv_len: int) -> list[int] | None:
+        """Grow kv to cover positions [0, new_kv_len); return the slots of [kv.kv_len, new_kv_len).
+
+        Allocates the missing pages, evicting LRU unlocked leaves if needed, and sets kv.kv_len =
+        new_kv_len. The returned slots (page * page_size + offset, the out_cache_loc of the new tokens)
+        are valid while kv holds its refs. Returns None, changing nothing, if memory is short even
+        after evicting. Raises ValueError if new_kv_len < kv.kv_len or kv is not active.
+        """
+        self._check_active(kv)
+        if new_kv_len < kv.kv_len:
+            raise ValueError(f"cannot shrink kv_len {kv.kv_len} to {new_kv_len}")
+        ps = self.page_size
+        if kv.kv_len % ps and self.allocator.refcount(kv.pages[kv.kv_len // ps]) != 1:
+            raise RuntimeError("copy-on-write violated: the partial page to write is shared")
+        num_new = self._num_pages_for(new_kv_len) - len(kv.pages)
+        if num_new > 0:
+            if num_new > self.num_available_pages():
+                return None
+            new_pages = self._alloc(num_new)
+            assert new_pages is not None  # guaranteed by the availability check
+            kv.pages.extend(new_pages)
+        slots = self.slots(kv, kv.kv_len, new_kv_len)
+        kv.kv_len = new_kv_len
+        return slots
+
+    def fork(self, kv: ReqKV) -> tuple[ReqKV, list[tuple[int, int]]] | None:
+        """A child sharing kv's pages (n > 1 sampling); locks the same node.
+
+        A partially filled last page (kv_len % page_size != 0) would be written by both, so the child
+        gets a fresh copy of it: (src, dst) in the returned COW list. Returns None, changing nothing,
+        if no page can be found for that copy.
+        """
+        self._check_active(kv)
+        assert kv.last_node is not None
+        pages = list(kv.pages)
+        cow: list[tuple[int, int]] = []
+        assert len(pages) == self._num_pages_for(kv.kv_len), "pages beyond kv_len would be shared"
+        if kv.kv_len % self.page_size:
+            if self.num_available_pages() < 1:
+                return None
+            dst = self._alloc(1)
+            assert dst is not None
+            last = kv.kv_len // self.page_size
+            cow.append((pages[last], dst[0]))
+            pages[last] = dst[0]
+            self.allocator.inc_ref(pages[:last] + pages[last + 1 :])
+        else:
+            self.allocator.inc_ref(pages)
+        self.cache.inc_lock_ref(kv.last_node)
+        child = ReqKV(pages=pages, kv_len=kv.kv_len, cached_len=kv.cached_len, last_node=kv.last_node,
+                      published_len=kv.published_len)
+        return child, cow
+
+    # ---------------------------------------------------------------- publication / end
+    def cache_unfinished_req(self, kv: ReqKV, token_ids: Sequence[int]) -> None:
+        """Publish the page-aligned prefix of a running request and move its lock there.
+
+        token_ids: the tokens whose KV is written, len == kv.kv_len. Only floor(kv_len / page_size)
+        pages are published, so the partial last page stays the request's alone and can still be
+        written. The request keeps its own pages even where another request published the same tokens
+        first (its page table is append-only).
+        """
+        self._check_active(kv)
+        if len(token_ids) != kv.kv_len:
+            raise ValueError(f"{len(token_ids)} tokens given, kv_len is {kv.kv_len}")
+        aligned = kv.kv_len // self.page_size * self.page_size
+        if self.cache.disable or aligned <= kv.published_len:
+            return
+        prefix = token_ids[:aligned]
+        self.cache.insert(prefix, kv.pages)
+        node = self.cache.match_prefix(prefix, record_stats=False).last_node
+        assert node.end == aligned, "just inserted prefix not found"
+        old = kv.last_node
+        assert old is not None
+        self.cache.inc_lock_ref(node)
+        self.cache.dec_lock_ref(old)
+        kv.last_node, kv.published_len = node, aligned
+
+    def cache_finished_req(self, kv: ReqKV, token_ids: Sequence[int]) -> None:
+        """Publish token_ids (all tokens whose KV is written, partial last page included), then drop
+        the request's lock and page references. Also the way to retract a request: it resumes from the
+        cache when admitted again. Afterwards kv holds nothing.
+
+        len(token_ids) must not exceed kv.kv_len.
+        """
+        self._check_active(kv)
+        if len(token_ids) > kv.kv_len:
+            raise ValueError(f"{len(token_ids)} tokens given, only {kv.kv_len} have KV")
+        self.cache.insert(token_ids, kv.pages)
+        self.release(kv)
+
+    def release(self, kv: ReqKV) -> None:
+        """Abort / retract without publishing: unlock and drop the request's page refs.
+
+        The tree holds its own refs on whatever was published, so it never points at freed pages.
+        Releasing an inactive kv is a no-op.
+        """
+        if kv.last_node is None:
+            return
+        self.cache.dec_lock_ref(kv.last_node)
+        self.allocator.dec_ref(kv.pages)
+        kv.pages = []
+        kv.kv_len = kv.published_len = 0
+        kv.last_node = None
+
+    # ---------------------------------------------------------------- queries
+    def num_available_pages(self) -> int:
+        """Free pages plus pages that eviction could free."""
+        return self.allocator.num_free_pages() + self.cache.evictable_size()
+
+    def slots(self, kv: ReqKV, start: int, end: int) -> list[int]:
+        """Slots (page * page_size + offset) of positions [start, end) of kv; end <= covered length."""
+        ps, pages = self.page_size, kv.pages
+        if end > len(pages) * ps:
+            raise ValueError(f"positions up to {end} not covered by {len(pages)} pages")
+        return [pages[p // ps] * ps + p % ps for p in range(start, end)]
+
+    @staticmethod
+    def external_refs(kvs: Iterable[ReqKV]) -> dict[int, int]:
+        """page -> references held by these requests (for check_invariants)."""
+        counts: Counter[int] = Counter()
+        for kv in kvs:
+            counts.update(kv.pages)
+        return dict(counts)
+
+    def stats(self) -> dict[str, float]:
+        """Page accounting and prefix hit rate, for /metrics and /get_server_info."""
+        cache = self.cache
+        return {
+            "num_total_pages": self.allocator.num_total_pages,
+            "num_free_pages": self.allocator.num_free_pages(),
+            "num_evictable_pages": cache.evictable_size(),
+            "num_protected_pages": cache.protected_size(),
+            "total_queried_tokens": cache.total_queried_tokens,
+            "total_matched_tokens": cache.total_matched_tokens,
+            "hit_rate": cache.hit_rate(),
+        }
+
+    # ---------------------------------------------------------------- helpers
+    def _num_pages_for(self, num_tokens: int) -> int:
+        return (num_tokens + self.page_size - 1) // self.page_size
+
+    def _alloc(self, n: int) -> list[int] | None:
+        """Allocate n pages, evicting LRU unlocked leaves first if the free list is short."""
+        shortfall = n - self.allocator.num_free_pages()
+        if shortfall > 0:
+            self.cache.evict(shortfall)
+        return self.allocator.alloc(n)
+
+    @staticmethod
+    def _check_active(kv: ReqKV) -> None:
+        if kv.last_node is None:
+            raise ValueError("request holds no KV (already finished or released)")

@@ -1,0 +1,201 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Qwen2/2.5, Qwen3) over a flat token layout.
+
+A batch is one flat sequence of T new tokens from B requests (no padding); attention across
+requests is kept apart by the attention backend, which reads each request's cached K/V from the
+paged pool (see worker/forward_meta.py). Architecture differences are config flags
+(`ModelConfig.qkv_bias`, `qk_norm`, `tie_word_embeddings`, `rope_scaling`).
+
+Weights are stored fused (q|k|v and gate|up) for two large matmuls instead of five;
+`load_weights` maps Hugging Face tensor names onto them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from radixrt.models import ops
+from radixrt.models.model_config import ModelConfig
+from radixrt.models.rope import build_cos_sin_cache
+from radixrt.worker.forward_meta import AttentionBackend, ForwardMeta
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                backend: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
+            q = self.q_norm(q)[0]
+            k = self.k_norm(k)[0]
+        q, k = ops.apply_rotary(q, k, positions, cos_sin_cache)
+        o = backend.forward(q, k, v.contiguous(), self.layer_id, self.scale)  # [T, Hq, D]
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_id)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                cos_sin_cache: torch.Tensor, backend: AttentionBackend
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.input_layernorm(h, residual)
+        x = self.self_attn(x, positions, cos_sin_cache, backend)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder plus LM head.
+
+    Build on any device, then call `init_rope` once the parameters live on their final device
+    (the rotary table is not a parameter and is not saved).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.cos_sin_cache: torch.Tensor | None = None
+
+    def init_rope(self, max_positions: int, device: torch.device | str) -> None:
+        """Build the [max_positions, D] float32 rotary table on `device`."""
+        c = self.config
+        self.cos_sin_cache = build_cos_sin_cache(c.head_dim, max_positions, c.rope_theta, c.rope_scaling,
+                                                 device)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: ForwardMeta,
+                backend: AttentionBackend) -> torch.Tensor:
+        """Run the decoder over T new tokens.
+
+        Args:
+            input_ids: [T] int64 token ids; positions: [T] int64.
+            meta: this pass's metadata (already passed to `backend.prepare`).
+            backend: attention backend that stores K/V in the pool and attends.
+
+        Returns:
+            hidden [T, H] after the final norm, in the model dtype.
+        """
+        assert self.cos_sin_cache is not None, "call init_rope() after moving the model to its device"
+        h = self.model.embed_tokens(input_ids)  # [T, H]
+        residual: torch.Tensor | None = None
+        for layer in self.model.layers:
+            h, residual = layer(h, residual, positions, self.cos_sin_cache, backend)
+        h, _ = self.model.norm(h, residual)
+        return h
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
+        """hidden_last [B, H] -> logits [B, V] float32."""
+        return self.lm_head(hidden_last).float()
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy HF-named tensors into the fused parameters; returns the names of parameters filled.
+
+        Raises:
+            KeyError: a tensor name this model does not know.
+            ValueError: a shape mismatch.
+        """
+        params = dict(self.named_parameters())
+        filled: set[str] = set()
+        for name, w in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            target, rows = self._map_name(name)
+            p = params[target]
+            dst = p.data if rows is None else p.data[rows[0]:rows[1]]
+            if tuple(dst.shape) != tuple(w.shape):
+                raise ValueError(f"{name}: shape {tuple(w.shape)} != expected {tuple(dst.shape)}")
+            dst.copy_(w.to(dtype=p.dtype))
+            filled.add(target if rows is None else f"{target}[{rows[0]}:{rows[1]}]")
+        return filled
+
+    def _map_name(self, name: str) -> tuple[str, tuple[int, int] | None]:
+        """HF tensor name -> (our parameter name, row range inside a fused parameter or None)."""
+        c = self.config
+        q, kv = c.q_size, c.kv_size
+        fused = {
+            "self_attn.q_proj": ("self_attn.qkv_proj", (0, q)),
+            "self_attn.k_proj": ("self_attn.qkv_proj", (q, q + kv)),
+            "self_attn.v_proj": ("self_attn.qkv_proj", (q + kv, q + 2 * kv)),
+            "mlp.gate_proj": ("mlp.gate_up_proj", (0, c.intermediate_size)),
+            "mlp.up_proj": ("mlp.gate_up_proj", (c.intermediate_size, 2 * c.intermediate_size)),
+        }
+        for src, (dst, rows) in fused.items():
+            if f".{src}." in name:
+                return name.replace(src, dst), rows
+        return name, None
+
+    def expected_fills(self) -> set[str]:
+        """Names `load_weights` must fill for a complete checkpoint (used to detect missing tensors)."""
+        c = self.config
+        out: set[str] = set()
+        for name, _ in self.named_parameters():
+            if name == "lm_head.weight" and c.tie_word_embeddings:
+                continue
+            if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+                q, kv = c.q_size, c.kv_size
+                out |= {f"{name}[0:{q}]", f"{name}[{q}:{q + kv}]", f"{name}[{q + kv}:{q + 2 * kv}]"}
+            elif name.endswith("gate_up_proj.weight") or name.endswith("gate_up_proj.bias"):
+                i = c.intermediate_size
+                out |= {f"{name}[0:{i}]", f"{name}[{i}:{2 * i}]"}
+            else:
+                out.add(name)
+        return out

@@ -1,0 +1,253 @@
+"""Typed messages between the three processes, and their wire encoding (no pickle).
+
+Channels (all ZeroMQ PUSH/PULL over ipc:// in a private 0700 directory):
+
+    tokenizer -> scheduler : GenerateReq, AbortReq, ControlReq
+    scheduler -> tokenizer : TokenOutBatch, ControlResp
+    scheduler -> worker    : ForwardBatch, WorkerControl
+    worker    -> scheduler : ForwardResult, WorkerControlResp
+    child     -> launcher  : Ready, Fatal
+
+Wire format: frame 0 is an orjson header ``{"t": type, "f": {scalar fields}, "a": [[name, dtype, shape]...]}``;
+each numpy-array field follows as one raw little-endian frame (int32 token ids, slots, page ids;
+float32 sampling params). Decoding accepts only the closed set of types of its channel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+import orjson
+
+I32 = np.int32
+F32 = np.float32
+
+
+def _i32(n: int = 0) -> np.ndarray:
+    return np.zeros(n, dtype=I32)
+
+
+def _f32(n: int = 0) -> np.ndarray:
+    return np.zeros(n, dtype=F32)
+
+
+# --------------------------------------------------------------------------- handshake
+@dataclass(slots=True)
+class Ready:
+    """A child process is up. `info` carries what the launcher passes on (e.g. the worker's pool size)."""
+
+    process: str
+    protocol_version: int
+    pid: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Fatal:
+    """A child process failed during start-up; `message` is one human-readable line."""
+
+    process: str
+    message: str
+    exit_code: int = 1
+
+
+# --------------------------------------------------------------------------- tokenizer <-> scheduler
+@dataclass(slots=True)
+class GenerateReq:
+    """One request (one choice; `n > 1` arrives as n requests sharing a `group`).
+
+    input_ids: int32 [prompt_len]. `sampling` holds SamplingParams fields (see sampling_params.py).
+    """
+
+    rid: str
+    input_ids: np.ndarray = field(default_factory=_i32)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    group: str | None = None
+
+
+@dataclass(slots=True)
+class AbortReq:
+    """Abort a request (client gone, stop string matched). Unknown or finished rids are ignored."""
+
+    rid: str
+    reason: str = "abort"
+
+
+@dataclass(slots=True)
+class ControlReq:
+    """flush_cache | get_server_info | health (a real 1-token probe)."""
+
+    kind: str
+    req_id: str
+
+
+@dataclass(slots=True)
+class ControlResp:
+    req_id: str
+    ok: bool
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TokenOutBatch:
+    """New tokens for several requests after one step.
+
+    output_ids: int32 [sum of new tokens], request i's tokens are output_ids[offsets[i]:offsets[i+1]].
+    logprobs: float32, same layout (empty unless asked). top_logprob_ids / top_logprobs: int32/float32
+    [sum of new tokens * k] row-major per token, k = top_logprobs_num of that request.
+    finish_reasons[i]: None while running; "stop" | "length" | "abort" when finished.
+    error[i]: a client-facing message when the request was rejected (finish_reason "abort").
+    """
+
+    rids: list[str] = field(default_factory=list)
+    offsets: np.ndarray = field(default_factory=_i32)
+    output_ids: np.ndarray = field(default_factory=_i32)
+    logprobs: np.ndarray = field(default_factory=_f32)
+    top_logprob_ids: np.ndarray = field(default_factory=_i32)
+    top_logprobs: np.ndarray = field(default_factory=_f32)
+    finish_reasons: list[str | None] = field(default_factory=list)
+    matched_stop: list[Any] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    completion_tokens: list[int] = field(default_factory=list)
+    cached_tokens: list[int] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- scheduler <-> worker
+class ForwardMode(IntEnum):
+    EXTEND = 1  # every request has extend_len >= 1 new tokens (prefill / chunk / prefix-cache hit)
+    DECODE = 2  # every request has exactly one new token
+    MIXED = 3  # extend chunks and decode tokens in one pass (chunked prefill with running decodes)
+    IDLE = 4
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """One forward pass, as the scheduler decided it. The worker does exactly what it says.
+
+    B requests, T = sum(extend_lens) new tokens, U page-table writes, C copy-on-write page copies.
+    Request i's new tokens are input_ids[s:s+extend_lens[i]], s = exclusive cumsum of extend_lens.
+
+    req_rows      int32 [B]  row of the worker's device page table (req_to_page) for each request
+    input_ids     int32 [T]  new tokens
+    positions     int32 [T]  their positions (prefix_len + j)
+    out_cache_loc int32 [T]  KV slot (page * page_size + offset) each new token's K/V is written to
+    seq_lens      int32 [B]  prefix_len + extend_len (tokens whose KV exists after this pass)
+    extend_lens   int32 [B]
+    upd_rows/upd_cols/upd_pages int32 [U]: req_to_page[row, col] = page, applied before the pass
+    cow_src/cow_dst int32 [C]: copy the KV of whole page src to page dst (all layers), before the pass
+    temperature/top_p/min_p float32 [B]; top_k int32 [B] (-1 = off); seeds int32 [B] and
+    sample_steps int32 [B] (output index of the token being sampled) key a counter-based RNG, so a
+    seeded request samples the same tokens whatever else is in the batch.
+    """
+
+    batch_id: int
+    mode: int
+    req_rows: np.ndarray = field(default_factory=_i32)
+    input_ids: np.ndarray = field(default_factory=_i32)
+    positions: np.ndarray = field(default_factory=_i32)
+    out_cache_loc: np.ndarray = field(default_factory=_i32)
+    seq_lens: np.ndarray = field(default_factory=_i32)
+    extend_lens: np.ndarray = field(default_factory=_i32)
+    upd_rows: np.ndarray = field(default_factory=_i32)
+    upd_cols: np.ndarray = field(default_factory=_i32)
+    upd_pages: np.ndarray = field(default_factory=_i32)
+    cow_src: np.ndarray = field(default_factory=_i32)
+    cow_dst: np.ndarray = field(default_factory=_i32)
+    temperature: np.ndarray = field(default_factory=_f32)
+    top_p: np.ndarray = field(default_factory=_f32)
+    top_k: np.ndarray = field(default_factory=_i32)
+    min_p: np.ndarray = field(default_factory=_f32)
+    seeds: np.ndarray = field(default_factory=_i32)
+    sample_steps: np.ndarray = field(default_factory=_i32)
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+
+@dataclass(slots=True)
+class ForwardResult:
+    """next_token_ids int32 [B]; logprobs float32 [B] and top ids/values [B * k] when asked."""
+
+    batch_id: int
+    next_token_ids: np.ndarray = field(default_factory=_i32)
+    logprobs: np.ndarray = field(default_factory=_f32)
+    top_logprob_ids: np.ndarray = field(default_factory=_i32)
+    top_logprobs: np.ndarray = field(default_factory=_f32)
+    forward_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class WorkerControl:
+    """flush (no-op today) | shutdown."""
+
+    kind: str
+
+
+# --------------------------------------------------------------------------- encoding
+TOKENIZER_TO_SCHEDULER = (GenerateReq, AbortReq, ControlReq)
+SCHEDULER_TO_TOKENIZER = (TokenOutBatch, ControlResp)
+SCHEDULER_TO_WORKER = (ForwardBatch, WorkerControl)
+WORKER_TO_SCHEDULER = (ForwardResult,)
+CHILD_TO_LAUNCHER = (Ready, Fatal)
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a well-formed message of the channel's closed set."""
+
+
+def encode(msg: Any) -> list[bytes]:
+    """Message -> frames. numpy array fields travel as raw frames (little-endian), the rest as orjson."""
+    scalars: dict[str, Any] = {}
+    arrays: list[list[Any]] = []
+    frames: list[bytes] = []
+    for f in dataclasses.fields(msg):
+        v = getattr(msg, f.name)
+        if isinstance(v, np.ndarray):
+            a = np.ascontiguousarray(v)
+            arrays.append([f.name, a.dtype.str, list(a.shape)])
+            frames.append(a.tobytes())
+        else:
+            scalars[f.name] = v
+    header = orjson.dumps({"t": type(msg).__name__, "f": scalars, "a": arrays},
+                          option=orjson.OPT_SERIALIZE_NUMPY)
+    return [header, *frames]
+
+
+_ALLOWED_DTYPES = {"<i4", "<f4", "<i8", "<f8", "|u1", "|b1"}
+
+
+def decode(frames: list[bytes], allowed: tuple[type, ...]) -> Any:
+    """Frames -> message of one of `allowed` types.
+
+    Raises:
+        ProtocolError: unknown type, wrong field set, bad dtype or frame size.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    try:
+        header = orjson.loads(frames[0])
+        cls = {c.__name__: c for c in allowed}[header["t"]]
+    except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+        raise ProtocolError(f"bad header: {e!r}") from None
+    kwargs = dict(header["f"])
+    specs = header["a"]
+    if len(specs) != len(frames) - 1:
+        raise ProtocolError("array frame count mismatch")
+    for (name, dtype, shape), buf in zip(specs, frames[1:], strict=True):
+        if dtype not in _ALLOWED_DTYPES:
+            raise ProtocolError(f"dtype {dtype} not allowed")
+        arr = np.frombuffer(buf, dtype=np.dtype(dtype))
+        if arr.size != int(np.prod(shape)):
+            raise ProtocolError(f"array {name}: size mismatch")
+        kwargs[name] = arr.reshape(shape)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ProtocolError(f"bad fields for {cls.__name__}: {e}") from None

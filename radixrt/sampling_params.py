@@ -1,0 +1,61 @@
+"""Per-request sampling parameters, shared by the tokenizer process (validation) and the scheduler."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Sampling and stopping rules of one request (one choice).
+
+    temperature: 0 means greedy. top_k: -1 means off. max_new_tokens: None means up to the context
+    length. stop: strings matched by the tokenizer process (across token boundaries); stop_token_ids
+    and EOS (unless ignore_eos) are matched by the scheduler. seed: None means the scheduler picks one.
+
+    Raises:
+        ValueError: a value out of range; the message starts with the parameter's name.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_new_tokens: int | None = 128
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("temperature", self.temperature >= 0.0, "must be >= 0"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
+            ("top_k", self.top_k == -1 or self.top_k >= 1, "must be -1 or >= 1"),
+            ("min_p", 0.0 <= self.min_p <= 1.0, "must be in [0, 1]"),
+            ("max_tokens", self.max_new_tokens is None or self.max_new_tokens >= 0, "must be >= 0"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
+            ("repetition_penalty", 0.0 < self.repetition_penalty <= 2.0, "must be in (0, 2]"),
+        ]
+        for name, ok, msg in checks:
+            if not ok:
+                raise ValueError(f"{name} {msg}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})

@@ -1,0 +1,83 @@
+"""A request as the scheduler sees it: tokens known, tokens whose KV exists, and its KV pages.
+
+There are no separate prefill and decode phases: every step the request's computed tokens
+(`kv.kv_len`) catch up with its known tokens (`prompt + output`), as in vLLM v1's scheduler.
+A fresh prompt is an extend of many tokens (maybe over several chunks); decode is an extend of one.
+
+    all_ids:  | prompt .......................... | output ........ |
+    kv_len:   |<-- KV in the pool (cached + computed) -->|
+    to run:                                      |<- kv_len .. len(all_ids) ->|
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from radixrt.memory.req_kv import ReqKV
+from radixrt.sampling_params import SamplingParams
+
+
+class ReqState(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Req:
+    """One generation request (one choice of an `n > 1` group is its own Req).
+
+    prompt_ids: the original prompt. output_ids: tokens sampled so far. max_new_tokens is resolved
+    against the context length at arrival. kv is None while waiting (no pages held).
+    """
+
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    max_new_tokens: int
+    seed: int
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    stream: bool = False
+    internal: bool = False  # health probes: no output to the tokenizer process
+    output_ids: list[int] = field(default_factory=list)
+    state: ReqState = ReqState.WAITING
+    kv: ReqKV | None = None
+    req_row: int = -1  # row of the worker's page table while running
+    pages_sent: int = 0  # page-table entries already sent to the worker for req_row
+    cached_tokens: int = 0  # prompt tokens served from the radix cache (first admission)
+    num_retractions: int = 0
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    error: str | None = None
+    aborted: bool = False
+    arrival_s: float = field(default_factory=time.monotonic)
+    # Tokens produced since the last TokenOutBatch (+ their logprobs), flushed by the output stage.
+    pending_out: list[int] = field(default_factory=list)
+    pending_logprobs: list[float] = field(default_factory=list)
+    pending_top_ids: list[list[int]] = field(default_factory=list)
+    pending_top_vals: list[list[float]] = field(default_factory=list)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens known (prompt + output)."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def kv_len(self) -> int:
+        return 0 if self.kv is None else self.kv.kv_len
+
+    @property
+    def num_to_compute(self) -> int:
+        """Known tokens whose KV is not yet in the pool."""
+        return self.seq_len - self.kv_len
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state is ReqState.FINISHED

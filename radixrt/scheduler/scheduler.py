@@ -1,0 +1,322 @@
+"""The scheduler's step logic, free of sockets so tests can drive it with a fake worker.
+
+One step (`schedule`), as in continuous batching (Orca, Yu et al., OSDI 2022) with the token-budget
+view of vLLM v1: running requests first (each decode needs one slot, an unfinished prompt its next
+chunk), then waiting requests in policy order while the chunk budget, the running-request cap and
+memory allow. Prompt chunks and decode tokens share one pass (ForwardMode.MIXED).
+
+Memory: admission asks the KV manager for pages (free + evictable, evicting LRU leaves as needed)
+and keeps one page of headroom per running request. When a running request cannot get a page, the
+newest running request is retracted: its computed tokens are published to the radix tree, its
+pages released, and it goes back to the head of the queue to resume from the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from radixrt.memory.req_kv import KVManager
+from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
+from radixrt.sampling_params import SamplingParams
+from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
+from radixrt.scheduler.policy import defer_for_shared_prefix, order_waiting
+from radixrt.scheduler.req import Req, ReqState
+
+log = logging.getLogger("radixrt.scheduler")
+
+
+class Scheduler:
+    """Owns the waiting queue, the running set, worker page-table rows and the KV manager.
+
+    Args:
+        kv: the KV manager (page allocator + radix cache).
+        max_running_requests: cap on admitted (running) requests; also the worker's page-table rows.
+        chunk_size: max new prompt tokens per pass (chunked prefill); <= 0 means unlimited.
+        context_len: max prompt + output tokens. vocab_size: token ids must be below it.
+        eos_token_ids: tokens that end a request (unless ignore_eos).
+    """
+
+    def __init__(self, kv: KVManager, *, page_size: int, max_running_requests: int, chunk_size: int,
+                 context_len: int, vocab_size: int, eos_token_ids: list[int], schedule_policy: str = "lpm",
+                 max_queued_requests: int = 4096, random_seed: int = 0) -> None:
+        self.kv = kv
+        self.page_size = page_size
+        self.max_running = max_running_requests
+        self.chunk_size = chunk_size if chunk_size > 0 else 1 << 30
+        self.context_len = context_len
+        self.vocab_size = vocab_size
+        self.eos_token_ids = set(eos_token_ids)
+        self.policy = schedule_policy
+        self.max_queued = max_queued_requests
+        self.rng = random.Random(random_seed)
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.reqs: dict[str, Req] = {}
+        self.free_rows = list(range(max_running_requests - 1, -1, -1))
+        self.next_batch_id = 0
+        self.finished_out: list[Req] = []  # finished since the last take_outputs
+        self.num_retractions = 0
+        self.num_finished = 0
+        self.num_generated_tokens = 0
+
+    # ------------------------------------------------------------------ arrivals and aborts
+    def add_request(self, msg: GenerateReq, internal: bool = False) -> Req:
+        """Queue a request, or finish it at once with an error the client can act on."""
+        prompt = [int(t) for t in msg.input_ids]
+        error = None
+        try:
+            sp = SamplingParams.from_dict(msg.sampling)
+        except (ValueError, TypeError) as e:
+            sp, error = SamplingParams(), str(e)
+        if error is None:
+            error = self._validate(prompt)
+        budget = self.context_len - len(prompt)
+        max_new = budget if sp.max_new_tokens is None else min(sp.max_new_tokens, budget)
+        seed = sp.seed if sp.seed is not None else self.rng.randrange(1 << 31)
+        req = Req(rid=msg.rid, prompt_ids=prompt, sampling=sp, max_new_tokens=max(max_new, 0),
+                  seed=seed & 0x7FFFFFFF, return_logprob=msg.return_logprob,
+                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, internal=internal)
+        if error is None and len(self.waiting) >= self.max_queued:
+            error = "too many queued requests"
+        if error is not None:
+            self._finish(req, "abort", error=error)
+            return req
+        self.reqs[req.rid] = req
+        if req.max_new_tokens == 0:
+            self._finish(req, "length")
+            return req
+        self.waiting.append(req)
+        return req
+
+    def _validate(self, prompt: list[int]) -> str | None:
+        if not prompt:
+            return "the prompt is empty"
+        if len(prompt) >= self.context_len:
+            return (f"context_length_exceeded: the prompt has {len(prompt)} tokens; this model's "
+                    f"context length is {self.context_len}")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            return f"token ids must be in [0, {self.vocab_size})"
+        return None
+
+    def abort(self, rid: str) -> None:
+        """Abort a waiting or running request; its pages are released now. Unknown rids: ignored."""
+        req = self.reqs.get(rid)
+        if req is None or req.is_finished:
+            return
+        req.aborted = True
+        if req.state is ReqState.WAITING:
+            self.waiting.remove(req)
+        self._finish(req, "abort")
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> ScheduledBatch | None:
+        """Decide the next pass; None when there is nothing to run."""
+        sb = ScheduledBatch(batch_id=self.next_batch_id)
+        budget = self.chunk_size
+        for req in list(self.running):
+            if req.state is not ReqState.RUNNING:  # retracted while making room for another
+                continue
+            take = 1 if req.num_to_compute == 1 else min(req.num_to_compute, budget)
+            if take <= 0:
+                continue
+            item = self._reserve(req, take, sb)
+            if item is not None:
+                sb.items.append(item)
+                budget -= take if item.is_prefill else 0
+        self._admit(sb, budget)
+        if not sb.items:
+            return None
+        self.next_batch_id += 1
+        return sb
+
+    def _reserve(self, req: Req, take: int, sb: ScheduledBatch) -> ScheduledItem | None:
+        """Pages for `take` more tokens of a running request, retracting newer requests if needed."""
+        assert req.kv is not None
+        start = req.kv.kv_len
+        while (slots := self.kv.reserve(req.kv, start + take)) is None:
+            victim = self._retract_victim(exclude=req, scheduled=sb)
+            if victim is None:  # nothing else to retract: retract this one
+                self._retract(req)
+                return None
+            self._retract(victim)
+        return ScheduledItem(req=req, start=start, extend_len=take, slots=slots,
+                             completes=start + take == req.seq_len, is_prefill=not req.output_ids)
+
+    def _retract_victim(self, exclude: Req, scheduled: ScheduledBatch) -> Req | None:
+        in_batch = {id(it.req) for it in scheduled.items}
+        for req in reversed(self.running):
+            if req is not exclude and id(req) not in in_batch:
+                return req
+        return None
+
+    def _retract(self, req: Req) -> None:
+        """Preempt: publish computed KV to the tree, release pages, requeue at the head."""
+        assert req.kv is not None
+        self.kv.cache_finished_req(req.kv, req.all_ids[:req.kv.kv_len])
+        req.kv = None
+        self._release_row(req)
+        self.running.remove(req)
+        req.state = ReqState.WAITING
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.waiting.appendleft(req)
+        log.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
+
+    def _admit(self, sb: ScheduledBatch, budget: int) -> None:
+        admitted: list[Req] = [r for r in self.running if not r.output_ids]  # still prefilling
+        for req in order_waiting(self.waiting, self.policy, self.kv.cache):
+            if budget <= 0 or len(self.running) >= self.max_running or not self.free_rows:
+                break
+            got = self.kv.admit(req.all_ids)
+            if got is None:
+                break
+            kv, cow = got
+            if defer_for_shared_prefix(req, kv.cached_len, admitted):
+                self.kv.release(kv)
+                continue
+            take = min(req.seq_len - kv.kv_len, budget)
+            headroom = len(self.running) + 1
+            need_pages = (kv.kv_len + take + self.page_size - 1) // self.page_size - len(kv.pages)
+            if self.kv.num_available_pages() < need_pages + headroom and self.running:
+                self.kv.release(kv)
+                break
+            slots = self.kv.reserve(kv, kv.kv_len + take)
+            if slots is None:
+                self.kv.release(kv)
+                break
+            start = kv.kv_len - take
+            self.waiting.remove(req)
+            req.kv, req.state = kv, ReqState.RUNNING
+            if req.num_retractions == 0:
+                req.cached_tokens = kv.cached_len
+            req.req_row, req.pages_sent = self.free_rows.pop(), 0
+            self.running.append(req)
+            admitted.append(req)
+            sb.cow_pairs.extend(cow)
+            sb.items.append(ScheduledItem(req=req, start=start, extend_len=take, slots=slots,
+                                          completes=start + take == req.seq_len,
+                                          is_prefill=not req.output_ids))
+            budget -= take
+
+    # ------------------------------------------------------------------ results
+    def process_result(self, sb: ScheduledBatch, res: ForwardResult) -> None:
+        """Append sampled tokens, publish computed prefixes, finish requests."""
+        assert res.batch_id == sb.batch_id, "results out of order"
+        k = int(res.top_logprob_ids.size // max(len(sb), 1)) if res.top_logprob_ids.size else 0
+        for i, it in enumerate(sb.items):
+            req = it.req
+            if req.is_finished or req.kv is None:  # aborted or retracted meanwhile
+                continue
+            if not it.completes:  # a prompt chunk: publish it so others can share it
+                self.kv.cache_unfinished_req(req.kv, req.all_ids[:req.kv.kv_len])
+                continue
+            if it.is_prefill:
+                self.kv.cache_unfinished_req(req.kv, req.all_ids[:req.kv.kv_len])
+            tok = int(res.next_token_ids[i])
+            req.output_ids.append(tok)
+            req.pending_out.append(tok)
+            self.num_generated_tokens += 1
+            if res.logprobs.size:
+                req.pending_logprobs.append(float(res.logprobs[i]))
+            if k:
+                req.pending_top_ids.append(res.top_logprob_ids[i * k:(i + 1) * k].tolist())
+                req.pending_top_vals.append(res.top_logprobs[i * k:(i + 1) * k].tolist())
+            reason, matched = self._check_finish(req, tok)
+            if reason is not None:
+                req.matched_stop = matched
+                self._finish(req, reason)
+
+    def _check_finish(self, req: Req, tok: int) -> tuple[str | None, Any]:
+        sp = req.sampling
+        if not sp.ignore_eos and tok in self.eos_token_ids:
+            return "stop", tok
+        if tok in sp.stop_token_ids:
+            return "stop", tok
+        if len(req.output_ids) >= req.max_new_tokens or req.seq_len >= self.context_len:
+            return "length", None
+        return None, None
+
+    def _finish(self, req: Req, reason: str, error: str | None = None) -> None:
+        if req.kv is not None:
+            if reason == "abort":
+                self.kv.release(req.kv)
+            else:
+                self.kv.cache_finished_req(req.kv, req.all_ids[:req.kv.kv_len])
+            req.kv = None
+        if req.state is ReqState.RUNNING:
+            self.running.remove(req)
+            self._release_row(req)
+        req.state = ReqState.FINISHED
+        req.finish_reason, req.error = reason, error
+        self.reqs.pop(req.rid, None)
+        self.finished_out.append(req)
+        self.num_finished += 1
+
+    def _release_row(self, req: Req) -> None:
+        if req.req_row >= 0:
+            self.free_rows.append(req.req_row)
+            req.req_row, req.pages_sent = -1, 0
+
+    # ------------------------------------------------------------------ outputs
+    def take_outputs(self) -> tuple[TokenOutBatch | None, list[Req]]:
+        """New tokens and finishes since the last call, for the tokenizer process; plus the
+        finished internal requests (health probes), which are not sent there."""
+        reqs = [r for r in self.running if r.pending_out]
+        reqs += self.finished_out
+        self.finished_out = []
+        internal = [r for r in reqs if r.internal and r.is_finished]
+        reqs = [r for r in reqs if not r.internal]
+        if not reqs:
+            return None, internal
+        out = TokenOutBatch()
+        offsets, ids, lps, tids, tvals = [0], [], [], [], []
+        for r in reqs:
+            ids.extend(r.pending_out)
+            offsets.append(len(ids))
+            lps.extend(r.pending_logprobs)
+            for row in r.pending_top_ids:
+                tids.extend(row)
+            for row in r.pending_top_vals:
+                tvals.extend(row)
+            out.rids.append(r.rid)
+            out.finish_reasons.append(r.finish_reason)
+            out.matched_stop.append(r.matched_stop)
+            out.prompt_tokens.append(len(r.prompt_ids))
+            out.completion_tokens.append(len(r.output_ids))
+            out.cached_tokens.append(r.cached_tokens)
+            out.errors.append(r.error)
+            r.pending_out, r.pending_logprobs, r.pending_top_ids, r.pending_top_vals = [], [], [], []
+        out.offsets = np.array(offsets, np.int32)
+        out.output_ids = np.array(ids, np.int32)
+        out.logprobs = np.array(lps, np.float32)
+        out.top_logprob_ids = np.array(tids, np.int32)
+        out.top_logprobs = np.array(tvals, np.float32)
+        return out, internal
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def is_idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def flush_cache(self) -> bool:
+        """Empty the radix tree; refused (False) while any request is running or waiting."""
+        if not self.is_idle:
+            return False
+        self.kv.cache.reset()
+        return True
+
+    def check_invariants(self) -> None:
+        kvs = [r.kv for r in self.running if r.kv is not None]
+        self.kv.cache.check_invariants(self.kv.external_refs(kvs))
+
+    def stats(self) -> dict[str, Any]:
+        s = dict(self.kv.stats())
+        s.update(num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+                 num_retractions=self.num_retractions, num_finished_reqs=self.num_finished,
+                 num_generated_tokens=self.num_generated_tokens)
+        return s

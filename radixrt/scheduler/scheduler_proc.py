@@ -1,0 +1,164 @@
+"""The scheduler process: sockets around `Scheduler`, control requests, logging, debug checks.
+
+Loop: drain the tokenizer channel (new requests, aborts, control) -> schedule one pass -> send it
+to the worker -> wait for its result -> process it -> stream new tokens back. When idle it blocks
+on the tokenizer channel (and, with RADIXRT_DEBUG_INVARIANTS=1, checks the KV invariant each tick).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from radixrt.config import PROTOCOL_VERSION, Env, ServerArgs
+from radixrt.ipc import IpcAddresses, Receiver, Sender
+from radixrt.memory.page_allocator import PageAllocator
+from radixrt.memory.radix_cache import RadixCache
+from radixrt.memory.req_kv import KVManager
+from radixrt.protocol import (
+    SCHEDULER_TO_WORKER,  # noqa: F401 - documents the channel
+    TOKENIZER_TO_SCHEDULER,
+    WORKER_TO_SCHEDULER,
+    AbortReq,
+    ControlReq,
+    ControlResp,
+    GenerateReq,
+    Ready,
+    WorkerControl,
+)
+from radixrt.scheduler.batch import build_forward_batch
+from radixrt.scheduler.scheduler import Scheduler
+
+log = logging.getLogger("radixrt.scheduler")
+
+IDLE_POLL_MS = 50
+LOG_INTERVAL_S = 10.0
+
+
+def build_scheduler(args: ServerArgs, worker_info: dict[str, Any]) -> Scheduler:
+    """A Scheduler sized from the worker's Ready info (pool pages, rows, context, vocab, EOS)."""
+    allocator = PageAllocator(int(worker_info["num_pages"]))
+    cache = RadixCache(allocator, args.page_size, disable=args.disable_radix_cache)
+    kv = KVManager(allocator, cache, args.page_size)
+    return Scheduler(
+        kv, page_size=args.page_size,
+        max_running_requests=min(args.max_running_requests, int(worker_info["max_req_rows"])),
+        chunk_size=args.chunked_prefill_size, context_len=int(worker_info["context_length"]),
+        vocab_size=int(worker_info["vocab_size"]), eos_token_ids=list(worker_info["eos_token_ids"]),
+        schedule_policy=args.schedule_policy, max_queued_requests=args.max_queued_requests,
+        random_seed=args.random_seed)
+
+
+class SchedulerLoop:
+    def __init__(self, args: ServerArgs, addrs: IpcAddresses, worker_info: dict[str, Any]) -> None:
+        self.args = args
+        self.worker_info = worker_info
+        self.sched = build_scheduler(args, worker_info)
+        self.debug_invariants = Env.read().debug_invariants
+        ctx = zmq.Context.instance()
+        self.rx_tok = Receiver(ctx, addrs.scheduler_in, TOKENIZER_TO_SCHEDULER)
+        self.rx_worker = Receiver(ctx, addrs.scheduler_results, WORKER_TO_SCHEDULER)
+        self.tx_tok = Sender(ctx, addrs.tokenizer_in)
+        self.tx_worker = Sender(ctx, addrs.worker_in)
+        self.launcher = Sender(ctx, addrs.launcher_in)
+        self.health_waiters: dict[str, str] = {}  # probe rid -> control req_id
+        self.last_log_s = time.monotonic()
+        self.forward_ms_total = 0.0
+        self.steps = 0
+
+    def handle(self, msg: Any) -> None:
+        if isinstance(msg, GenerateReq):
+            self.sched.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.sched.abort(msg.rid)
+        elif isinstance(msg, ControlReq):
+            self.handle_control(msg)
+
+    def handle_control(self, msg: ControlReq) -> None:
+        if msg.kind == "flush_cache":
+            ok = self.sched.flush_cache()
+            self.tx_tok.send(ControlResp(msg.req_id, ok, {} if ok else
+                                         {"message": "cannot flush while requests are running"}))
+        elif msg.kind == "get_server_info":
+            self.tx_tok.send(ControlResp(msg.req_id, True, self.server_info()))
+        elif msg.kind == "health":
+            rid = f"health-{msg.req_id}"
+            probe = GenerateReq(rid=rid, input_ids=np.array([self.worker_info["eos_token_ids"][0]], np.int32),
+                                sampling={"temperature": 0.0, "max_new_tokens": 1})
+            self.health_waiters[rid] = msg.req_id
+            self.sched.add_request(probe, internal=True)
+        else:
+            self.tx_tok.send(ControlResp(msg.req_id, False, {"message": f"unknown control {msg.kind!r}"}))
+
+    def server_info(self) -> dict[str, Any]:
+        s = self.sched.stats()
+        s["forward_ms_mean"] = self.forward_ms_total / max(self.steps, 1)
+        s["invariants_ok"] = None  # checked only when idle (running requests move pages)
+        if self.sched.is_idle:
+            try:
+                self.sched.check_invariants()
+                s["invariants_ok"] = True
+            except AssertionError as e:
+                s["invariants_ok"], s["invariant_error"] = False, str(e)
+        return {"server_args": self.args.to_dict(), "worker": self.worker_info, "scheduler": s}
+
+    def step(self) -> bool:
+        """One pass if there is work; False when idle."""
+        sb = self.sched.schedule()
+        if sb is None:
+            return False
+        self.tx_worker.send(build_forward_batch(sb))
+        res = self.rx_worker.recv()
+        self.forward_ms_total += res.forward_ms
+        self.steps += 1
+        self.sched.process_result(sb, res)
+        return True
+
+    def flush_outputs(self) -> None:
+        out, internal = self.sched.take_outputs()
+        if out is not None:
+            self.tx_tok.send(out)
+        for req in internal:
+            req_id = self.health_waiters.pop(req.rid, None)
+            if req_id is not None:
+                ok = req.finish_reason in ("stop", "length")
+                self.tx_tok.send(ControlResp(req_id, ok, {"finish_reason": req.finish_reason}))
+
+    def maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self.last_log_s < LOG_INTERVAL_S:
+            return
+        self.last_log_s = now
+        s = self.sched.stats()
+        log.info("running %d, waiting %d, pages free %s / evictable %s / protected %s, hit rate %.3f, "
+                 "retractions %d", s["num_running_reqs"], s["num_waiting_reqs"], s.get("num_free_pages"),
+                 s.get("num_evictable_pages"), s.get("num_protected_pages"), s.get("hit_rate", 0.0),
+                 s["num_retractions"])
+
+    def run(self) -> None:
+        self.launcher.send(Ready("scheduler", PROTOCOL_VERSION, os.getpid(), {}))
+        while True:
+            timeout = 0 if not self.sched.is_idle else IDLE_POLL_MS
+            msg = self.rx_tok.recv(timeout_ms=timeout)
+            if msg is not None:
+                self.handle(msg)
+                for m in self.rx_tok.recv_all():
+                    self.handle(m)
+            busy = self.step()
+            self.flush_outputs()
+            if not busy and self.sched.is_idle and self.debug_invariants:
+                self.sched.check_invariants()
+            self.maybe_log()
+
+
+def run_scheduler(args: ServerArgs, addrs: IpcAddresses, worker_info: dict[str, Any]) -> None:
+    loop = SchedulerLoop(args, addrs, worker_info)
+    try:
+        loop.run()
+    finally:
+        loop.tx_worker.send(WorkerControl("shutdown"))

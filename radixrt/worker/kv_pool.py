@@ -1,0 +1,74 @@
+"""Paged K/V storage: per layer, one K and one V buffer of `num_pages * page_size` token slots.
+
+slot = page * page_size + offset. Page 0 is reserved: it is the sink that padded tokens (CUDA-graph
+padding) write to, and no real request ever reads it. The scheduler owns which pages are in use;
+this pool only stores tensors and performs the copies a ForwardBatch asks for (copy-on-write).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PagedKVPool:
+    """K/V buffers `[num_slots, num_kv_heads, head_dim]` per layer (implements forward_meta.KVPool).
+
+    Args:
+        num_pages: pages including the reserved page 0.
+        page_size: tokens per page.
+        num_layers, num_kv_heads, head_dim: model shape.
+        dtype, device: storage dtype and device.
+    """
+
+    def __init__(self, num_pages: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        if num_pages < 2:
+            raise ValueError("the KV pool needs at least 2 pages (page 0 is reserved)")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        num_slots = num_pages * page_size
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def usable_tokens(self) -> int:
+        """Slots a request may use (all but the reserved page 0)."""
+        return (self.num_pages - 1) * self.page_size
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """K + V bytes of one token over all layers."""
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.num_slots
+
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the K/V of whole pages src[i] -> dst[i] in every layer (copy-on-write).
+
+        Args:
+            src, dst: [C] integer page ids on the pool's device; dst pages must be distinct from src.
+        """
+        if src.numel() == 0:
+            return
+        src = src.to(self.device, torch.int64)
+        dst = dst.to(self.device, torch.int64)
+        ps = self.page_size
+        for buf in (*self.k_buffers, *self.v_buffers):
+            pages = buf.view(self.num_pages, ps, self.num_kv_heads, self.head_dim)  # [P, ps, Hkv, D]
+            pages[dst] = pages[src]

@@ -1,0 +1,136 @@
+"""End to end: a real server on the default model, driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Server, start_server
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def test_models_lists_the_served_model(server: Server) -> None:
+    ids = [m.id for m in client(server).models.list().data]
+    assert ids == [MODEL]
+
+
+def test_chat_streamed_equals_non_streamed(server: Server) -> None:
+    c = client(server)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    full = c.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=24)
+    text = full.choices[0].message.content
+    assert text and "Paris" in text
+    assert full.usage.completion_tokens <= 24 and full.usage.prompt_tokens > 10
+    chunks = list(c.chat.completions.create(model=MODEL, messages=messages, temperature=0,
+                                            max_tokens=24, stream=True))
+    joined = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert joined == text
+    reasons = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert reasons[-1] in ("stop", "length") and all(r is None for r in reasons[:-1])
+
+
+def test_completions_streamed_equals_non_streamed(server: Server) -> None:
+    c = client(server)
+    prompt = "The three primary colours are"
+    full = c.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=16)
+    text = full.choices[0].text
+    assert text.strip()
+    assert full.usage.completion_tokens == 16 or full.choices[0].finish_reason == "stop"
+    chunks = list(c.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=16,
+                                       stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == text
+
+
+def test_stream_ends_with_done(server: Server) -> None:
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "stream": True, "temperature": 0}
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as r:
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert r.status_code == 200
+    assert lines[-1] == "data: [DONE]"
+    assert all(ln.startswith("data: ") for ln in lines)
+
+
+def test_sixteen_concurrent_requests_match_solo_runs(server: Server) -> None:
+    """Continuous batching: requests that join and leave mid-flight get their solo outputs."""
+    c = client(server)
+    prompts = [("Count: " + "one two three " * (i * 3)).strip() for i in range(16)]
+    lens = [4 + (i * 5) % 23 for i in range(16)]
+
+    def run(i: int) -> str:
+        r = c.completions.create(model=MODEL, prompt=prompts[i], temperature=0, max_tokens=lens[i])
+        return r.choices[0].text
+
+    with cf.ThreadPoolExecutor(16) as ex:
+        together = list(ex.map(run, range(16)))
+    solo = [run(i) for i in (0, 7, 15)]
+    assert [together[i] for i in (0, 7, 15)] == solo
+    assert all(t for t in together)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_killing_the_worker_stops_the_server(model_dir: Path, tmp_path: Path) -> None:
+    s = start_server(model_dir, tmp_path, "--max-total-tokens", "4096")
+    log = s.log()
+    pids = {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+) process ready \(pid (\d+)\)", log)}
+    ipc_dir = re.search(r"ipc dir (\S+)", log).group(1)
+    assert set(pids) == {"worker", "scheduler", "tokenizer"}
+    assert Path(ipc_dir).is_dir()
+    os.kill(pids["worker"], signal.SIGKILL)
+    try:
+        code = s.proc.wait(timeout=20)
+    finally:
+        s.stop()
+    assert code != 0
+    deadline = time.monotonic() + 10
+    while any(_pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_pid_alive(p) for p in pids.values())
+    assert not Path(ipc_dir).exists()
+
+
+def test_sigterm_stops_cleanly(model_dir: Path, tmp_path: Path) -> None:
+    s = start_server(model_dir, tmp_path, "--max-total-tokens", "4096")
+    pids = [int(p) for p in re.findall(r"process ready \(pid (\d+)\)", s.log())]
+    assert s.stop() == 0
+    time.sleep(0.5)
+    assert not any(_pid_alive(p) for p in pids)
+
+
+def test_missing_model_exits_2(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "radixrt.cli", "launch-server", "--model-path",
+                        str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and "error" in err[0].lower()
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("bad", [{"messages": []}, {"messages": "hi"}, {"max_tokens": -1}])
+def test_bad_chat_requests_get_400(server: Server, bad: dict) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **bad}
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400
+    assert "error" in r.json() and r.json()["error"]["message"]

@@ -1,0 +1,120 @@
+"""Kernel tests: run Triton on the CPU interpreter when there is no GPU; shared paged-batch builder.
+
+TRITON_INTERPRET must be set before any @triton.jit decorator runs, i.e. before radixrt.kernels is
+imported, so it is set here at conftest import time (and only without CUDA).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+
+def _alias_kernels_package() -> None:
+    """Without `pip install -e .`, load the repo's kernels/ directory as `radixrt.kernels`."""
+    root = Path(__file__).resolve().parents[2]
+    init = root / "kernels" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("radixrt.kernels", init,
+                                                  submodule_search_locations=[str(init.parent)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["radixrt.kernels"] = module
+    spec.loader.exec_module(module)
+
+
+try:
+    import radixrt.kernels  # noqa: F401,E402
+except ModuleNotFoundError:
+    _alias_kernels_package()
+
+from radixrt.kernels.reference import slots_of  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class PagedBatch:
+    """B requests laid out in a random-page pool: the prefix K/V sits in the pool, new tokens in [T]."""
+
+    page_size: int
+    k_buffer: torch.Tensor  # [S, Hkv, D]
+    v_buffer: torch.Tensor
+    page_table: torch.Tensor  # [B, P] int32, padded with page 0
+    prefix_lens: torch.Tensor  # [B] int32
+    extend_lens: torch.Tensor
+    extend_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    out_cache_loc: torch.Tensor  # [T] int64
+    q: torch.Tensor  # [T, Hq, D]
+    k: torch.Tensor  # [T, Hkv, D]
+    v: torch.Tensor
+
+    @property
+    def max_extend_len(self) -> int:
+        return int(self.extend_lens.max()) if self.extend_lens.numel() else 0
+
+
+def make_paged_batch(prefix_lens: list[int], extend_lens: list[int], page_size: int, num_q_heads: int,
+                     num_kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int = 0,
+                     device: torch.device = DEVICE) -> PagedBatch:
+    """Random pool (every slot holds random data, so a wrong slot gives a wrong answer), pages handed
+    out in a shuffled order, page 0 kept as the sink. q/k/v are strided views of one fused tensor."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    pages_per_req = [-(-s // page_size) for s in seq_lens]
+    num_pages = 1 + sum(pages_per_req) + 3
+    perm = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()
+    max_pages = max(1, max(pages_per_req))
+    page_table = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
+    for b, n in enumerate(pages_per_req):
+        page_table[b, :n] = torch.tensor([perm.pop() for _ in range(n)], dtype=torch.int32)
+    num_slots = num_pages * page_size
+    k_buffer = torch.randn(num_slots, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v_buffer = torch.randn(num_slots, num_kv_heads, head_dim, generator=gen).to(dtype)
+    out_cache_loc = torch.cat([slots_of(page_table[b], page_size, p, p + e)
+                               for b, (p, e) in enumerate(zip(prefix_lens, extend_lens))])
+    num_tokens = sum(extend_lens)
+    qkv = torch.randn(num_tokens, (num_q_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(dtype)
+    q = qkv[:, : num_q_heads * head_dim].view(num_tokens, num_q_heads, head_dim)
+    k = qkv[:, num_q_heads * head_dim:(num_q_heads + num_kv_heads) * head_dim].view(
+        num_tokens, num_kv_heads, head_dim)
+    v = qkv[:, (num_q_heads + num_kv_heads) * head_dim:].view(num_tokens, num_kv_heads, head_dim)
+    ext = torch.tensor(extend_lens, dtype=torch.int32)
+    start = torch.cumsum(ext, 0, dtype=torch.int32) - ext
+    to = dict(device=device)
+    return PagedBatch(page_size, k_buffer.to(**to), v_buffer.to(**to), page_table.to(**to),
+                      torch.tensor(prefix_lens, dtype=torch.int32, **to), ext.to(**to), start.to(**to),
+                      torch.tensor(seq_lens, dtype=torch.int32, **to), out_cache_loc.to(**to),
+                      q.to(**to), k.to(**to), v.to(**to))
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> None:
+    """Elementwise closeness plus no NaN anywhere (poisoned outputs must be fully overwritten)."""
+    assert not torch.isnan(out).any(), "output has NaN (unwritten or bad softmax)"
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return DEVICE
+
+
+@pytest.fixture
+def paged_batch():
+    """Factory fixture: make_paged_batch(prefix_lens, extend_lens, page_size, Hq, Hkv, D, dtype, seed)."""
+    return make_paged_batch
+
+
+@pytest.fixture
+def close():
+    """assert_close(out, ref, atol, rtol) with a NaN check."""
+    return assert_close

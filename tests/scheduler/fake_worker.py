@@ -1,0 +1,62 @@
+"""A model-free worker for scheduler tests: it checks the KV the scheduler says exists.
+
+It keeps the worker's page table (req_to_page) and a slot -> token map standing in for the KV pool.
+For every request in a pass it writes the new tokens' "KV" (their token ids) into their slots, then
+reads the request's whole sequence back through the page table and compares it with the tokens the
+scheduler sent plus what it wrote earlier: a wrong page, a missed copy-on-write or a page reused
+while still referenced shows up as a mismatch. The next token is a hash of the sequence read back,
+so a request's output depends on its whole context, as with a real model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radixrt.protocol import ForwardBatch, ForwardResult
+
+
+class KVMismatch(AssertionError):
+    pass
+
+
+class FakeWorker:
+    def __init__(self, num_pages: int, page_size: int, max_rows: int, max_pages_per_req: int,
+                 vocab_size: int) -> None:
+        self.page_size = page_size
+        self.vocab_size = vocab_size
+        self.req_to_page = np.zeros((max_rows, max_pages_per_req), np.int64)
+        self.slots = np.full(num_pages * page_size, -1, np.int64)
+        self.num_passes = 0
+
+    def next_token(self, seq: list[int]) -> int:
+        h = 1469598103934665603
+        for t in seq[-64:]:
+            h = ((h ^ t) * 1099511628211) & 0xFFFFFFFFFFFF
+        return int((h ^ len(seq)) % self.vocab_size)
+
+    def forward(self, fb: ForwardBatch, expected: dict[int, list[int]] | None = None) -> ForwardResult:
+        """Run a pass. `expected` (row -> full known token list) enables the content check."""
+        self.num_passes += 1
+        self.req_to_page[fb.upd_rows, fb.upd_cols] = fb.upd_pages
+        ps = self.page_size
+        for s, d in zip(fb.cow_src, fb.cow_dst, strict=True):
+            self.slots[d * ps:(d + 1) * ps] = self.slots[s * ps:(s + 1) * ps]
+        self.slots[fb.out_cache_loc] = fb.input_ids
+        out = []
+        start = 0
+        for i, row in enumerate(fb.req_rows):
+            seq_len = int(fb.seq_lens[i])
+            ext = int(fb.extend_lens[i])
+            pos = np.arange(seq_len)
+            slot = self.req_to_page[row, pos // ps] * ps + pos % ps
+            seq = self.slots[slot].tolist()
+            if expected is not None and seq != expected[int(row)][:seq_len]:
+                bad = next(j for j, (a, b) in enumerate(zip(seq, expected[int(row)], strict=False)) if a != b)
+                raise KVMismatch(f"row {row}: KV at position {bad} holds {seq[bad]}, expected "
+                                 f"{expected[int(row)][bad]}")
+            new_slots = fb.out_cache_loc[start:start + ext]
+            if not np.array_equal(new_slots, slot[seq_len - ext:]):
+                raise KVMismatch(f"row {row}: out_cache_loc disagrees with the page table")
+            start += ext
+            out.append(self.next_token(seq))
+        return ForwardResult(batch_id=fb.batch_id, next_token_ids=np.array(out, np.int32))

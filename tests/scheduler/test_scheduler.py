@@ -1,0 +1,179 @@
+"""Scheduler + KV manager driven by a model-free worker that checks every KV read.
+
+Each request's expected output is computed by running the fake model's next-token rule on the
+request alone; the scheduler must reproduce it under batching, chunking, prefix sharing,
+copy-on-write, eviction, retraction and aborts, and leave no page protected once idle.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from radixrt.memory.page_allocator import PageAllocator
+from radixrt.memory.radix_cache import RadixCache
+from radixrt.memory.req_kv import KVManager
+from radixrt.protocol import GenerateReq
+from radixrt.scheduler.batch import build_forward_batch
+from radixrt.scheduler.scheduler import Scheduler
+from tests.scheduler.fake_worker import FakeWorker
+
+VOCAB = 1000
+EOS = 999
+CONTEXT = 512
+
+
+def make(page_size: int, num_pages: int, chunk: int, max_running: int = 16, disable: bool = False,
+         policy: str = "lpm") -> tuple[Scheduler, FakeWorker]:
+    alloc = PageAllocator(num_pages)
+    cache = RadixCache(alloc, page_size, disable=disable)
+    sched = Scheduler(KVManager(alloc, cache, page_size), page_size=page_size,
+                      max_running_requests=max_running, chunk_size=chunk, context_len=CONTEXT,
+                      vocab_size=VOCAB, eos_token_ids=[EOS], schedule_policy=policy)
+    worker = FakeWorker(num_pages, page_size, max_running, CONTEXT // page_size + 2, VOCAB)
+    return sched, worker
+
+
+def reference_output(worker: FakeWorker, prompt: list[int], max_new: int) -> list[int]:
+    seq, out = list(prompt), []
+    while len(out) < max_new and len(seq) < CONTEXT:
+        t = worker.next_token(seq)
+        out.append(t)
+        seq.append(t)
+        if t == EOS:
+            break
+    return out
+
+
+def run_to_idle(sched: Scheduler, worker: FakeWorker, on_step=None, max_steps: int = 20000) -> dict:
+    outputs: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    for step in range(max_steps):
+        if on_step is not None:
+            on_step(step)
+        sb = sched.schedule()
+        if sb is not None:
+            for it in sb.items:  # copy-on-write: no new token may be written into a shared page
+                for slot in it.slots:
+                    assert sched.kv.allocator.refcount(slot // sched.page_size) == 1
+            expected = {it.req.req_row: it.req.all_ids for it in sb.items}
+            fb = build_forward_batch(sb)
+            sched.process_result(sb, worker.forward(fb, expected))
+        out, _ = sched.take_outputs()
+        if out is not None:
+            for i, rid in enumerate(out.rids):
+                toks = out.output_ids[out.offsets[i]:out.offsets[i + 1]].tolist()
+                outputs.setdefault(rid, []).extend(toks)
+                if out.finish_reasons[i] is not None:
+                    reasons[rid] = out.finish_reasons[i]
+        sched.check_invariants()
+        if sb is None and sched.is_idle:
+            break
+    else:
+        raise AssertionError("scheduler did not become idle")
+    return {"outputs": outputs, "reasons": reasons}
+
+
+def gen(rid: str, prompt: list[int], max_new: int, **sp) -> GenerateReq:
+    return GenerateReq(rid=rid, input_ids=np.array(prompt, np.int32),
+                       sampling={"temperature": 0.0, "max_new_tokens": max_new, **sp})
+
+
+def shared_prefix_prompts(rng: random.Random, n: int, prefix_len: int) -> list[list[int]]:
+    system = [rng.randrange(1, EOS) for _ in range(prefix_len)]
+    return [system + [rng.randrange(1, EOS) for _ in range(rng.randrange(1, 40))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("disable", [False, True])
+def test_outputs_match_reference_with_sharing_and_chunking(page_size: int, disable: bool) -> None:
+    rng = random.Random(page_size)
+    sched, worker = make(page_size, num_pages=4096 // page_size + 1, chunk=48, disable=disable)
+    prompts = shared_prefix_prompts(rng, 12, prefix_len=70)
+    for i, p in enumerate(prompts):
+        sched.add_request(gen(f"r{i}", p, max_new=rng.randrange(1, 30)))
+    res = run_to_idle(sched, worker)
+    for i, p in enumerate(prompts):
+        want = reference_output(worker, p, sched_max := len(res["outputs"][f"r{i}"]))
+        assert res["outputs"][f"r{i}"] == want, f"r{i} diverged (len {sched_max})"
+    assert sched.kv.cache.protected_size() == 0
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_warm_cache_reports_cached_tokens_and_same_output(page_size: int) -> None:
+    rng = random.Random(7)
+    sched, worker = make(page_size, num_pages=4096 // page_size + 1, chunk=1 << 20)
+    prompt = [rng.randrange(1, EOS) for _ in range(203)]  # the cached prefix ends inside a page
+    sched.add_request(gen("cold", prompt, 10))
+    cold = run_to_idle(sched, worker)["outputs"]["cold"]
+    warm_req = sched.add_request(gen("warm", prompt + [5, 6, 7], 10))
+    run_to_idle(sched, worker)
+    assert warm_req.cached_tokens >= (203 // page_size) * page_size
+    again = sched.add_request(gen("again", prompt, 10))
+    out = run_to_idle(sched, worker)["outputs"]["again"]
+    assert out == cold
+    assert again.cached_tokens == len(prompt) - 1  # the last prompt token is always computed
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_memory_pressure_evicts_and_retracts_without_corruption(page_size: int) -> None:
+    rng = random.Random(3)
+    # Pool far smaller than the workload: eviction and retraction must both happen.
+    sched, worker = make(page_size, num_pages=600 // page_size + 1, chunk=64, max_running=12)
+    prompts = shared_prefix_prompts(rng, 20, prefix_len=40) + \
+        [[rng.randrange(1, EOS) for _ in range(rng.randrange(20, 120))] for _ in range(10)]
+    max_new = {f"r{i}": rng.randrange(20, 150) for i in range(len(prompts))}
+    for i, p in enumerate(prompts):
+        sched.add_request(gen(f"r{i}", p, max_new[f"r{i}"], ignore_eos=True))
+    res = run_to_idle(sched, worker)
+    for i, p in enumerate(prompts):
+        got = res["outputs"][f"r{i}"]
+        assert len(got) == max_new[f"r{i}"]
+        seq = list(p)
+        for t in got:  # with ignore_eos the reference rule continues past EOS
+            assert t == worker.next_token(seq)
+            seq.append(t)
+    assert sched.num_retractions > 0
+    assert sched.kv.cache.protected_size() == 0
+
+
+def test_random_aborts_leave_nothing_protected() -> None:
+    rng = random.Random(11)
+    sched, worker = make(16, num_pages=2048 // 16 + 1, chunk=32)
+    prompts = shared_prefix_prompts(rng, 30, prefix_len=50)
+    for i, p in enumerate(prompts):
+        sched.add_request(gen(f"r{i}", p, 40, ignore_eos=True))
+
+    def abort_some(step: int) -> None:
+        if step % 3 == 0:
+            sched.abort(f"r{rng.randrange(len(prompts))}")
+
+    res = run_to_idle(sched, worker, on_step=abort_some)
+    assert "abort" in res["reasons"].values()
+    assert len(res["reasons"]) == len(prompts)  # every request finished, one way or the other
+    assert sched.kv.cache.protected_size() == 0
+    assert sched.flush_cache()
+    assert sched.kv.allocator.num_free_pages() == sched.kv.allocator.num_total_pages
+
+
+def test_bad_requests_finish_with_errors_and_others_go_on() -> None:
+    sched, worker = make(16, num_pages=257, chunk=64)
+    sched.add_request(gen("empty", [], 5))
+    sched.add_request(gen("long", list(range(1, CONTEXT + 1)), 5))
+    sched.add_request(gen("oov", [1, 2, VOCAB + 5], 5))
+    sched.add_request(gen("ok", [1, 2, 3], 5, ignore_eos=True))
+    res = run_to_idle(sched, worker)
+    assert res["reasons"] == {"empty": "abort", "long": "abort", "oov": "abort", "ok": "length"}
+    assert len(res["outputs"]["ok"]) == 5
+
+
+def test_max_tokens_clamped_to_context_length() -> None:
+    sched, worker = make(16, num_pages=257, chunk=1024)
+    prompt = list(range(1, CONTEXT - 3))
+    req = sched.add_request(gen("r", prompt, 100, ignore_eos=True))
+    res = run_to_idle(sched, worker)
+    assert res["reasons"]["r"] == "length"
+    assert len(res["outputs"]["r"]) == CONTEXT - len(prompt)
+    assert req.seq_len == CONTEXT

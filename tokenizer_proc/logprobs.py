@@ -1,0 +1,118 @@
+"""Token strings and bytes for logprobs, and the two OpenAI logprobs shapes (chat and completions).
+
+A token's exact bytes come from the tokenizer's vocabulary: byte-level BPE pieces map back through the
+GPT-2 byte<->unicode table, SentencePiece byte-fallback pieces look like "<0xE4>", "▁" is a space.
+A token that is not valid UTF-8 on its own is shown as "bytes:\\xe4\\xb8" (as OpenAI does).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from .request_state import TokenLogprob
+
+_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode table (printable bytes map to themselves, others shifted)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and "ByteLevel" in str(getattr(backend, "decoder", ""))
+
+
+class TokenTexts:
+    """Cached id -> (display string, exact bytes) for one tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.byte_level = _is_byte_level(tokenizer)
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def get(self, token_id: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token_id)
+        if hit is None:
+            hit = self._cache[token_id] = self._compute(token_id)
+        return hit
+
+    def _compute(self, token_id: int) -> tuple[str, list[int]]:
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        raw: bytes | None = None
+        if isinstance(piece, str):
+            table = _unicode_to_byte()
+            if self.byte_level and all(ch in table for ch in piece):
+                raw = bytes(table[ch] for ch in piece)
+            elif m := _BYTE_PIECE.match(piece):
+                raw = bytes([int(m.group(1), 16)])
+        if raw is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            raw = (piece.replace("▁", " ") if isinstance(piece, str) and "\ufffd" in text else text).encode()
+        try:
+            return raw.decode("utf-8"), list(raw)
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), list(raw)
+
+
+def chat_logprobs(texts: TokenTexts, lps: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """The `choices[i].logprobs.content` list of a chat completion."""
+    out = []
+    for lp in lps:
+        tok, raw = texts.get(lp.token_id)
+        top = []
+        for tid, val in lp.top:
+            ttok, traw = texts.get(tid)
+            top.append({"token": ttok, "logprob": val, "bytes": traw})
+        out.append({"token": tok, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top})
+    return out
+
+
+class CompletionLogprobs:
+    """Accumulates the legacy completions `logprobs` object {tokens, token_logprobs, top_logprobs, text_offset}."""
+
+    def __init__(self, texts: TokenTexts, text_offset: int = 0) -> None:
+        self.texts = texts
+        self.offset = text_offset
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[str, float] | None] = []
+        self.text_offset: list[int] = []
+
+    def add_prompt(self, ids: list[int]) -> None:
+        """Echoed prompt tokens: OpenAI reports null logprobs for them (nothing is computed here)."""
+        for tid in ids:
+            self._push(tid, None, None)
+
+    def add(self, lps: list[TokenLogprob]) -> None:
+        for lp in lps:
+            self._push(lp.token_id, lp.logprob,
+                       {self.texts.get(t)[0]: v for t, v in lp.top} if lp.top else {})
+
+    def _push(self, tid: int, lp: float | None, top: dict[str, float] | None) -> None:
+        tok = self.texts.get(tid)[0]
+        self.tokens.append(tok)
+        self.token_logprobs.append(lp)
+        self.top_logprobs.append(top)
+        self.text_offset.append(self.offset)
+        self.offset += len(tok)
+
+    def take(self) -> dict[str, Any]:
+        """The accumulated object; resets the lists (for streaming deltas) but keeps the text offset."""
+        out = {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
+               "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
+        self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset = [], [], [], []
+        return out

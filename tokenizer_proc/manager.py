@@ -1,0 +1,206 @@
+"""TokenizerManager: the tokenizer process's side of the scheduler channels.
+
+Owns the two ZeroMQ sockets (PUSH to `addrs.scheduler_in`, PULL bound on `addrs.tokenizer_in`), the
+table of live request ids, and the receive loop that splits each `TokenOutBatch` into per-request
+`TokenChunk`s and puts them on that request's asyncio queue. Per-request text state (detokenizer,
+stop strings) lives in request_state.py; HTTP shapes live in the serving modules.
+
+Threading: everything runs on the one event loop of the process. The PUSH socket is a plain
+(synchronous) zmq socket with an unbounded send queue, so `send`/`abort` never block and are safe to
+call from `finally` blocks of cancelled tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from radixrt import protocol
+from radixrt.ipc import IpcAddresses, Sender
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TokenChunk:
+    """One request's slice of a TokenOutBatch.
+
+    ids int32 [m]; logprobs float32 [m] or None; top_ids int32 [m, k] / top_logprobs float32 [m, k] or None.
+    """
+
+    rid: str
+    ids: np.ndarray
+    logprobs: np.ndarray | None
+    top_ids: np.ndarray | None
+    top_logprobs: np.ndarray | None
+    finish_reason: str | None
+    matched_stop: Any
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    error: str | None
+
+
+def _item(lst: list[Any], i: int) -> Any:
+    return lst[i] if i < len(lst) else None
+
+
+class TokenizerManager:
+    """Sends GenerateReq/AbortReq/ControlReq and routes TokenOutBatch/ControlResp back to waiters."""
+
+    _RECENT_TOPK = 16384  # remembered top-k of closed rids, to walk top-logprob arrays of late batches
+
+    def __init__(self, addrs: IpcAddresses, max_inflight: int) -> None:
+        self.addrs = addrs
+        self.max_inflight = max_inflight
+        self._sync_ctx = zmq.Context()
+        self._actx = zmq.asyncio.Context()
+        self._sender: Sender | None = None
+        self._pull: zmq.asyncio.Socket | None = None
+        self._queues: dict[str, asyncio.Queue[TokenChunk]] = {}
+        self._topk: OrderedDict[str, int] = OrderedDict()
+        self._controls: dict[str, asyncio.Future[protocol.ControlResp]] = {}
+        self._recv_task: asyncio.Task[None] | None = None
+        self.closing = False
+
+    # ----------------------------------------------------------------- lifecycle
+    def bind(self) -> None:
+        """Bind the PULL socket and connect the PUSH socket (no event loop needed)."""
+        self._pull = self._actx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.bind(self.addrs.tokenizer_in)
+        self._sender = Sender(self._sync_ctx, self.addrs.scheduler_in)
+
+    def start(self) -> None:
+        """Start the receive loop on the running event loop (binds first if needed)."""
+        if self._pull is None:
+            self.bind()
+        if self._recv_task is None:
+            self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
+
+    async def close(self) -> None:
+        self.closing = True
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            try:
+                await self._recv_task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._recv_task = None
+        for fut in self._controls.values():
+            if not fut.done():
+                fut.cancel()
+        if self._pull is not None:
+            self._pull.close(linger=0)
+        if self._sender is not None:
+            self._sender.sock.close(linger=200)
+        self._actx.term()
+        self._sync_ctx.term()
+
+    # ----------------------------------------------------------------- requests
+    @property
+    def num_inflight(self) -> int:
+        return len(self._queues)
+
+    def has_capacity(self, num_new: int) -> bool:
+        return len(self._queues) + num_new <= self.max_inflight
+
+    def submit(self, req: protocol.GenerateReq, queue: asyncio.Queue[TokenChunk]) -> None:
+        """Register `req.rid` -> queue, then send the request to the scheduler."""
+        assert self._sender is not None, "manager not bound"
+        self._queues[req.rid] = queue
+        self._topk[req.rid] = req.top_logprobs_num if req.return_logprob else 0
+        self._sender.send(req)
+
+    def abort(self, rid: str, reason: str = "abort") -> None:
+        """Tell the scheduler to stop `rid` and forget it (later chunks for it are dropped)."""
+        if self._queues.pop(rid, None) is not None and self._sender is not None and not self.closing:
+            self._sender.send(protocol.AbortReq(rid=rid, reason=reason))
+        self._forget_topk(rid)
+
+    def release(self, rid: str) -> None:
+        """Forget a finished `rid` (no abort sent)."""
+        self._queues.pop(rid, None)
+        self._forget_topk(rid)
+
+    def _forget_topk(self, rid: str) -> None:
+        # keep it a little longer: a batch already in flight may still carry this rid's tokens
+        if rid in self._topk:
+            self._topk.move_to_end(rid)
+        while len(self._topk) > self._RECENT_TOPK + len(self._queues):
+            self._topk.popitem(last=False)
+
+    async def control(self, kind: str, timeout_s: float = 10.0) -> protocol.ControlResp:
+        """Send a ControlReq and wait for its ControlResp.
+
+        Raises:
+            TimeoutError: no answer within `timeout_s`.
+        """
+        assert self._sender is not None, "manager not bound"
+        req_id = uuid.uuid4().hex
+        fut: asyncio.Future[protocol.ControlResp] = asyncio.get_running_loop().create_future()
+        self._controls[req_id] = fut
+        try:
+            self._sender.send(protocol.ControlReq(kind=kind, req_id=req_id))
+            return await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._controls.pop(req_id, None)
+
+    # ----------------------------------------------------------------- receive loop
+    async def _recv_loop(self) -> None:
+        assert self._pull is not None
+        while True:
+            frames = await self._pull.recv_multipart()
+            try:
+                msg = protocol.decode(frames, protocol.SCHEDULER_TO_TOKENIZER)
+            except protocol.ProtocolError as e:
+                logger.error("dropping malformed message from scheduler: %s", e)
+                continue
+            try:
+                if isinstance(msg, protocol.ControlResp):
+                    fut = self._controls.get(msg.req_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                else:
+                    self._dispatch(msg)
+            except Exception:  # a bug here must not kill the loop for every other request
+                logger.exception("error dispatching %s", type(msg).__name__)
+
+    def _dispatch(self, batch: protocol.TokenOutBatch) -> None:
+        """Split a batch per rid and enqueue each slice on its request's queue."""
+        offsets = batch.offsets
+        has_lp = batch.logprobs.size == batch.output_ids.size and batch.logprobs.size > 0
+        top_pos = 0
+        top_ok = True
+        for i, rid in enumerate(batch.rids):
+            start, end = int(offsets[i]), int(offsets[i + 1])
+            k = self._topk.get(rid)
+            if k is None:
+                top_ok = top_ok and batch.top_logprob_ids.size == 0
+                k = 0
+            m = end - start
+            top_ids = top_lps = None
+            if k > 0 and top_ok and top_pos + m * k <= batch.top_logprob_ids.size:
+                top_ids = batch.top_logprob_ids[top_pos:top_pos + m * k].reshape(m, k)
+                top_lps = batch.top_logprobs[top_pos:top_pos + m * k].reshape(m, k)
+            top_pos += m * k
+            queue = self._queues.get(rid)
+            if queue is None:
+                continue
+            queue.put_nowait(TokenChunk(
+                rid=rid, ids=batch.output_ids[start:end],
+                logprobs=batch.logprobs[start:end] if has_lp else None,
+                top_ids=top_ids, top_logprobs=top_lps,
+                finish_reason=_item(batch.finish_reasons, i), matched_stop=_item(batch.matched_stop, i),
+                prompt_tokens=_item(batch.prompt_tokens, i),
+                completion_tokens=_item(batch.completion_tokens, i),
+                cached_tokens=_item(batch.cached_tokens, i), error=_item(batch.errors, i)))

@@ -1,0 +1,186 @@
+"""Request bodies of the HTTP API (OpenAI chat/completions and the native /generate), validated strictly.
+
+Validation is pydantic in strict mode (no "1" -> 1 coercion); range checks that OpenAI documents live
+here too, so a bad value yields a 400 whose `param` names the field (see errors.py). Unknown fields
+are ignored, as vLLM and SGLang do, so that clients which send newer OpenAI fields keep working.
+Responses are plain dicts built in the serving modules (cheaper than models on the hot path).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NonNegInt = Annotated[int, Field(ge=0)]
+TokenIds = Annotated[list[NonNegInt], Field(min_length=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = False
+
+
+class TextPart(_Strict):
+    """One part of a multi-part message content; only text parts are supported."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def flat_content(self) -> str:
+        """Content as one string (text parts joined by newlines); None becomes ""."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text"]
+
+
+class SamplingFields(_Strict):
+    """Fields shared by chat and completions (OpenAI names, plus the usual vLLM/SGLang extensions)."""
+
+    model: str
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1, le=128)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    user: str | None = None
+    # extensions (vLLM / SGLang)
+    top_k: int | None = None
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    ignore_eos: bool | None = False
+    stop_token_ids: list[NonNegInt] | None = None
+    skip_special_tokens: bool | None = True
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_nonempty(cls, v: str | list[str] | None) -> str | list[str] | None:
+        items = [v] if isinstance(v, str) else (v or [])
+        if any(s == "" for s in items):
+            raise ValueError("stop strings must be non-empty")
+        if len(items) > 16:
+            raise ValueError("at most 16 stop strings are supported")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_range(cls, v: int | None) -> int | None:
+        if v is not None and v != -1 and v < 1:
+            raise ValueError("top_k must be -1 (off) or >= 1")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        return v
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    # extensions
+    add_generation_prompt: bool | None = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if v:
+            raise ValueError("tools are not supported by this server")
+        return v
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: requires logprobs to be true")
+        return self
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+PromptType = str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[
+    list[TokenIds], Field(min_length=1)]
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions. max_tokens defaults to 16, as in OpenAI's legacy completions API."""
+
+    prompt: PromptType
+    echo: bool | None = False
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    best_of: int | None = Field(default=None, ge=1, le=128)
+    suffix: str | None = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix is not supported by this server")
+        return v
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise ValueError("best_of: only best_of == n is supported")
+        return self
+
+
+class GenerateRequest(_Strict):
+    """POST /generate (native): text or input_ids, plus a `sampling_params` dict of SamplingParams fields."""
+
+    text: str | None = None
+    input_ids: list[NonNegInt] | None = None
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    stream: bool | None = False
+    return_logprob: bool | None = False
+    top_logprobs_num: int | None = Field(default=0, ge=0, le=20)
+    rid: str | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("text: give exactly one of text and input_ids")
+        if self.input_ids is not None and not self.input_ids:
+            raise ValueError("input_ids: must be non-empty")
+        return self

@@ -1,0 +1,229 @@
+"""Per-request state on the tokenizer side: one HTTP request = one RequestHandle = one or more samples.
+
+Each sample (one choice: one prompt x one of n) is one GenerateReq with its own rid; all samples of a
+request share one asyncio queue fed by TokenizerManager. A sample turns token chunks into text with an
+IncrementalDetokenizer and a StopMatcher; a stop-string match finishes the sample ("stop") and sends
+AbortReq so that the scheduler frees its pages. Leaving the handle (normally, on error, or because the
+client went away and the task was cancelled) aborts every sample that has not finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from radixrt import protocol
+
+from .detokenizer import IncrementalDetokenizer
+from .errors import APIError, from_scheduler_error
+from .manager import TokenChunk, TokenizerManager
+from .stop import StopMatcher
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """Log-probability of one sampled token and, if asked, its top alternatives [(id, logprob)]."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SampleSpec:
+    """What to generate for one choice."""
+
+    index: int
+    input_ids: list[int]
+    sampling: dict[str, Any]
+    stop: list[str]
+    skip_special_tokens: bool = True
+
+
+@dataclass(slots=True)
+class SampleEvent:
+    """New output of one sample: text safe to show, the tokens consumed, and the finish state."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob]
+    finish_reason: str | None
+    matched_stop: Any
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class SampleState:
+    """Text state of one sample. Tokens after a stop-string match are ignored."""
+
+    def __init__(self, rid: str, spec: SampleSpec, tokenizer: Any) -> None:
+        self.rid = rid
+        self.spec = spec
+        self.detok = IncrementalDetokenizer(tokenizer, spec.skip_special_tokens)
+        self.stop = StopMatcher(spec.stop)
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.matched_stop: Any = None
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.pending_lp: list[TokenLogprob] = []
+        self.output_ids: list[int] = []
+
+    def consume(self, chunk: TokenChunk) -> SampleEvent | None:
+        """Apply one chunk; return an event when there is text to emit or the sample finished.
+
+        Raises:
+            APIError: the scheduler rejected the request (chunk.error).
+        """
+        if chunk.error:
+            self.finished = True
+            raise from_scheduler_error(chunk.error)
+        if chunk.cached_tokens is not None:
+            self.cached_tokens = int(chunk.cached_tokens)
+        text_parts: list[str] = []
+        new_ids: list[int] = []
+        for j, tok in enumerate(chunk.ids.tolist()):
+            new_ids.append(tok)
+            self.completion_tokens += 1
+            if chunk.logprobs is not None:
+                self.pending_lp.append(_token_logprob(chunk, j, tok))
+            text_parts.append(self.stop.feed(self.detok.add([tok])))
+            if self.stop.matched is not None:
+                self.finished = True
+                self.finish_reason = "stop"
+                self.matched_stop = self.stop.matched
+                break
+        if not self.finished and chunk.finish_reason is not None:
+            text_parts.append(self.stop.feed(self.detok.flush()))
+            if self.stop.matched is not None:
+                self.finish_reason, self.matched_stop = "stop", self.stop.matched
+            else:
+                text_parts.append(self.stop.flush())
+                self.finish_reason, self.matched_stop = chunk.finish_reason, chunk.matched_stop
+            self.finished = True
+        self.output_ids.extend(new_ids)
+        text = "".join(text_parts)
+        if not text and not self.finished:
+            return None
+        lps, self.pending_lp = self.pending_lp, []
+        return SampleEvent(index=self.spec.index, text=text, token_ids=new_ids, logprobs=lps,
+                           finish_reason=self.finish_reason if self.finished else None,
+                           matched_stop=self.matched_stop, prompt_tokens=len(self.spec.input_ids),
+                           completion_tokens=self.completion_tokens, cached_tokens=self.cached_tokens)
+
+
+def _token_logprob(chunk: TokenChunk, j: int, tok: int) -> TokenLogprob:
+    assert chunk.logprobs is not None
+    top: list[tuple[int, float]] = []
+    if chunk.top_ids is not None and chunk.top_logprobs is not None:
+        top = list(zip(chunk.top_ids[j].tolist(), chunk.top_logprobs[j].tolist(), strict=True))
+    return TokenLogprob(token_id=tok, logprob=float(chunk.logprobs[j]), top=top)
+
+
+@dataclass(slots=True)
+class Timing:
+    """Wall-clock marks of one request (seconds, time.perf_counter)."""
+
+    start_s: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+
+
+class RequestHandle:
+    """All samples of one HTTP request. Use as `async with handle:` then iterate `handle.events()`."""
+
+    def __init__(self, manager: TokenizerManager, tokenizer: Any, specs: list[SampleSpec], *,
+                 stream: bool, return_logprob: bool = False, top_logprobs_num: int = 0,
+                 on_done: Callable[[RequestHandle, str], None] | None = None) -> None:
+        self.manager = manager
+        self.id = uuid.uuid4().hex
+        self.stream = stream
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num
+        group = self.id if len(specs) > 1 else None
+        self.samples = {(self.id if len(specs) == 1 else uuid.uuid4().hex): SampleState("", s, tokenizer)
+                        for s in specs}
+        for rid, st in self.samples.items():
+            st.rid = rid
+        self.group = group
+        self.queue: asyncio.Queue[TokenChunk] = asyncio.Queue()
+        self.timing = Timing()
+        self.outcome = "aborted"
+        self.on_done = on_done
+        self._done = False
+
+    async def __aenter__(self) -> RequestHandle:
+        for rid, st in self.samples.items():
+            self.manager.submit(protocol.GenerateReq(
+                rid=rid, input_ids=np.asarray(st.spec.input_ids, dtype=np.int32),
+                sampling=st.spec.sampling, stream=self.stream, return_logprob=self.return_logprob,
+                top_logprobs_num=self.top_logprobs_num, group=self.group), self.queue)
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish(exc)
+
+    def finish(self, exc: BaseException | None) -> None:
+        """End the request (idempotent): abort unfinished samples, record the outcome, report it."""
+        if self._done:
+            return
+        self._done = True
+        self.close()
+        if exc is None and all(s.finished for s in self.samples.values()):
+            self.outcome = "ok"
+        elif isinstance(exc, APIError):
+            self.outcome = "rejected" if exc.status < 500 else "error"
+        if self.on_done is not None:
+            self.on_done(self, self.outcome)
+
+    def close(self) -> None:
+        """Abort every unfinished sample; forget finished ones. Synchronous: safe when cancelled."""
+        for rid, st in self.samples.items():
+            if st.finished:
+                self.manager.release(rid)
+            else:
+                self.manager.abort(rid)
+
+    async def events(self) -> AsyncIterator[SampleEvent]:
+        """Events of all samples in arrival order, until every sample has finished.
+
+        Raises:
+            APIError: a sample was rejected by the scheduler.
+        """
+        while not all(s.finished for s in self.samples.values()):
+            chunk = await self.queue.get()
+            st = self.samples.get(chunk.rid)
+            if st is None or st.finished:
+                continue
+            self._mark_tokens(len(chunk.ids))
+            ev = st.consume(chunk)
+            if st.finished:
+                if st.finish_reason == "stop" and chunk.finish_reason is None:
+                    self.manager.abort(chunk.rid, reason="stop")
+                else:
+                    self.manager.release(chunk.rid)
+            if ev is not None:
+                yield ev
+
+    def _mark_tokens(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        now = time.perf_counter()
+        t = self.timing
+        if t.first_token_s is None:
+            t.first_token_s = now
+        elif t.last_token_s is not None:
+            t.itl_s.append((now - t.last_token_s) / num_tokens)
+        t.last_token_s = now
+
+    def total_completion_tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.samples.values())
