@@ -50,7 +50,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     x        : [..., H] fp16/bf16/fp32 (last dim contiguous; leading dims are flattened)
     weight   : [H]
     residual : optional [..., H] same shape and dtype as x
-    Returns (out, new_residual), both new tensors shaped like x: with a residual,
+    Returns (out, new_residual) shaped like x: with a residual (both fresh tensors),
     new_residual = x + residual and out = rms_norm(new_residual) * weight; without one,
     new_residual is x itself and out = rms_norm(x) * weight. Raises ValueError on mismatches.
     """

@@ -16,30 +16,30 @@ from ._checks import check, next_pow2
 
 @triton.jit
 def _store_kv_kernel(
-    k_buf, v_buf, k_src, v_src, out_cache_loc,
+    k_buf, v_buf, k_src, v_src, out_cache_loc, num_kv_heads,
     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
     stride_k_t, stride_k_h, stride_v_t, stride_v_h,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    tok = tl.program_id(0)
-    head = tl.program_id(1)
+    tok = tl.program_id(0).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
+    mask = (offs_h < num_kv_heads)[:, None] & (offs_d < HEAD_DIM)[None, :]
     # slot of this token; int64 so that slot * stride cannot overflow on large pools
     slot = tl.load(out_cache_loc + tok).to(tl.int64)
-    # copy one head's row of K and of V, casting to the pool's dtype
-    k = tl.load(k_src + tok * stride_k_t + head * stride_k_h + offs_d, mask=mask_d)
-    v = tl.load(v_src + tok * stride_v_t + head * stride_v_h + offs_d, mask=mask_d)
-    tl.store(k_buf + slot * stride_kb_s + head * stride_kb_h + offs_d,
-             k.to(k_buf.dtype.element_ty), mask=mask_d)
-    tl.store(v_buf + slot * stride_vb_s + head * stride_vb_h + offs_d,
-             v.to(v_buf.dtype.element_ty), mask=mask_d)
+    # copy all heads of this token's K and V rows, casting to the pool's dtype
+    k = tl.load(k_src + tok * stride_k_t + offs_h[:, None] * stride_k_h + offs_d[None, :], mask=mask)
+    v = tl.load(v_src + tok * stride_v_t + offs_h[:, None] * stride_v_h + offs_d[None, :], mask=mask)
+    tl.store(k_buf + slot * stride_kb_s + offs_h[:, None] * stride_kb_h + offs_d[None, :],
+             k.to(k_buf.dtype.element_ty), mask=mask)
+    tl.store(v_buf + slot * stride_vb_s + offs_h[:, None] * stride_vb_h + offs_d[None, :],
+             v.to(v_buf.dtype.element_ty), mask=mask)
 
 
-def _pick_config(head_dim: int) -> dict:
-    """Block and warp choice: one program copies one head row of K and of V."""
-    block_d = next_pow2(head_dim)
-    return {"BLOCK_D": block_d, "num_warps": 1 if block_d <= 128 else 2}
+def _pick_config(num_kv_heads: int, head_dim: int) -> dict:
+    """One program copies one token (all KV heads) of K and of V."""
+    block_h, block_d = next_pow2(num_kv_heads), next_pow2(head_dim)
+    return {"BLOCK_H": block_h, "BLOCK_D": block_d, "num_warps": 4 if block_h * block_d >= 1024 else 1}
 
 
 def store_kv(k_buffer: torch.Tensor, v_buffer: torch.Tensor, out_cache_loc: torch.Tensor,
@@ -60,15 +60,16 @@ def store_kv(k_buffer: torch.Tensor, v_buffer: torch.Tensor, out_cache_loc: torc
           f"k is {tuple(k.shape)} but the pool rows are {tuple(k_buffer.shape[1:])}")
     check(out_cache_loc.shape == (num_tokens,), f"out_cache_loc must be [{num_tokens}]")
     check(out_cache_loc.dtype in (torch.int64, torch.int32), "out_cache_loc must be int64 or int32")
+    check(out_cache_loc.device == k_buffer.device, "out_cache_loc is not on the pool's device")
     for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k", k), ("v", v)):
         check(t.stride(-1) == 1, f"{name} must have a contiguous last dim")
         check(t.device == k_buffer.device, f"{name} is on {t.device}, the pool on {k_buffer.device}")
     if num_tokens == 0:
         return
-    cfg = _pick_config(head_dim)
-    _store_kv_kernel[(num_tokens, num_kv_heads)](
-        k_buffer, v_buffer, k, v, out_cache_loc,
+    cfg = _pick_config(num_kv_heads, head_dim)
+    _store_kv_kernel[(num_tokens,)](
+        k_buffer, v_buffer, k, v, out_cache_loc, num_kv_heads,
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"], num_warps=cfg["num_warps"],
+        HEAD_DIM=head_dim, BLOCK_H=cfg["BLOCK_H"], BLOCK_D=cfg["BLOCK_D"], num_warps=cfg["num_warps"],
     )

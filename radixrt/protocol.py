@@ -100,8 +100,9 @@ class TokenOutBatch:
     """New tokens for several requests after one step.
 
     output_ids: int32 [sum of new tokens], request i's tokens are output_ids[offsets[i]:offsets[i+1]].
-    logprobs: float32, same layout (empty unless asked). top_logprob_ids / top_logprobs: int32/float32
-    [sum of new tokens * k] row-major per token, k = top_logprobs_num of that request.
+    logprobs: float32, one entry per new token of each request that asked (return_logprob), in
+    request order; requests that did not ask contribute nothing. top_logprob_ids / top_logprobs:
+    int32/float32, per new token of each asking request, k = that request's top_logprobs_num values.
     finish_reasons[i]: None while running; "stop" | "length" | "abort" when finished.
     error[i]: a client-facing message when the request was rejected (finish_reason "abort").
     """

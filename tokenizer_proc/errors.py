@@ -101,6 +101,8 @@ def from_scheduler_error(message: str) -> APIError:
     m = re.match(r"^(4\d\d|5\d\d)[ :]+(.*)$", message, re.S)
     if m:
         return APIError(int(m.group(1)), m.group(2))
+    if "too many" in message.lower():  # the scheduler's queue limit (--max-queued-requests)
+        return APIError(429, message)
     return bad_request(message)
 
 

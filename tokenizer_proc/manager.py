@@ -69,6 +69,7 @@ class TokenizerManager:
         self._topk: OrderedDict[str, int] = OrderedDict()
         self._controls: dict[str, asyncio.Future[protocol.ControlResp]] = {}
         self._recv_task: asyncio.Task[None] | None = None
+        self._num_layout_errors = 0
         self.closing = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -176,20 +177,26 @@ class TokenizerManager:
                 logger.exception("error dispatching %s", type(msg).__name__)
 
     def _dispatch(self, batch: protocol.TokenOutBatch) -> None:
-        """Split a batch per rid and enqueue each slice on its request's queue."""
+        """Split a batch per rid and enqueue each slice on its request's queue.
+
+        Logprobs are used only when laid out as TokenOutBatch documents (one per output token; top
+        rows of the request's own k); a batch that does not add up loses its logprobs, not its tokens.
+        """
         offsets = batch.offsets
+        lens = [int(offsets[i + 1]) - int(offsets[i]) for i in range(len(batch.rids))]
+        ks = [self._topk.get(rid, 0) for rid in batch.rids]
         has_lp = batch.logprobs.size == batch.output_ids.size and batch.logprobs.size > 0
+        top_ok = sum(m * k for m, k in zip(lens, ks, strict=True)) == batch.top_logprob_ids.size
+        if not top_ok or (batch.logprobs.size and not has_lp):
+            self._num_layout_errors += 1
+            (logger.warning if self._num_layout_errors == 1 else logger.debug)(
+                "TokenOutBatch logprob layout does not match the requests' top_logprobs_num; dropping "
+                "the logprobs that do not add up (%d batches so far)", self._num_layout_errors)
         top_pos = 0
-        top_ok = True
         for i, rid in enumerate(batch.rids):
-            start, end = int(offsets[i]), int(offsets[i + 1])
-            k = self._topk.get(rid)
-            if k is None:
-                top_ok = top_ok and batch.top_logprob_ids.size == 0
-                k = 0
-            m = end - start
+            start, m, k = int(offsets[i]), lens[i], ks[i]
             top_ids = top_lps = None
-            if k > 0 and top_ok and top_pos + m * k <= batch.top_logprob_ids.size:
+            if k > 0 and top_ok:
                 top_ids = batch.top_logprob_ids[top_pos:top_pos + m * k].reshape(m, k)
                 top_lps = batch.top_logprobs[top_pos:top_pos + m * k].reshape(m, k)
             top_pos += m * k
@@ -197,8 +204,8 @@ class TokenizerManager:
             if queue is None:
                 continue
             queue.put_nowait(TokenChunk(
-                rid=rid, ids=batch.output_ids[start:end],
-                logprobs=batch.logprobs[start:end] if has_lp else None,
+                rid=rid, ids=batch.output_ids[start:start + m],
+                logprobs=batch.logprobs[start:start + m] if has_lp else None,
                 top_ids=top_ids, top_logprobs=top_lps,
                 finish_reason=_item(batch.finish_reasons, i), matched_stop=_item(batch.matched_stop, i),
                 prompt_tokens=_item(batch.prompt_tokens, i),

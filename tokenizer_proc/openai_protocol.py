@@ -169,8 +169,8 @@ class CompletionRequest(SamplingFields):
 class GenerateRequest(_Strict):
     """POST /generate (native): text or input_ids, plus a `sampling_params` dict of SamplingParams fields."""
 
-    text: str | None = None
-    input_ids: list[NonNegInt] | None = None
+    text: str | Annotated[list[str], Field(min_length=1)] | None = None
+    input_ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] | None = None
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     stream: bool | None = False
     return_logprob: bool | None = False
@@ -181,6 +181,4 @@ class GenerateRequest(_Strict):
     def _one_prompt(self) -> GenerateRequest:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("text: give exactly one of text and input_ids")
-        if self.input_ids is not None and not self.input_ids:
-            raise ValueError("input_ids: must be non-empty")
         return self

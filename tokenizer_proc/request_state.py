@@ -75,7 +75,7 @@ class SampleState:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.pending_lp: list[TokenLogprob] = []
-        self.output_ids: list[int] = []
+        self.pending_ids: list[int] = []  # consumed, not yet reported in an event
 
     def consume(self, chunk: TokenChunk) -> SampleEvent | None:
         """Apply one chunk; return an event when there is text to emit or the sample finished.
@@ -89,9 +89,8 @@ class SampleState:
         if chunk.cached_tokens is not None:
             self.cached_tokens = int(chunk.cached_tokens)
         text_parts: list[str] = []
-        new_ids: list[int] = []
         for j, tok in enumerate(chunk.ids.tolist()):
-            new_ids.append(tok)
+            self.pending_ids.append(tok)
             self.completion_tokens += 1
             if chunk.logprobs is not None:
                 self.pending_lp.append(_token_logprob(chunk, j, tok))
@@ -109,12 +108,12 @@ class SampleState:
                 text_parts.append(self.stop.flush())
                 self.finish_reason, self.matched_stop = chunk.finish_reason, chunk.matched_stop
             self.finished = True
-        self.output_ids.extend(new_ids)
         text = "".join(text_parts)
         if not text and not self.finished:
             return None
         lps, self.pending_lp = self.pending_lp, []
-        return SampleEvent(index=self.spec.index, text=text, token_ids=new_ids, logprobs=lps,
+        ids, self.pending_ids = self.pending_ids, []
+        return SampleEvent(index=self.spec.index, text=text, token_ids=ids, logprobs=lps,
                            finish_reason=self.finish_reason if self.finished else None,
                            matched_stop=self.matched_stop, prompt_tokens=len(self.spec.input_ids),
                            completion_tokens=self.completion_tokens, cached_tokens=self.cached_tokens)

@@ -160,7 +160,7 @@ class RadixCache:
         assert node.parent is not None
         node.parent.children[node.key[0]] = upper
         node.key = node.key[k:]
-        node.pages = node.pages[cut // ps - first_index :]
+        node.pages = node.pages[(cut + ps - 1) // ps - first_index :] or node.pages[-1:]
         node.start = cut
         node.parent = upper
         upper.children[node.key[0]] = node

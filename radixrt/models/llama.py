@@ -107,9 +107,13 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         self.cos_sin_cache: torch.Tensor | None = None
+
+    def tie_weights(self) -> None:
+        """Share lm_head with embed_tokens when the config says so (again after `to_empty`)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def init_rope(self, max_positions: int, device: torch.device | str) -> None:
         """Build the [max_positions, D] float32 rotary table on `device`."""

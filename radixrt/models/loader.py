@@ -230,7 +230,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
     cls = find_spec([cfg.architecture]).model_class()
     with torch.device("meta"):
         model = cls(cfg)
-    model = model.to(dtype).to_empty(device=device)
+    model = model.to(dtype).to_empty(device=device).requires_grad_(False)
+    model.tie_weights()  # to_empty materialises shared parameters separately
     if load_format == "dummy":
         _init_dummy(model, seed)
     else:

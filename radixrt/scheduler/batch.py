@@ -55,6 +55,7 @@ def _page_table_updates(items: list[ScheduledItem]) -> tuple[np.ndarray, np.ndar
 def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
     """Pack a ScheduledBatch into the wire message (see protocol.ForwardBatch for the layout)."""
     items = sb.items
+    assert items and all(it.extend_len >= 1 for it in items), "every request in a pass adds a token"
     extend_lens = np.array([it.extend_len for it in items], I32)
     mode = ForwardMode.DECODE if bool(np.all(extend_lens == 1)) else (
         ForwardMode.MIXED if any(not it.is_prefill for it in items) else ForwardMode.EXTEND)

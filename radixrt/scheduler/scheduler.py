@@ -221,11 +221,12 @@ class Scheduler:
             req.output_ids.append(tok)
             req.pending_out.append(tok)
             self.num_generated_tokens += 1
-            if res.logprobs.size:
+            if req.return_logprob and res.logprobs.size:
                 req.pending_logprobs.append(float(res.logprobs[i]))
-            if k:
-                req.pending_top_ids.append(res.top_logprob_ids[i * k:(i + 1) * k].tolist())
-                req.pending_top_vals.append(res.top_logprobs[i * k:(i + 1) * k].tolist())
+            kr = min(k, req.top_logprobs_num) if req.return_logprob else 0
+            if kr:
+                req.pending_top_ids.append(res.top_logprob_ids[i * k:i * k + kr].tolist())
+                req.pending_top_vals.append(res.top_logprobs[i * k:i * k + kr].tolist())
             reason, matched = self._check_finish(req, tok)
             if reason is not None:
                 req.matched_stop = matched

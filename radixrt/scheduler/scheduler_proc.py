@@ -70,6 +70,7 @@ class SchedulerLoop:
         self.last_log_s = time.monotonic()
         self.forward_ms_total = 0.0
         self.steps = 0
+        self.steps_at_last_log = 0
 
     def handle(self, msg: Any) -> None:
         if isinstance(msg, GenerateReq):
@@ -105,7 +106,10 @@ class SchedulerLoop:
                 s["invariants_ok"] = True
             except AssertionError as e:
                 s["invariants_ok"], s["invariant_error"] = False, str(e)
-        return {"server_args": self.args.to_dict(), "worker": self.worker_info, "scheduler": s}
+        args = self.args.to_dict()
+        if args.get("api_key"):
+            args["api_key"] = "***"
+        return {"server_args": args, "worker": self.worker_info, "scheduler": s}
 
     def step(self) -> bool:
         """One pass if there is work; False when idle."""
@@ -130,10 +134,11 @@ class SchedulerLoop:
                 self.tx_tok.send(ControlResp(req_id, ok, {"finish_reason": req.finish_reason}))
 
     def maybe_log(self) -> None:
+        """A stats line every LOG_INTERVAL_S while there was work since the last one."""
         now = time.monotonic()
-        if now - self.last_log_s < LOG_INTERVAL_S:
+        if now - self.last_log_s < LOG_INTERVAL_S or self.steps == self.steps_at_last_log:
             return
-        self.last_log_s = now
+        self.last_log_s, self.steps_at_last_log = now, self.steps
         s = self.sched.stats()
         log.info("running %d, waiting %d, pages free %s / evictable %s / protected %s, hit rate %.3f, "
                  "retractions %d", s["num_running_reqs"], s["num_waiting_reqs"], s.get("num_free_pages"),

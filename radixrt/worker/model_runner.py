@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,7 +22,10 @@ from radixrt.models.loader import load_model, read_model_config
 from radixrt.protocol import ForwardMode
 from radixrt.worker import sampler
 from radixrt.worker.forward_meta import ForwardMeta
-from radixrt.worker.kv_pool import PagedKVPool
+from radixrt.worker.kv_pool import MIN_SLACK_BYTES, PagedKVPool, cuda_pool_tokens, measure_peak_bytes
+
+if TYPE_CHECKING:
+    from radixrt.worker.cuda_graph import CudaGraphRunner
 
 CPU_DEFAULT_POOL_TOKENS = 65536
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -35,8 +38,10 @@ def resolve_dtype(args: ServerArgs, device: str) -> torch.dtype:
     return _DTYPES[args.dtype]
 
 
-def make_backend(name: str, pool: PagedKVPool) -> Any:
+def make_backend(name: str, pool: PagedKVPool, num_q_heads: int, max_batch_size: int) -> Any:
     """Attention backend by name ("torch" or "triton").
+
+    max_batch_size: largest decode batch the triton backend preallocates workspace for (graph-safe).
 
     Raises:
         RuntimeError: the triton backend module is not available.
@@ -51,7 +56,7 @@ def make_backend(name: str, pool: PagedKVPool) -> Any:
         except ImportError as e:
             raise RuntimeError(f"attention backend 'triton' unavailable ({e}); "
                                "use --attention-backend torch") from None
-        return TritonAttnBackend(pool)
+        return TritonAttnBackend(pool, num_q_heads=num_q_heads, max_batch_size=max_batch_size)
     raise RuntimeError(f"unknown attention backend {name!r}")
 
 
@@ -71,6 +76,7 @@ class ModelRunner:
         self.device = torch.device(args.resolved_device())
         self.dtype = resolve_dtype(args, self.device.type)
         self.page_size = args.page_size
+        self.backend_name = args.resolved_attention_backend()
         cfg = read_model_config(Path(model_dir))
         self.context_len = args.context_length or cfg.max_position_embeddings
         self.model, self.config = load_model(Path(model_dir), self.dtype, self.device, args.load_format,
@@ -79,19 +85,36 @@ class ModelRunner:
         self.max_req_rows = args.max_running_requests
         self.req_to_page = torch.zeros((self.max_req_rows, self.max_pages_per_req), dtype=torch.int32,
                                        device=self.device)
+        self.graphs: CudaGraphRunner | None = None
         self.pool = PagedKVPool(self._num_pages(), self.page_size, cfg.num_layers, cfg.num_kv_heads,
                                 cfg.head_dim, self.dtype, self.device)
-        self.backend = make_backend(args.resolved_attention_backend(), self.pool)
-        self.graphs = None  # set by enable_cuda_graphs on CUDA
+        self.backend = self._make_backend(self.pool)
+        if self._use_cuda_graphs():
+            from radixrt.worker.cuda_graph import CudaGraphRunner
+
+            self.graphs = CudaGraphRunner(self, self._graph_max_bs())
+
+    def _make_backend(self, pool: PagedKVPool) -> Any:
+        return make_backend(self.backend_name, pool, self.config.num_heads,
+                            max(self.args.max_running_requests, self.args.cuda_graph_max_bs))
+
+    def _use_cuda_graphs(self) -> bool:
+        """Graphs need CUDA and a backend without host syncs in forward (triton)."""
+        return (self.device.type == "cuda" and not self.args.disable_cuda_graph
+                and self.backend_name == "triton" and self._graph_max_bs() >= 1)
+
+    def _graph_max_bs(self) -> int:
+        return min(self.args.cuda_graph_max_bs, self.args.max_running_requests)
 
     def _num_pages(self) -> int:
         """Pool size in pages (+1 for the reserved page 0)."""
-        if self.args.max_total_tokens is not None:
-            tokens = self.args.max_total_tokens
+        a, c = self.args, self.config
+        if a.max_total_tokens is not None:
+            tokens = a.max_total_tokens
         elif self.device.type == "cuda":
-            from radixrt.worker.cuda_graph import profile_pool_tokens
-
-            tokens = profile_pool_tokens(self)
+            kv_bytes = PagedKVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype)
+            tokens = cuda_pool_tokens(self.device, a.mem_fraction_static, kv_bytes,
+                                      self._activation_reserve_bytes(), self.page_size)
         else:
             tokens = CPU_DEFAULT_POOL_TOKENS
         return math.ceil(tokens / self.page_size) + 1
@@ -158,6 +181,10 @@ class ModelRunner:
         if batch.mode == ForwardMode.IDLE or len(batch.req_rows) == 0:
             self.apply_memory_ops(batch)
             return protocol.ForwardResult(batch_id=batch.batch_id)
+        if int(batch.extend_lens.min()) < 1 or int(batch.extend_lens.sum()) != len(batch.input_ids):
+            raise ValueError(f"ForwardBatch {batch.batch_id}: every request needs extend_len >= 1 and "
+                             f"sum(extend_lens) == len(input_ids); got {batch.extend_lens.tolist()} "
+                             f"for {len(batch.input_ids)} tokens")
         logits = self.forward_logits(batch)
         next_ids = sampler.sample(logits, self.sampling_tensors(batch))
         res = protocol.ForwardResult(batch_id=batch.batch_id)
@@ -169,6 +196,71 @@ class ModelRunner:
         res.next_token_ids = next_ids.cpu().numpy().astype(np.int32)
         res.forward_ms = (time.perf_counter() - t0) * 1000.0
         return res
+
+    # ------------------------------------------------------------------ CUDA memory profile
+    def _activation_reserve_bytes(self) -> int:
+        """Memory to keep free for forward passes, measured by one worst-case pass.
+
+        The pass: EXTEND of the largest token count one batch may carry (--chunked-prefill-size
+        plus a decode token per running request) into a temporary pool, with logprobs, then
+        top-p sampling over --max-running-requests rows. The reserve is that peak (twice when
+        CUDA graphs keep their own memory pool), the graphs' static logits buffer, and slack.
+        """
+        a = self.args
+        tokens = a.chunked_prefill_size if a.chunked_prefill_size > 0 else max(a.max_prefill_tokens,
+                                                                                self.context_len)
+        batch, num_pages = self._profile_batch(tokens + a.max_running_requests)
+        c = self.config
+        tmp_pool = PagedKVPool(num_pages, self.page_size, c.num_layers, c.num_kv_heads, c.head_dim,
+                               self.dtype, self.device)
+        rows, dev = self.max_req_rows, self.device
+        st = sampler.SamplingTensors(
+            temperature=torch.ones(rows, device=dev), top_p=torch.full((rows,), 0.9, device=dev),
+            top_k=torch.full((rows,), -1, dtype=torch.int64, device=dev), min_p=torch.zeros(rows, device=dev),
+            seeds=torch.arange(rows, device=dev), sample_steps=torch.zeros(rows, dtype=torch.int64, device=dev))
+
+        def run() -> None:
+            self.pool, self.backend = tmp_pool, self._make_backend(tmp_pool)  # workspace counted too
+            self.forward(batch)
+            sampler.sample(torch.randn(rows, c.vocab_size, device=self.device), st)
+
+        try:
+            peak = measure_peak_bytes(run, self.device)
+        finally:
+            for name in ("pool", "backend"):  # the real ones are built after sizing
+                self.__dict__.pop(name, None)
+            self.req_to_page.zero_()
+        graphs = self._use_cuda_graphs()
+        logits_buf = self._graph_max_bs() * c.vocab_size * 4 if graphs else 0
+        return peak * (2 if graphs else 1) + logits_buf + MIN_SLACK_BYTES
+
+    def _profile_batch(self, total_tokens: int) -> tuple[protocol.ForwardBatch, int]:
+        """An EXTEND batch of `total_tokens` tokens over as few requests as the context allows,
+        with its pages numbered from 1; returns (batch, pages needed including page 0)."""
+        ps, per_req = self.page_size, self.context_len - 1
+        lens = [min(per_req, total_tokens - i) for i in range(0, total_tokens, per_req)][:self.max_req_rows]
+        rows, cols, pages, locs, positions = [], [], [], [], []
+        next_page = 1
+        for r, n in enumerate(lens):
+            own = np.arange(next_page, next_page + math.ceil(n / ps))
+            next_page += len(own)
+            rows.append(np.full(len(own), r))
+            cols.append(np.arange(len(own)))
+            pages.append(own)
+            pos = np.arange(n)
+            positions.append(pos)
+            locs.append(own[pos // ps] * ps + pos % ps)
+        b, i32 = len(lens), np.int32
+        batch = protocol.ForwardBatch(
+            batch_id=-1, mode=int(ForwardMode.EXTEND), req_rows=np.arange(b, dtype=i32),
+            input_ids=np.zeros(sum(lens), i32), positions=np.concatenate(positions).astype(i32),
+            out_cache_loc=np.concatenate(locs).astype(i32), seq_lens=np.array(lens, i32),
+            extend_lens=np.array(lens, i32), upd_rows=np.concatenate(rows).astype(i32),
+            upd_cols=np.concatenate(cols).astype(i32), upd_pages=np.concatenate(pages).astype(i32),
+            temperature=np.ones(b, np.float32), top_p=np.full(b, 0.9, np.float32),
+            top_k=np.full(b, -1, i32), min_p=np.zeros(b, np.float32), seeds=np.zeros(b, i32),
+            sample_steps=np.zeros(b, i32), return_logprob=True, top_logprobs_num=5)
+        return batch, next_page
 
     def info(self) -> dict[str, Any]:
         """Facts for the Ready message (scheduler and tokenizer size themselves from these)."""

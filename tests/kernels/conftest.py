@@ -20,6 +20,28 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 
+def _patch_interpreter_scalar_index() -> None:
+    """Triton 3.6's interpreter turns a scalar tensor into an int with int(array_of_shape_(1,)), which
+    numpy >= 2.4 rejects; kernels use loaded scalars as loop bounds (range(0, prefix_len, BLOCK_N)).
+    Convert through .item() instead. Test-only; compiled kernels are unaffected."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_radixrt_patched", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0].item()))
+
+    patched._radixrt_patched = True
+    interpreter._patch_lang_tensor = patched
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_interpreter_scalar_index()
+
+
 def _alias_kernels_package() -> None:
     """Without `pip install -e .`, load the repo's kernels/ directory as `radixrt.kernels`."""
     root = Path(__file__).resolve().parents[2]
@@ -69,7 +91,7 @@ def make_paged_batch(prefix_lens: list[int], extend_lens: list[int], page_size: 
     """Random pool (every slot holds random data, so a wrong slot gives a wrong answer), pages handed
     out in a shuffled order, page 0 kept as the sink. q/k/v are strided views of one fused tensor."""
     gen = torch.Generator().manual_seed(seed)
-    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
     pages_per_req = [-(-s // page_size) for s in seq_lens]
     num_pages = 1 + sum(pages_per_req) + 3
     perm = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()
@@ -78,12 +100,13 @@ def make_paged_batch(prefix_lens: list[int], extend_lens: list[int], page_size: 
     for b, n in enumerate(pages_per_req):
         page_table[b, :n] = torch.tensor([perm.pop() for _ in range(n)], dtype=torch.int32)
     num_slots = num_pages * page_size
-    k_buffer = torch.randn(num_slots, num_kv_heads, head_dim, generator=gen).to(dtype)
-    v_buffer = torch.randn(num_slots, num_kv_heads, head_dim, generator=gen).to(dtype)
+    k_buffer = torch.randn(num_slots, num_kv_heads, head_dim, generator=gen).to(dtype=dtype, device=device)
+    v_buffer = torch.randn(num_slots, num_kv_heads, head_dim, generator=gen).to(dtype=dtype, device=device)
     out_cache_loc = torch.cat([slots_of(page_table[b], page_size, p, p + e)
-                               for b, (p, e) in enumerate(zip(prefix_lens, extend_lens))])
+                               for b, (p, e) in enumerate(zip(prefix_lens, extend_lens, strict=True))])
     num_tokens = sum(extend_lens)
-    qkv = torch.randn(num_tokens, (num_q_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(dtype)
+    qkv = torch.randn(num_tokens, (num_q_heads + 2 * num_kv_heads) * head_dim, generator=gen)
+    qkv = qkv.to(dtype=dtype, device=device)  # views are taken on the device, so they stay strided
     q = qkv[:, : num_q_heads * head_dim].view(num_tokens, num_q_heads, head_dim)
     k = qkv[:, num_q_heads * head_dim:(num_q_heads + num_kv_heads) * head_dim].view(
         num_tokens, num_kv_heads, head_dim)
@@ -91,10 +114,9 @@ def make_paged_batch(prefix_lens: list[int], extend_lens: list[int], page_size: 
     ext = torch.tensor(extend_lens, dtype=torch.int32)
     start = torch.cumsum(ext, 0, dtype=torch.int32) - ext
     to = dict(device=device)
-    return PagedBatch(page_size, k_buffer.to(**to), v_buffer.to(**to), page_table.to(**to),
+    return PagedBatch(page_size, k_buffer, v_buffer, page_table.to(**to),
                       torch.tensor(prefix_lens, dtype=torch.int32, **to), ext.to(**to), start.to(**to),
-                      torch.tensor(seq_lens, dtype=torch.int32, **to), out_cache_loc.to(**to),
-                      q.to(**to), k.to(**to), v.to(**to))
+                      torch.tensor(seq_lens, dtype=torch.int32, **to), out_cache_loc.to(**to), q, k, v)
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> None:

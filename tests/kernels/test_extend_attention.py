@@ -56,8 +56,7 @@ def test_extend_attention_reads_prefix_through_page_table(paged_batch):
 
 
 def test_extend_attention_rejects_bad_gqa(paged_batch):
-    b = paged_batch([0], [3], 16, 6, 4, 64, torch.float32) if False else paged_batch([0], [3], 16, 4, 4, 64,
-                                                                                   torch.float32)
+    b = paged_batch([0], [3], 16, 4, 4, 64, torch.float32)
     with pytest.raises(ValueError):
         extend_attention(b.q[:, :3], b.k, b.v, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens,
                          b.extend_lens, b.extend_start_loc, 16, None, 3)

@@ -160,15 +160,25 @@ def test_locked_path_is_never_evicted(ps: int) -> None:
     env.put(a)
     env.put(a + seq(3000, ps))  # a child below a's node
     env.put(b)
+    c = seq(2000, ps + 1)
+    env.put(c)
     m = env.match(a)
-    env.cache.inc_lock_ref(m.last_node)
+    env.cache.inc_lock_ref(m.last_node)  # an inner node (it has a child)
+    mc = env.match(c)
+    env.cache.inc_lock_ref(mc.last_node)  # a leaf
     env.check()
-    locked_pages = -(-len(a) // ps)
+    locked_pages = -(-len(a) // ps) + -(-len(c) // ps)
     assert env.cache.protected_size() == locked_pages
     env.evict(env.alloc.num_total_pages)  # evict everything evictable
     assert env.cache.evictable_size() == 0
     assert env.match(a).prefix_len == len(a)  # content intact
+    assert env.match(c).prefix_len == len(c)
     assert env.match(b).prefix_len == 0
+    env.cache.dec_lock_ref(mc.last_node)
+    env.check()
+    locked_pages = -(-len(a) // ps)
+    env.evict(env.alloc.num_total_pages)
+    assert env.match(c).prefix_len == 0
     assert env.match(a + seq(3000, ps)).prefix_len == len(a)  # the unlocked child went
     assert env.alloc.num_free_pages() == env.alloc.num_total_pages - locked_pages
     env.cache.dec_lock_ref(m.last_node)

@@ -1,0 +1,1 @@
+"""radixrt benchmarks: workload generators, the serving load generator, HF peer baselines, rooflines."""

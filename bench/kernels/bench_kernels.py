@@ -1,0 +1,257 @@
+"""Kernel benchmark for one CUDA GPU (built for the H200): ceilings, decode, extend, correctness.
+
+    python3 bench/kernels/bench_kernels.py [--quick] [--out PATH]
+
+Measured in the same run, so ratios stay meaningful when clocks or cards differ:
+  (a) ceilings: device-to-device copy bandwidth (bytes read + written) and dense bf16 matmul
+      TFLOP/s (8192^3, random data);
+  (b) decode attention at Qwen2.5-7B shapes (28 q / 4 kv heads, head dim 128, page 16, bf16):
+      batch 64 x context 4096, reported as bytes/s over the bytes that must move (K and V of every
+      token read once per KV head, plus q and o) and as % of the copy bandwidth; then a sweep over
+      batch x context (combinations above 40 GB of KV are skipped). Timed as CUDA-graph replays
+      (how the server runs decode); the eager time, launch overhead included, is reported beside it;
+  (c) extend attention: 8192 new tokens (causal), and 4096 cached + 4096 new; TFLOP/s counting only
+      the causal pairs (4 * Hq * D FLOPs per query-key pair) and % of the matmul rate;
+  (d) correctness of each headline shape against the fp32 torch reference on random inputs
+      (relative error ||o - ref|| / ||ref||), outputs poisoned with NaN before the checked run.
+Timing: triton.testing.do_bench, median (it flushes L2 between runs). Random, never zero, inputs.
+Prints a table at the end; writes JSON to $OUT/kernels.json when OUT is set (or to --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _import_kernels():
+    """radixrt.kernels, also without `pip install -e .` (maps the repo's kernels/ onto that name)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    try:
+        import radixrt.kernels as kernels
+    except ModuleNotFoundError:
+        init = ROOT / "kernels" / "__init__.py"
+        spec = importlib.util.spec_from_file_location("radixrt.kernels", init,
+                                                      submodule_search_locations=[str(init.parent)])
+        kernels = importlib.util.module_from_spec(spec)
+        sys.modules["radixrt.kernels"] = kernels
+        spec.loader.exec_module(kernels)
+    from radixrt.kernels import reference
+    return kernels, reference
+
+
+K, REF = _import_kernels()
+HQ, HKV, D, PAGE = 28, 4, 128, 16
+BF16 = torch.bfloat16
+DEV = torch.device("cuda")
+GB = 1e9
+
+
+def bench_ms(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def rel_err(o: torch.Tensor, ref: torch.Tensor) -> float:
+    if torch.isnan(o).any():
+        return float("nan")
+    return ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+# --------------------------------------------------------------------------- (a) ceilings
+def ceilings(quick: bool) -> dict:
+    n = (1 if quick else 4) * (1 << 30) // 2  # bf16 elements: 1 or 4 GiB
+    src = torch.randn(n, device=DEV, dtype=BF16)
+    dst = torch.empty_like(src)
+    copy_ms = bench_ms(lambda: dst.copy_(src))
+    m = 8192
+    a = torch.randn(m, m, device=DEV, dtype=BF16)
+    b = torch.randn(m, m, device=DEV, dtype=BF16)
+    mm_ms = bench_ms(lambda: a @ b)
+    return {"copy_bytes_per_s": 2 * n * 2 / (copy_ms * 1e-3), "copy_ms": copy_ms,
+            "matmul_flops_per_s": 2 * m ** 3 / (mm_ms * 1e-3), "matmul_ms": mm_ms}
+
+
+# --------------------------------------------------------------------------- paged inputs
+class Pool:
+    """One layer's K/V pool of random bf16 data, big enough for the largest case; pages handed out
+    in random order so the page table is not the identity."""
+
+    def __init__(self, num_tokens: int):
+        self.num_pages = triton.cdiv(num_tokens, PAGE) + 1  # + sink page 0
+        self.k = torch.randn(self.num_pages * PAGE, HKV, D, device=DEV, dtype=BF16)
+        self.v = torch.randn(self.num_pages * PAGE, HKV, D, device=DEV, dtype=BF16)
+
+    def page_table(self, seq_lens: list[int]) -> torch.Tensor:
+        need = [triton.cdiv(s, PAGE) for s in seq_lens]
+        pages = torch.randperm(self.num_pages - 1, device=DEV)[: sum(need)] + 1
+        table = torch.zeros(len(seq_lens), max(need), dtype=torch.int32, device=DEV)
+        start = 0
+        for i, n in enumerate(need):
+            table[i, :n] = pages[start:start + n]
+            start += n
+        return table
+
+
+def decode_case(pool: Pool, batch: int, ctx: int, check: bool) -> dict:
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+    table = pool.page_table([ctx] * batch)
+    q = torch.randn(batch, HQ, D, device=DEV, dtype=BF16)
+    splits = K.choose_num_kv_splits(batch, HKV, ctx, torch.cuda.get_device_properties(0).multi_processor_count)
+    out = torch.empty_like(q)
+    mid_o = torch.empty(batch, HQ, splits, D, device=DEV, dtype=torch.float32)
+    mid_lse = torch.empty(batch, HQ, splits, device=DEV, dtype=torch.float32)
+
+    def run():
+        K.decode_attention(q, pool.k, pool.v, table, seq_lens, PAGE, None, splits, out=out, mid_o=mid_o,
+                           mid_lse=mid_lse)
+
+    # timed as a CUDA-graph replay, as the server runs decode: Python launch overhead (tens of us for
+    # two Triton launches) would otherwise dominate the small shapes
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    ms = bench_ms(graph.replay)
+    moved = batch * ctx * HKV * D * 2 * 2 + 2 * batch * HQ * D * 2  # K+V once per KV head, q and o
+    res = {"batch": batch, "ctx": ctx, "splits": splits, "ms": ms, "bytes_per_s": moved / (ms * 1e-3),
+           "ms_eager": bench_ms(run)}
+    if check:
+        out.fill_(float("nan"))
+        graph.replay()
+        res["rel_err"] = rel_err(out, REF.decode_attention_ref(q, pool.k, pool.v, table, seq_lens, PAGE, None))
+    return res
+
+
+def extend_case(pool: Pool, prefix: int, new: int, check: bool) -> dict:
+    table = pool.page_table([prefix + new])
+    # the new tokens' K/V are passed directly; the prefix is whatever random data the pool holds
+    q = torch.randn(new, HQ, D, device=DEV, dtype=BF16)
+    k = torch.randn(new, HKV, D, device=DEV, dtype=BF16)
+    v = torch.randn(new, HKV, D, device=DEV, dtype=BF16)
+    meta = [torch.tensor([x], dtype=torch.int32, device=DEV) for x in (prefix, new, 0)]
+    out = torch.empty_like(q)
+
+    def run():
+        K.extend_attention(q, k, v, pool.k, pool.v, table, *meta, PAGE, None, new, out=out)
+
+    ms = bench_ms(run)
+    pairs = prefix * new + new * (new + 1) // 2
+    res = {"prefix": prefix, "new": new, "ms": ms, "flops_per_s": 4 * HQ * D * pairs / (ms * 1e-3)}
+    if check:
+        out.fill_(float("nan"))
+        run()
+        ref = REF.extend_attention_ref(q, k, v, pool.k, pool.v, table, *meta, PAGE, None)
+        res["rel_err"] = rel_err(out, ref)
+        del ref
+    return res
+
+
+def small_kernels(check: bool) -> list[dict]:
+    """Bandwidth of the elementwise kernels at prefill size (8192 tokens)."""
+    t, hidden, inter = 8192, 3584, 18944
+    rows = []
+    x, r = torch.randn(t, hidden, device=DEV, dtype=BF16), torch.randn(t, hidden, device=DEV, dtype=BF16)
+    w = torch.randn(hidden, device=DEV, dtype=BF16)
+    ms = bench_ms(lambda: K.rms_norm(x, w, 1e-6, r))
+    row = {"kernel": "rms_norm+residual", "ms": ms, "bytes_per_s": 4 * t * hidden * 2 / (ms * 1e-3)}
+    if check:
+        row["rel_err"] = rel_err(K.rms_norm(x, w, 1e-6, r)[0], REF.rms_norm_ref(x, w, 1e-6, r)[0])
+    rows.append(row)
+    g = torch.randn(t, 2 * inter, device=DEV, dtype=BF16)
+    ms = bench_ms(lambda: K.silu_and_mul(g))
+    row = {"kernel": "silu_and_mul", "ms": ms, "bytes_per_s": 3 * t * inter * 2 / (ms * 1e-3)}
+    if check:
+        row["rel_err"] = rel_err(K.silu_and_mul(g), REF.silu_and_mul_ref(g))
+    rows.append(row)
+    cache = K.build_rope_cache(D, 32768, 1e6, device=DEV)
+    q, k = torch.randn(t, HQ, D, device=DEV, dtype=BF16), torch.randn(t, HKV, D, device=DEV, dtype=BF16)
+    pos = torch.randint(0, 32768, (t,), device=DEV)
+    ms = bench_ms(lambda: K.apply_rotary(q, k, pos, cache))
+    rows.append({"kernel": "apply_rotary", "ms": ms, "bytes_per_s": 2 * t * (HQ + HKV) * D * 2 / (ms * 1e-3)})
+    pool_k = torch.randn(t + PAGE, HKV, D, device=DEV, dtype=BF16)
+    pool_v = torch.randn_like(pool_k)
+    loc = torch.randperm(t + PAGE, device=DEV)[:t]
+    kn, vn = torch.randn(t, HKV, D, device=DEV, dtype=BF16), torch.randn(t, HKV, D, device=DEV, dtype=BF16)
+    ms = bench_ms(lambda: K.store_kv(pool_k, pool_v, loc, kn, vn))
+    rows.append({"kernel": "store_kv", "ms": ms, "bytes_per_s": 4 * t * HKV * D * 2 / (ms * 1e-3)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller ceilings, headline shapes, short sweep")
+    parser.add_argument("--out", default=None, help="JSON path (default $OUT/kernels.json if OUT is set)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_kernels needs a CUDA device")
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    result: dict = {"device": props.name, "num_sms": props.multi_processor_count, "torch": torch.__version__,
+                    "triton": triton.__version__, "quick": args.quick,
+                    "shape": {"num_q_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "page_size": PAGE}}
+    print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}",
+          flush=True)
+
+    ceil = ceilings(args.quick)
+    result["ceilings"] = ceil
+    bw, mm = ceil["copy_bytes_per_s"], ceil["matmul_flops_per_s"]
+    print(f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s", flush=True)
+
+    batches = [1, 64] if args.quick else [1, 4, 16, 64, 256]
+    ctxs = [1024, 4096] if args.quick else [512, 2048, 8192, 32768]
+    combos = [(b, c) for b in batches for c in ctxs if b * c * HKV * D * 2 * 2 <= 40 * GB]
+    pool = Pool(max([64 * 4096, 8192] + [b * c for b, c in combos]))
+
+    headline = decode_case(pool, 64, 4096, check=True)
+    result["decode"] = headline
+    print(f"decode 64x4096: {headline['ms'] * 1e3:.1f} us, {headline['bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
+    result["decode_sweep"] = [decode_case(pool, b, c, check=False) for b, c in combos]
+
+    new = 2048 if args.quick else 8192
+    result["extend"] = [extend_case(pool, 0, new, check=True), extend_case(pool, new // 2, new // 2, check=True)]
+    result["small_kernels"] = small_kernels(check=True)
+
+    # ------------------------------------------------------------------ table
+    print("\n| what | shape | time | achieved | % of ceiling | rel err |")
+    print("|---|---|---|---|---|---|")
+    print(f"| copy (ceiling) | {'1' if args.quick else '4'} GiB | {ceil['copy_ms']:.3f} ms | {bw / 1e12:.2f} TB/s | 100 | |")
+    print(f"| bf16 matmul (ceiling) | 8192^3 | {ceil['matmul_ms']:.3f} ms | {mm / 1e12:.0f} TFLOP/s | 100 | |")
+    for r in [headline] + result["decode_sweep"]:
+        err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
+        print(f"| decode (graph; eager {r['ms_eager'] * 1e3:.0f} us) | B={r['batch']} ctx={r['ctx']} "
+              f"splits={r['splits']} | {r['ms'] * 1e3:.1f} us | "
+              f"{r['bytes_per_s'] / 1e12:.2f} TB/s | {100 * r['bytes_per_s'] / bw:.0f} | {err} |")
+    for r in result["extend"]:
+        print(f"| extend | prefix={r['prefix']} new={r['new']} | {r['ms']:.3f} ms | "
+              f"{r['flops_per_s'] / 1e12:.0f} TFLOP/s | {100 * r['flops_per_s'] / mm:.0f} | {r['rel_err']:.1e} |")
+    for r in result["small_kernels"]:
+        err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
+        print(f"| {r['kernel']} | 8192 tokens | {r['ms'] * 1e3:.1f} us | {r['bytes_per_s'] / 1e12:.2f} TB/s | "
+              f"{100 * r['bytes_per_s'] / bw:.0f} | {err} |")
+
+    errs = [r["rel_err"] for r in [headline] + result["extend"] + result["small_kernels"] if "rel_err" in r]
+    result["max_rel_err"] = max(errs)
+    ok = all(e == e and e <= 1e-2 for e in errs)  # e == e rejects NaN
+    result["correct"] = ok
+    print(f"\ncorrectness (rel err <= 1e-2 at every headline shape): {'PASS' if ok else 'FAIL'}")
+    out_path = args.out or (str(Path(os.environ["OUT"]) / "kernels.json") if os.environ.get("OUT") else None)
+    if out_path:
+        Path(out_path).write_text(json.dumps(result, indent=2))
+        print(f"wrote {out_path}")
+    if not ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

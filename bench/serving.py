@@ -1,0 +1,493 @@
+"""Serving benchmark: an async load generator against an OpenAI-compatible /v1/completions endpoint.
+
+Every request sends token-id prompts (exact input lengths), greedy, `ignore_eos: true` and
+`max_tokens = output_len`, streamed with `stream_options.include_usage`. Sessions (see
+bench/workloads.py) start by a Poisson process of `request_rate` sessions/s (or all at once for inf);
+at most `max_concurrency` requests are in flight; the turns of a session run one after the other.
+
+Metric definitions (the field's conventions; all latencies in ms):
+- TTFT: request sent -> first chunk carrying output.
+- ITL: gaps between consecutive chunks carrying output (one gap per chunk, however many tokens it holds).
+- TPOT: (e2e - TTFT) / (output_tokens - 1), per request with more than one output token.
+- e2e: request sent -> stream closed.
+- throughputs (tok/s, req/s) over the run's duration: first request sent -> last request done.
+- cache hit rate: sum(usage.prompt_tokens_details.cached_tokens) / sum(usage.prompt_tokens).
+Output tokens are counted twice, from the stream and from usage.completion_tokens; every disagreement
+is counted and flagged. A chunk counts len(choice.token_ids) if the server sends them (asked with
+`return_token_ids`), else len(choice.logprobs.tokens) if present (`--extra-body '{"logprobs": 0}'`), else
+1 if it carries text: a server that holds back text of incomplete UTF-8 needs one of the first two.
+
+Usage: python bench/serving.py --base-url http://127.0.0.1:30000 --workload random --num-prompts 64
+(run with --help for every flag); from Python: run_benchmark(BenchConfig(...)) -> dict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import numpy as np
+from tqdm import tqdm
+
+try:
+    from .workloads import Session, Workload, WorkloadSpec, add_workload_args, next_prompt, spec_from_args
+except ImportError:  # run as a script: python bench/serving.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.workloads import (
+        Session,
+        Workload,
+        WorkloadSpec,
+        add_workload_args,
+        next_prompt,
+        spec_from_args,
+    )
+
+SCHEMA_VERSION = 1
+MAX_ERRORS_KEPT = 5
+LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+RUN_FIELDS = (
+    "max_concurrency", "request_rate", "num_requests", "completed", "failed", "errors", "duration_s",
+    "request_throughput", "input_throughput", "output_throughput", "total_token_throughput",
+    "total_input_tokens", "total_output_tokens", "total_output_tokens_stream", "total_output_tokens_usage",
+    "usage_missing", "token_count_mismatches", "token_counts_consistent", "output_len_mismatches",
+    "prompt_len_mismatches", "cached_tokens", "cache_hit_rate", "mean_concurrency", "answer_ids_source",
+    "workload_seed",
+    *LATENCY_KEYS,
+)
+STAT_FIELDS = ("mean", "median", "p90", "p99", "min", "max", "count")
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    """One benchmark invocation. request_rate in sessions/s (inf: all at once); timeout_s per request."""
+
+    base_url: str = "http://127.0.0.1:30000"
+    model: str | None = None  # None: the first id of GET /v1/models
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    request_rate: float = float("inf")
+    max_concurrency: int | None = None
+    concurrency_sweep: list[int] = field(default_factory=list)  # one run per level; overrides max_concurrency
+    warmup_requests: int = 1  # short requests on unrelated prompts before measuring
+    timeout_s: float = 600.0
+    api_key: str | None = None
+    flush_cache: bool = False  # POST /flush_cache before each run (ignored if the server lacks it)
+    output_json: str | None = None
+    plot_dir: str | None = None
+    disable_tqdm: bool = False
+    extra_body: dict = field(default_factory=dict)  # merged into every request body
+    request_token_ids: bool = True  # send `return_token_ids` (multi-turn answers, exact token counts)
+
+    def __post_init__(self) -> None:
+        if self.request_rate <= 0:
+            raise ValueError("request_rate must be > 0 (inf for all at once)")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if any(c < 1 for c in self.concurrency_sweep):
+            raise ValueError("concurrency sweep levels must be >= 1")
+
+
+@dataclass(slots=True)
+class RequestOutcome:
+    """What one streamed request produced; times in seconds (time.perf_counter)."""
+
+    session_id: int
+    turn: int
+    prompt_len: int
+    output_len: int  # requested
+    start_s: float = 0.0
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    stream_tokens: int = 0
+    answer_ids: list[int] | None = None  # only when the server streams token_ids
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.e2e_s is not None
+
+    @property
+    def output_tokens(self) -> int:
+        """usage.completion_tokens when the server sent usage, else the stream count."""
+        return self.usage_completion_tokens if self.usage_completion_tokens is not None else self.stream_tokens
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+# ----------------------------------------------------------------------------- one request
+
+
+def _request_body(cfg: BenchConfig, model: str, prompt_ids: list[int], output_len: int) -> dict:
+    return {"model": model, "prompt": prompt_ids, "max_tokens": output_len, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+            **({"return_token_ids": True} if cfg.request_token_ids else {}), **cfg.extra_body}
+
+
+def _apply_event(out: RequestOutcome, obj: dict, now: float, last: list[float]) -> None:
+    """Fold one SSE JSON event into `out`; `last` holds the time of the previous output chunk."""
+    if "error" in obj:
+        err = obj["error"]
+        out.error = str(err.get("message", err) if isinstance(err, dict) else err)
+        return
+    for choice in obj.get("choices") or []:
+        ids = choice.get("token_ids")
+        lp_tokens = (choice.get("logprobs") or {}).get("tokens")
+        if isinstance(ids, list):
+            n = len(ids)
+        elif isinstance(lp_tokens, list):  # legacy logprobs: one entry per token (send "logprobs": 0)
+            n = len(lp_tokens)
+        else:
+            n = 1 if choice.get("text") else 0
+        if isinstance(ids, list):
+            out.answer_ids = (out.answer_ids or []) + ids
+        if n == 0:
+            continue
+        out.stream_tokens += n
+        if out.ttft_s is None:
+            out.ttft_s = now - out.start_s
+        else:
+            out.itl_s.append(now - last[0])
+        last[0] = now
+    usage = obj.get("usage")
+    if usage:
+        out.usage_prompt_tokens = usage.get("prompt_tokens")
+        out.usage_completion_tokens = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        out.cached_tokens = details.get("cached_tokens")
+
+
+async def send_request(client: httpx.AsyncClient, cfg: BenchConfig, model: str, out: RequestOutcome,
+                       prompt_ids: list[int]) -> RequestOutcome:
+    """Stream one completion into `out` (errors are recorded in out.error, never raised)."""
+    body = _request_body(cfg, model, prompt_ids, out.output_len)
+    last = [0.0]
+    out.start_s = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                out.error = f"HTTP {resp.status_code}: {text[:300]}"
+                return out
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                _apply_event(out, json.loads(data), time.perf_counter(), last)
+        out.e2e_s = time.perf_counter() - out.start_s
+    except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
+        out.error = f"{type(e).__name__}: {e}"
+    return out
+
+
+# ----------------------------------------------------------------------------- load generation
+
+
+@dataclass(slots=True)
+class _RunState:
+    client: httpx.AsyncClient
+    cfg: BenchConfig
+    model: str
+    semaphore: asyncio.Semaphore | None
+    pbar: tqdm
+    outcomes: list[RequestOutcome] = field(default_factory=list)
+    synthetic_answers: int = 0
+
+
+async def _run_session(state: _RunState, session: Session, seed: int) -> None:
+    """Turns in order; turn k resends prompt k-1 + answer k-1 + new user tokens. Stops at an error."""
+    prompt: list[int] | None = None
+    answer: list[int] | None = None
+    for k, turn in enumerate(session.turns):
+        prompt = next_prompt(prompt, answer, turn)
+        out = RequestOutcome(session.session_id, k, len(prompt), turn.output_len)
+        if state.semaphore is None:
+            await send_request(state.client, state.cfg, state.model, out, prompt)
+        else:
+            async with state.semaphore:
+                await send_request(state.client, state.cfg, state.model, out, prompt)
+        state.outcomes.append(out)
+        state.pbar.update(1)
+        if not out.ok:
+            state.pbar.update(len(session.turns) - k - 1)
+            return
+        answer = out.answer_ids
+        if answer is None or len(answer) != out.output_tokens:
+            # No token ids from the server: stand-in ids of the right length (cache hits on them are lost).
+            rng = np.random.default_rng([seed, session.session_id, k])
+            answer = rng.integers(state.cfg.workload.min_token_id, state.cfg.workload.vocab_size,
+                                  size=out.output_tokens).tolist()
+            state.synthetic_answers += 1
+
+
+def _arrival_offsets_s(n: int, rate: float, seed: int) -> list[float]:
+    """Start offsets (s) of n sessions: a Poisson process of `rate` per second, or all 0 for inf."""
+    if np.isinf(rate):
+        return [0.0] * n
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+    return np.concatenate([[0.0], np.cumsum(gaps)[:-1]]).tolist()
+
+
+async def _run_sessions(state: _RunState, sessions: list[Session], rate: float, seed: int) -> float:
+    """Start every session on its arrival time; returns the duration (s) until the last one ended."""
+    t0 = time.perf_counter()
+    tasks = []
+    for session, offset in zip(sessions, _arrival_offsets_s(len(sessions), rate, seed), strict=True):
+        delay = t0 + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(_run_session(state, session, seed)))
+    await asyncio.gather(*tasks)
+    return time.perf_counter() - t0
+
+
+def _make_client(cfg: BenchConfig) -> httpx.AsyncClient:
+    # No pool limit: a request waiting for a connection would count that wait in its TTFT.
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    return httpx.AsyncClient(base_url=cfg.base_url, timeout=httpx.Timeout(cfg.timeout_s), limits=limits,
+                             headers=headers, trust_env=False)
+
+
+async def _resolve_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
+    if cfg.model:
+        return cfg.model
+    resp = await client.get("/v1/models")
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"]
+
+
+async def _warmup(state: _RunState) -> None:
+    """Short requests on prompts from another seed, so the measured run starts warm."""
+    spec = state.cfg.workload
+    rng = np.random.default_rng([spec.seed, 0x5EED])
+    for i in range(state.cfg.warmup_requests):
+        ids = rng.integers(spec.min_token_id, spec.vocab_size, size=16).tolist()
+        out = await send_request(state.client, state.cfg, state.model, RequestOutcome(-1, i, 16, 4), ids)
+        if not out.ok:
+            raise RuntimeError(f"warm-up request failed: {out.error}")
+
+
+async def _flush_cache(client: httpx.AsyncClient) -> int:
+    try:
+        return (await client.post("/flush_cache")).status_code
+    except httpx.HTTPError:
+        return -1
+
+
+async def run_once(cfg: BenchConfig, workload: Workload, max_concurrency: int | None,
+                   ) -> tuple[dict, list[RequestOutcome], str]:
+    """One measured pass over the workload: (run metrics dict, per-request outcomes, model name)."""
+    async with _make_client(cfg) as client:
+        model = await _resolve_model(client, cfg)
+        sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        with tqdm(total=workload.num_requests, disable=cfg.disable_tqdm, unit="req",
+                  desc=f"{workload.spec.name} c={max_concurrency or 'inf'}") as pbar:
+            state = _RunState(client, cfg, model, sem, pbar)
+            if cfg.flush_cache:
+                await _flush_cache(client)
+            await _warmup(state)
+            duration_s = await _run_sessions(state, workload.sessions, cfg.request_rate, workload.spec.seed)
+    metrics = summarize(state.outcomes, duration_s)
+    metrics["max_concurrency"] = max_concurrency
+    metrics["request_rate"] = cfg.request_rate if np.isfinite(cfg.request_rate) else "inf"
+    if workload.is_multi_turn:
+        metrics["answer_ids_source"] = "synthetic" if state.synthetic_answers else "server"
+    return metrics, state.outcomes, model
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def latency_stats_ms(values_s: list[float]) -> dict:
+    """mean / median / p90 / p99 / min / max in ms of values given in seconds (None when empty)."""
+    if not values_s:
+        return {k: (0 if k == "count" else None) for k in STAT_FIELDS}
+    a = np.asarray(values_s, dtype=np.float64) * 1000.0
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "min": float(a.min()), "max": float(a.max()),
+            "count": int(a.size)}
+
+
+def _token_counts(ok: list[RequestOutcome]) -> dict:
+    with_usage = [o for o in ok if o.usage_completion_tokens is not None]
+    mismatches = sum(o.stream_tokens != o.usage_completion_tokens for o in with_usage)
+    prompt_bad = sum(o.usage_prompt_tokens is not None and o.usage_prompt_tokens != o.prompt_len for o in ok)
+    return {
+        "total_output_tokens_stream": sum(o.stream_tokens for o in ok),
+        "total_output_tokens_usage": sum(o.usage_completion_tokens for o in with_usage) if with_usage else None,
+        "usage_missing": len(ok) - len(with_usage),
+        "token_count_mismatches": mismatches,
+        "token_counts_consistent": mismatches == 0 and len(with_usage) == len(ok),
+        "output_len_mismatches": sum(o.output_tokens != o.output_len for o in ok),
+        "prompt_len_mismatches": prompt_bad,
+    }
+
+
+def summarize(outcomes: list[RequestOutcome], duration_s: float) -> dict:
+    """Run metrics (see RUN_FIELDS) from per-request outcomes; throughputs in tok/s and req/s."""
+    ok = [o for o in outcomes if o.ok]
+    failed = [o for o in outcomes if not o.ok]
+    input_tokens = sum(o.prompt_len for o in ok)
+    output_tokens = sum(o.output_tokens for o in ok)
+    cached = [o for o in ok if o.cached_tokens is not None and o.usage_prompt_tokens]
+    cached_tokens = sum(o.cached_tokens for o in cached)
+    per_s = 1.0 / duration_s if duration_s > 0 else 0.0
+    return {
+        "num_requests": len(outcomes), "completed": len(ok), "failed": len(failed),
+        "errors": [o.error for o in failed[:MAX_ERRORS_KEPT]], "duration_s": duration_s,
+        "request_throughput": len(ok) * per_s, "input_throughput": input_tokens * per_s,
+        "output_throughput": output_tokens * per_s,
+        "total_token_throughput": (input_tokens + output_tokens) * per_s,
+        "total_input_tokens": input_tokens, "total_output_tokens": output_tokens, **_token_counts(ok),
+        "cached_tokens": cached_tokens,
+        "cache_hit_rate": cached_tokens / sum(o.usage_prompt_tokens for o in cached) if cached else None,
+        "mean_concurrency": sum(o.e2e_s for o in ok) * per_s, "answer_ids_source": None,
+        "ttft_ms": latency_stats_ms([o.ttft_s for o in ok if o.ttft_s is not None]),
+        "tpot_ms": latency_stats_ms([o.tpot_s for o in ok if o.tpot_s is not None]),
+        "itl_ms": latency_stats_ms([g for o in ok for g in o.itl_s]),
+        "e2e_ms": latency_stats_ms([o.e2e_s for o in ok]),
+    }
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def _write_plots(cfg: BenchConfig, runs: list[dict], samples: dict[str, list[RequestOutcome]]) -> list[str]:
+    try:
+        from . import plots
+    except ImportError:
+        from bench import plots
+    plot_dir = Path(cfg.plot_dir or ".")
+    paths = [plots.plot_latency_cdfs(samples, plot_dir / f"latency_cdf_{cfg.workload.name}.png")]
+    if cfg.concurrency_sweep:
+        paths.append(plots.plot_concurrency_sweep(runs, plot_dir / f"concurrency_{cfg.workload.name}.png"))
+    return [str(p) for p in paths]
+
+
+def run_benchmark(cfg: BenchConfig) -> dict:
+    """Run the workload (once, or once per sweep level); write JSON / plots if asked; return the report.
+
+    Report: schema_version, tool, created_at, base_url, model, workload (spec + counts), config,
+    runs (one dict of RUN_FIELDS per run), plots (PNG paths). Raises RuntimeError if warm-up fails.
+    """
+    levels = cfg.concurrency_sweep or [cfg.max_concurrency]
+    runs, samples, model = [], {}, cfg.model
+    for i, level in enumerate(levels):
+        # Each sweep level gets fresh prompts (seed + i): a prefix cache must not serve one level's
+        # prompts from the previous level's run.
+        workload = replace(cfg.workload, seed=cfg.workload.seed + i).build()
+        metrics, outcomes, model = asyncio.run(run_once(cfg, workload, level))
+        metrics["workload_seed"] = workload.spec.seed
+        runs.append(metrics)
+        samples[f"c={level or 'inf'}"] = outcomes
+    report = {
+        "schema_version": SCHEMA_VERSION, "tool": "radixrt bench-serving",
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "base_url": cfg.base_url, "model": model,
+        "workload": cfg.workload.build().describe(),
+        "config": {k: v for k, v in asdict(cfg).items() if k not in ("workload", "api_key")},
+        "runs": runs, "plots": [],
+    }
+    report["config"]["request_rate"] = runs[0]["request_rate"]
+    if cfg.plot_dir:
+        report["plots"] = _write_plots(cfg, runs, samples)
+    if cfg.output_json:
+        Path(cfg.output_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.output_json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def format_report(report: dict) -> str:
+    """A human-readable table of every run (ms, tok/s)."""
+    lines = [f"workload {report['workload']['name']}: {report['workload']['num_requests']} requests, "
+             f"model {report['model']}"]
+    for r in report["runs"]:
+        hit = "n/a" if r["cache_hit_rate"] is None else f"{r['cache_hit_rate']:.1%}"
+        lines.append(
+            f"  concurrency {r['max_concurrency'] or 'inf'}: {r['completed']}/{r['num_requests']} ok in "
+            f"{r['duration_s']:.2f} s | {r['request_throughput']:.2f} req/s | in {r['input_throughput']:.0f} "
+            f"tok/s | out {r['output_throughput']:.0f} tok/s | cache hit {hit}")
+        lat = " | ".join(f"{k[:-3].upper()} mean {_fmt(r[k]['mean'])} p50 {_fmt(r[k]['median'])} "
+                         f"p99 {_fmt(r[k]['p99'])}" for k in LATENCY_KEYS)
+        lines.append(f"    {lat} (ms)")
+        if not r["token_counts_consistent"]:
+            lines.append(f"    WARNING: stream token count != usage.completion_tokens in "
+                         f"{r['token_count_mismatches']} requests ({r['usage_missing']} without usage)")
+        if r["output_len_mismatches"]:
+            lines.append(f"    WARNING: {r['output_len_mismatches']} requests did not produce their output_len")
+        for err in r["errors"]:
+            lines.append(f"    error: {err}")
+    return "\n".join(lines)
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixrt bench-serving", description=__doc__.split("\n")[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:30000")
+    p.add_argument("--model", default=None, help="model name in requests (default: first of /v1/models)")
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="sessions/s, Poisson (default inf)")
+    p.add_argument("--max-concurrency", type=int, default=None, help="max requests in flight")
+    p.add_argument("--concurrency-sweep", default="", help='e.g. "1,4,16,64": one run per level')
+    p.add_argument("--warmup-requests", type=int, default=1)
+    p.add_argument("--timeout-s", type=float, default=600.0, help="per request")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--flush-cache", action="store_true", help="POST /flush_cache before each run")
+    p.add_argument("--output-json", default=None)
+    p.add_argument("--plot-dir", default=None, help="write PNG latency CDFs (and the sweep plot) here")
+    p.add_argument("--disable-tqdm", action="store_true")
+    p.add_argument("--extra-body", default="{}", help="JSON object merged into every request body")
+    p.add_argument("--no-request-token-ids", action="store_true",
+                   help="do not send return_token_ids (for servers that reject unknown fields)")
+    add_workload_args(p)
+    return p
+
+
+def config_from_args(ns: argparse.Namespace) -> BenchConfig:
+    """BenchConfig from parsed flags; raises ValueError on bad values."""
+    sweep = [int(x) for x in ns.concurrency_sweep.split(",") if x.strip()]
+    return BenchConfig(base_url=ns.base_url, model=ns.model, workload=spec_from_args(ns),
+                       request_rate=ns.request_rate, max_concurrency=ns.max_concurrency,
+                       concurrency_sweep=sweep, warmup_requests=ns.warmup_requests, timeout_s=ns.timeout_s,
+                       api_key=ns.api_key, flush_cache=ns.flush_cache, output_json=ns.output_json,
+                       plot_dir=ns.plot_dir, disable_tqdm=ns.disable_tqdm, extra_body=json.loads(ns.extra_body),
+                       request_token_ids=not ns.no_request_token_ids)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry (also `radixrt bench-serving`). Exit 0 if every request succeeded, 1 otherwise, 2 on bad flags."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(ns)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        report = run_benchmark(cfg)
+    except (RuntimeError, httpx.HTTPError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(format_report(report))
+    return 0 if all(r["failed"] == 0 for r in report["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

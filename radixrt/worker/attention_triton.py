@@ -1,0 +1,104 @@
+"""CUDA attention backend: Triton paged-attention kernels from `radixrt.kernels`.
+
+Per pass: `prepare(meta)` once, then `forward(q, k, v, layer_id, scale)` per layer, which stores the
+new K/V into the pool at meta.out_cache_loc and then attends:
+  DECODE         -> decode_attention (split-KV, Flash-Decoding), one query token per request
+  EXTEND / MIXED -> extend_attention (prefix through the page table + causal over the new tokens)
+
+CUDA graphs (decode): forward does no host synchronisation, and its only allocation is the output,
+whose size depends on the batch size alone. The split workspace is allocated once, for every batch
+size up to `max_batch_size`, and handed to the kernel as views. The number of KV splits is a host
+int chosen in `prepare` from (batch size, meta.max_seq_len) and baked into a captured graph: capture
+with meta.max_seq_len set to the longest sequence the graph will replay (e.g. the context length);
+the kernel clips the split ranges to each row's seq_len on the device, so any shorter replay is exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixrt.kernels import choose_num_kv_splits, decode_attention, extend_attention, store_kv
+from radixrt.protocol import ForwardMode
+from radixrt.worker.forward_meta import ForwardMeta, KVPool
+
+DEFAULT_NUM_SMS = 132  # H200; used when the pool is not on a CUDA device
+
+
+class TritonAttnBackend:
+    """AttentionBackend over a paged KV pool (see forward_meta.AttentionBackend for the contract).
+
+    kv_pool            : object with page_size and per-layer k_buffers / v_buffers [S, Hkv, D]
+    num_q_heads        : if given, the decode workspace is allocated now (else at the first decode)
+    max_batch_size     : largest decode batch served from the preallocated workspace (larger
+                         batches still work but allocate their workspace per call: not graph-safe)
+    max_num_kv_splits  : upper bound on the split count of the decode kernel
+    The backend keeps a reference to the last prepared ForwardMeta; its tensors must stay alive and
+    unchanged until the pass's last forward (in-place updates between graph replays are fine).
+    """
+
+    def __init__(self, kv_pool: KVPool, num_q_heads: int | None = None, max_batch_size: int = 256,
+                 max_num_kv_splits: int = 64) -> None:
+        self.kv_pool = kv_pool
+        self.page_size = int(kv_pool.page_size)
+        k0 = kv_pool.k_buffers[0]
+        self.num_kv_heads, self.head_dim = int(k0.shape[1]), int(k0.shape[2])
+        self.device = k0.device
+        self.max_batch_size = max_batch_size
+        self.max_num_kv_splits = max_num_kv_splits
+        self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                        if self.device.type == "cuda" else DEFAULT_NUM_SMS)
+        self._meta: ForwardMeta | None = None
+        self._num_kv_splits = 1
+        self._num_q_heads: int | None = None
+        self._mid_o: torch.Tensor | None = None  # flat fp32 workspace for decode partial outputs
+        self._mid_lse: torch.Tensor | None = None
+        if num_q_heads is not None:
+            self._alloc_workspace(num_q_heads)
+
+    def _splits(self, batch_size: int, max_seq_len: int) -> int:
+        return choose_num_kv_splits(batch_size, self.num_kv_heads, max_seq_len, self.num_sms,
+                                    self.max_num_kv_splits)
+
+    def _alloc_workspace(self, num_q_heads: int) -> None:
+        """Room for batch * splits rows at every batch size <= max_batch_size and any sequence length."""
+        rows = max(b * self._splits(b, 1 << 30) for b in range(1, self.max_batch_size + 1))
+        self._num_q_heads = num_q_heads
+        self._mid_o = torch.empty(rows * num_q_heads * self.head_dim, dtype=torch.float32, device=self.device)
+        self._mid_lse = torch.empty(rows * num_q_heads, dtype=torch.float32, device=self.device)
+
+    def prepare(self, meta: ForwardMeta) -> None:
+        """Remember the pass's metadata and pick the decode split count (host ints only, no sync)."""
+        self._meta = meta
+        if meta.mode == ForwardMode.DECODE:
+            self._num_kv_splits = self._splits(meta.batch_size, meta.max_seq_len)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                scale: float) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> o [T, Hq, D]; writes k/v into layer `layer_id` of the pool."""
+        meta = self._meta
+        if meta is None:
+            raise RuntimeError("TritonAttnBackend.forward called before prepare")
+        k_buffer = self.kv_pool.k_buffers[layer_id]
+        v_buffer = self.kv_pool.v_buffers[layer_id]
+        store_kv(k_buffer, v_buffer, meta.out_cache_loc, k, v)
+        if meta.mode == ForwardMode.DECODE:
+            return self._decode(q, k_buffer, v_buffer, meta, scale)
+        if meta.mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
+            return extend_attention(q, k, v, k_buffer, v_buffer, meta.page_table, meta.prefix_lens,
+                                    meta.extend_lens, meta.extend_start_loc, meta.page_size, scale,
+                                    meta.max_extend_len)
+        return torch.empty_like(q)  # IDLE: nothing to attend
+
+    def _decode(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta: ForwardMeta,
+                scale: float) -> torch.Tensor:
+        batch_size, num_q_heads, head_dim = q.shape
+        splits = self._num_kv_splits
+        if self._num_q_heads != num_q_heads:
+            self._alloc_workspace(num_q_heads)
+        mid_o = mid_lse = None
+        rows = batch_size * splits
+        if rows * num_q_heads <= self._mid_lse.numel():
+            mid_o = self._mid_o[: rows * num_q_heads * head_dim].view(batch_size, num_q_heads, splits, head_dim)
+            mid_lse = self._mid_lse[: rows * num_q_heads].view(batch_size, num_q_heads, splits)
+        return decode_attention(q, k_buffer, v_buffer, meta.page_table, meta.seq_lens, meta.page_size,
+                                scale, splits, mid_o=mid_o, mid_lse=mid_lse)

@@ -1,0 +1,116 @@
+"""CUDA graphs for DECODE passes at padded batch sizes.
+
+Decode steps are small and launch-bound: one graph replay replaces hundreds of kernel launches.
+A graph is captured per batch size in `graph_batch_sizes` (1, 2, 4, 8, 16, 24, ... max_bs), all
+sharing one memory pool (captured largest first). A batch of B requests replays the smallest
+graph of size bs >= B, with static input buffers filled as follows:
+
+    rows [0, B)   the real requests (ids, positions, slots, seq_lens, page-table rows)
+    rows [B, bs)  padding: token 0 at position 0, written to slot 0 of the reserved page 0,
+                  seq_len 1 and a page-table row of zeros, so it attends only to its own sink slot
+                  and never reads or writes a real request's pages.
+
+The attention backend is prepared at capture time with max_seq_len = context length (the Triton
+backend sizes its KV splits from it and clips per row on the device), so any shorter replay is
+exact. Only backends that do no host synchronisation in `forward` can be captured (Triton; the
+torch reference backend cannot).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixrt.protocol import ForwardMode
+from radixrt.worker.forward_meta import ForwardMeta
+
+
+def graph_batch_sizes(max_bs: int) -> list[int]:
+    """Captured batch sizes: 1, 2, 4, 8, then every multiple of 8 up to max_bs (and max_bs itself)."""
+    sizes = [b for b in (1, 2, 4, 8) if b <= max_bs] + list(range(16, max_bs + 1, 8))
+    if sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
+
+
+class CudaGraphRunner:
+    """Captures and replays decode graphs for a ModelRunner's model and attention backend.
+
+    Args:
+        runner: the ModelRunner (uses model, backend, device, page_size, context_len,
+            max_pages_per_req, config.vocab_size).
+        max_bs: largest batch served by a graph; larger decode batches run eagerly.
+
+    The logits returned by `replay` are a view of a static buffer, valid until the next replay.
+    """
+
+    def __init__(self, runner, max_bs: int) -> None:
+        self.model = runner.model
+        self.backend = runner.backend
+        self.page_size = runner.page_size
+        self.context_len = runner.context_len
+        self.sizes = graph_batch_sizes(max_bs)
+        self.max_bs = self.sizes[-1]
+        dev, n = runner.device, self.max_bs
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
+        self.prefix_lens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.extend_lens = torch.ones(n, dtype=torch.int32, device=dev)
+        self.extend_start_loc = torch.arange(n, dtype=torch.int32, device=dev)
+        self.page_table = torch.zeros(n, runner.max_pages_per_req, dtype=torch.int32, device=dev)
+        self.logits = torch.zeros(n, runner.config.vocab_size, dtype=torch.float32, device=dev)
+        self.mem_pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        with torch.inference_mode():
+            for bs in reversed(self.sizes):
+                self._capture(bs)
+
+    def _meta(self, bs: int) -> ForwardMeta:
+        return ForwardMeta(
+            mode=ForwardMode.DECODE, page_size=self.page_size, page_table=self.page_table[:bs],
+            seq_lens=self.seq_lens[:bs], extend_lens=self.extend_lens[:bs],
+            prefix_lens=self.prefix_lens[:bs], extend_start_loc=self.extend_start_loc[:bs],
+            out_cache_loc=self.out_cache_loc[:bs], positions=self.positions[:bs],
+            max_seq_len=self.context_len, max_extend_len=1)
+
+    def _run(self, bs: int, meta: ForwardMeta) -> None:
+        self.backend.prepare(meta)
+        hidden = self.model(self.input_ids[:bs], self.positions[:bs], meta, self.backend)  # [bs, H]
+        self.logits[:bs].copy_(self.model.compute_logits(hidden))
+
+    def _capture(self, bs: int) -> None:
+        meta = self._meta(bs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: Triton compilation, cuBLAS workspaces
+            for _ in range(2):
+                self._run(bs, meta)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.mem_pool):
+            self._run(bs, meta)
+        self.graphs[bs] = graph
+
+    def can_run(self, meta: ForwardMeta) -> bool:
+        return (meta.mode == ForwardMode.DECODE and 0 < meta.batch_size <= self.max_bs
+                and meta.page_table.shape[1] == self.page_table.shape[1])
+
+    def replay(self, meta: ForwardMeta, input_ids: torch.Tensor) -> torch.Tensor:
+        """Run a DECODE batch of B <= max_bs requests; returns logits [B, V] float32 (a view)."""
+        n = meta.batch_size
+        bs = next(b for b in self.sizes if b >= n)
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(meta.positions)
+        self.out_cache_loc[:n].copy_(meta.out_cache_loc)
+        self.seq_lens[:n].copy_(meta.seq_lens)
+        self.page_table[:n].copy_(meta.page_table)
+        if bs > n:  # padding rows: the sink (see module docstring)
+            self.input_ids[n:bs].zero_()
+            self.positions[n:bs].zero_()
+            self.out_cache_loc[n:bs].zero_()
+            self.seq_lens[n:bs].fill_(1)
+            self.page_table[n:bs].zero_()
+        torch.sub(self.seq_lens[:bs], 1, out=self.prefix_lens[:bs])
+        self.graphs[bs].replay()
+        return self.logits[:n]

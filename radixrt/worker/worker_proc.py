@@ -1,0 +1,92 @@
+"""Worker process entry point: receive ForwardBatches, run them, send ForwardResults.
+
+Sockets (see radixrt/ipc.py): binds `worker_in` (scheduler -> worker), connects
+`scheduler_results` (worker -> scheduler) and `launcher_in` (handshake). Start-up failures are
+reported to the launcher as one `Fatal` line and exit code 1 (2 for a ModelLoadError); `WorkerControl("shutdown")` exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+import zmq
+
+from radixrt import protocol
+from radixrt.config import PROTOCOL_VERSION, ServerArgs
+from radixrt.ipc import IpcAddresses, Receiver, Sender
+from radixrt.models.loader import ModelLoadError
+
+log = logging.getLogger("radixrt.worker")
+
+
+def cpu_threads() -> int:
+    """Torch threads on CPU: the cores we may run on, minus one for the scheduler and tokenizer."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def run_worker(args: ServerArgs, addrs: IpcAddresses, model_dir: Path) -> None:
+    """Start the model runner, handshake with the launcher, then serve until shutdown.
+
+    Never returns normally: exits the process with 0 on shutdown, 1 on a start-up failure.
+    """
+    ctx = zmq.Context()
+    to_launcher = Sender(ctx, addrs.launcher_in)
+    try:
+        runner, inbox, results = _start(args, addrs, ctx, Path(model_dir))
+    except Exception as e:  # report any start-up failure as one line, then exit non-zero
+        log.exception("worker start-up failed")
+        code = 2 if isinstance(e, ModelLoadError) else 1  # a bad model is the user's input error
+        to_launcher.send(protocol.Fatal(process="worker", message=_one_line(e), exit_code=code))
+        to_launcher.sock.close(linger=1000)
+        sys.exit(code)
+    info = runner.info()
+    log.info("worker ready: %s", info)
+    to_launcher.send(protocol.Ready(process="worker", protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
+                                    info=info))
+    _serve(runner, inbox, results)
+    ctx.destroy(linger=1000)
+    sys.exit(0)
+
+
+def _start(args: ServerArgs, addrs: IpcAddresses, ctx: zmq.Context, model_dir: Path):
+    from radixrt.worker.model_runner import ModelRunner
+
+    if args.resolved_device() == "cpu":
+        torch.set_num_threads(cpu_threads())
+    torch.manual_seed(args.random_seed)
+    inbox = Receiver(ctx, addrs.worker_in, protocol.SCHEDULER_TO_WORKER)
+    results = Sender(ctx, addrs.scheduler_results)
+    runner = ModelRunner(args, model_dir)
+    return runner, inbox, results
+
+
+def _serve(runner, inbox: Receiver, results: Sender) -> None:
+    """Loop until a shutdown control message. A failing batch is fatal: it is logged and re-raised."""
+    while True:
+        msg = inbox.recv()
+        if isinstance(msg, protocol.WorkerControl):
+            if msg.kind == "shutdown":
+                log.info("worker shutting down")
+                return
+            continue  # "flush": nothing cached on the worker side today
+        try:
+            res = runner.forward(msg)
+        except Exception:
+            log.error("forward failed on batch %d: mode=%d req_rows=%s extend_lens=%s seq_lens=%s "
+                      "num_input_ids=%d", msg.batch_id, msg.mode, msg.req_rows.tolist(),
+                      msg.extend_lens.tolist(), msg.seq_lens.tolist(), len(msg.input_ids))
+            raise
+        results.send(res)

@@ -1,0 +1,115 @@
+"""run_benchmark end to end against a fake OpenAI-compatible streaming server on loopback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.serving import LATENCY_KEYS, RUN_FIELDS, STAT_FIELDS, BenchConfig, main, run_benchmark
+from bench.workloads import WorkloadSpec
+from tests.bench.fake_server import MODEL, FakeOptions, fake_server
+
+REPORT_FIELDS = ("schema_version", "tool", "created_at", "base_url", "model", "workload", "config", "runs",
+                 "plots")
+SMALL = dict(vocab_size=5000, min_token_id=1000, seed=1)
+
+
+def _check_complete(report: dict) -> None:
+    assert set(REPORT_FIELDS) <= set(report)
+    for run in report["runs"]:
+        assert set(RUN_FIELDS) <= set(run), set(RUN_FIELDS) - set(run)
+        for key in LATENCY_KEYS:
+            assert set(STAT_FIELDS) <= set(run[key])
+    json.dumps(report, allow_nan=False)  # strict JSON: no NaN / Infinity
+
+
+def test_random_tokens_counted_equal_tokens_returned(tmp_path: Path) -> None:
+    opts = FakeOptions()
+    spec = WorkloadSpec(name="random", num_prompts=12, input_len=24, output_len=9, **SMALL)
+    out_json = tmp_path / "out" / "serving.json"
+    with fake_server(opts) as url:
+        report = run_benchmark(BenchConfig(base_url=url, workload=spec, max_concurrency=4, disable_tqdm=True,
+                                           output_json=str(out_json), plot_dir=str(tmp_path / "plots")))
+    _check_complete(report)
+    run = report["runs"][0]
+    assert report["model"] == MODEL and run["max_concurrency"] == 4 and run["request_rate"] == "inf"
+    assert run["completed"] == 12 and run["failed"] == 0
+    assert run["token_counts_consistent"] and run["output_len_mismatches"] == 0
+    assert run["total_output_tokens_stream"] == run["total_output_tokens_usage"] == 12 * 9
+    assert run["total_input_tokens"] == 12 * 24 and run["prompt_len_mismatches"] == 0
+    assert run["ttft_ms"]["count"] == 12 and run["itl_ms"]["count"] == 12 * 8
+    assert 1 <= opts.max_in_flight <= 4
+    assert sorted(len(p) for p in opts.prompts[1:]) == [24] * 12  # after the one warm-up request
+    assert json.loads(out_json.read_text()) == json.loads(json.dumps(report))
+    assert report["plots"] and all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in report["plots"])
+
+
+def test_multi_turn_resends_history_with_server_answers() -> None:
+    opts = FakeOptions()
+    spec = WorkloadSpec(name="multi-turn", num_clients=3, num_turns=3, input_len=40, turn_len=8, output_len=10,
+                        **SMALL)
+    with fake_server(opts) as url:
+        report = run_benchmark(BenchConfig(base_url=url, workload=spec, disable_tqdm=True))
+    run = report["runs"][0]
+    assert run["completed"] == 9 and run["answer_ids_source"] == "server"
+    prompts = opts.prompts[1:]
+    assert sorted(len(p) for p in prompts) == [40] * 3 + [58] * 3 + [76] * 3
+    for p in prompts:
+        if len(p) > 40:  # the earlier turn's prompt + that turn's answer is a prefix, as the server saw it
+            assert any(seq == p[:len(seq)] for seq in opts.seen if len(seq) == len(p) - 8)
+    assert run["cache_hit_rate"] > 0.4  # turns 2 and 3 hit the previous turns' pages
+
+
+def test_count_mismatch_is_flagged_and_answers_are_synthesized() -> None:
+    opts = FakeOptions(token_ids=False, two_tokens_per_chunk=True)
+    spec = WorkloadSpec(name="multi-turn", num_clients=2, num_turns=2, input_len=20, turn_len=4, output_len=6,
+                        **SMALL)
+    with fake_server(opts) as url:
+        run = run_benchmark(BenchConfig(base_url=url, workload=spec, disable_tqdm=True))["runs"][0]
+    assert run["completed"] == 4
+    assert not run["token_counts_consistent"] and run["token_count_mismatches"] == 4
+    assert run["total_output_tokens_stream"] == 12 and run["total_output_tokens_usage"] == 24
+    assert run["total_output_tokens"] == 24 and run["output_len_mismatches"] == 0
+    assert run["answer_ids_source"] == "synthetic"
+    assert sorted(len(p) for p in opts.prompts[1:]) == [20, 20, 30, 30]
+
+
+def test_errors_are_counted_and_main_exits_nonzero(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    opts = FakeOptions(fail_prompt_len=17)
+    with fake_server(opts) as url:
+        argv = ["--base-url", url, "--workload", "long-short", "--num-prompts", "10", "--long-fraction", "0.3",
+                "--input-len", "12", "--long-input-len", "17", "--output-len", "3", "--vocab-size", "5000",
+                "--disable-tqdm", "--output-json", str(tmp_path / "r.json")]
+        code = main(argv)
+    report = json.loads((tmp_path / "r.json").read_text())
+    run = report["runs"][0]
+    assert code == 1
+    assert run["failed"] == 3 and run["completed"] == 7
+    assert "refused" in run["errors"][0] and "HTTP 400" in run["errors"][0]
+    assert "error: HTTP 400" in capsys.readouterr().out
+
+
+def test_concurrency_sweep_runs_each_level_on_fresh_prompts(tmp_path: Path) -> None:
+    opts = FakeOptions(delay_s=0.001)
+    spec = WorkloadSpec(name="random", num_prompts=8, input_len=16, output_len=4, **SMALL)
+    with fake_server(opts) as url:
+        report = run_benchmark(BenchConfig(base_url=url, workload=spec, concurrency_sweep=[1, 2, 8],
+                                           request_rate=500.0, disable_tqdm=True, plot_dir=str(tmp_path)))
+    _check_complete(report)
+    assert [r["max_concurrency"] for r in report["runs"]] == [1, 2, 8]
+    assert [r["workload_seed"] for r in report["runs"]] == [1, 2, 3]
+    assert all(r["completed"] == 8 and r["cache_hit_rate"] == 0 for r in report["runs"])
+    assert report["config"]["request_rate"] == 500.0
+    assert sorted(Path(p).name for p in report["plots"]) == ["concurrency_random.png", "latency_cdf_random.png"]
+
+
+def test_main_succeeds_and_prints_a_table(capsys: pytest.CaptureFixture) -> None:
+    with fake_server(FakeOptions()) as url:
+        code = main(["--base-url", url, "--workload", "shared-prefix", "--num-groups", "2",
+                     "--prompts-per-group", "3", "--system-prompt-len", "32", "--question-len", "4",
+                     "--output-len", "3", "--vocab-size", "5000", "--max-concurrency", "1", "--disable-tqdm"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "workload shared-prefix: 6 requests" in out and "6/6 ok" in out and "WARNING" not in out

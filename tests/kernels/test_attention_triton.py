@@ -1,0 +1,151 @@
+"""TritonAttnBackend over several passes (prefill, chunked extend with a prefix ending inside a page,
+a shared prefix page, decode, mixed) on two layers, against attention over each request's full K/V
+history computed in torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from radixrt.kernels.reference import slots_of
+
+pytest.importorskip("orjson", reason="radixrt.protocol needs orjson")  # absent on bare GPU images
+from radixrt.protocol import ForwardMode  # noqa: E402
+from radixrt.worker.attention_triton import TritonAttnBackend  # noqa: E402
+from radixrt.worker.forward_meta import ForwardMeta  # noqa: E402
+
+PAGE, HQ, HKV, D, LAYERS, SCALE = 16, 8, 2, 64, 2, 0.125
+
+
+@dataclass
+class Pool:
+    page_size: int
+    k_buffers: list[torch.Tensor]
+    v_buffers: list[torch.Tensor]
+
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:  # unused here
+        raise NotImplementedError
+
+
+@dataclass
+class Req:
+    pages: list[int]
+    history: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer (k, v)
+
+    def seq_len(self) -> int:
+        return self.history[0][0].shape[0] if self.history else 0
+
+
+def make_meta(mode: ForwardMode, reqs: list[Req], extend_lens: list[int], prefix_lens: list[int],
+              device: torch.device) -> ForwardMeta:
+    max_pages = max(len(r.pages) for r in reqs)
+    table = torch.zeros(len(reqs), max_pages, dtype=torch.int32)
+    for i, r in enumerate(reqs):
+        table[i, : len(r.pages)] = torch.tensor(r.pages, dtype=torch.int32)
+    ext = torch.tensor(extend_lens, dtype=torch.int32)
+    pre = torch.tensor(prefix_lens, dtype=torch.int32)
+    loc = torch.cat([slots_of(table[i], PAGE, p, p + e) for i, (p, e) in enumerate(zip(prefix_lens, extend_lens, strict=True))])
+    positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix_lens, extend_lens, strict=True)])
+    return ForwardMeta(mode=mode, page_size=PAGE, page_table=table.to(device), seq_lens=(pre + ext).to(device),
+                       extend_lens=ext.to(device), prefix_lens=pre.to(device),
+                       extend_start_loc=(torch.cumsum(ext, 0, dtype=torch.int32) - ext).to(device),
+                       out_cache_loc=loc.to(device), positions=positions.to(device),
+                       max_seq_len=int((pre + ext).max()), max_extend_len=int(ext.max()))
+
+
+def expected(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """q [E, Hq, D] at positions prefix_len.. over k_all/v_all [prefix_len + E, Hkv, D], causal, fp32."""
+    k = k_all.float().repeat_interleave(HQ // HKV, 1)
+    v = v_all.float().repeat_interleave(HQ // HKV, 1)
+    s = torch.einsum("mhd,nhd->hmn", q.float(), k) * SCALE
+    visible = torch.arange(k.shape[0])[None, :] <= (prefix_len + torch.arange(q.shape[0]))[:, None]
+    s = s.masked_fill(~visible.to(q.device)[None], float("-inf"))
+    return torch.einsum("hmn,nhd->mhd", s.softmax(-1), v)
+
+
+def run_pass(backend, mode, reqs, extend_lens, gen, device, dtype, atol):
+    prefix_lens = [r.seq_len() for r in reqs]
+    meta = make_meta(mode, reqs, extend_lens, prefix_lens, device)
+    backend.prepare(meta)
+    num_tokens = sum(extend_lens)
+    for layer in range(LAYERS):
+        q = torch.randn(num_tokens, HQ, D, generator=gen).to(dtype=dtype, device=device)
+        k = torch.randn(num_tokens, HKV, D, generator=gen).to(dtype=dtype, device=device)
+        v = torch.randn(num_tokens, HKV, D, generator=gen).to(dtype=dtype, device=device)
+        o = backend.forward(q, k, v, layer, SCALE)
+        assert o.shape == q.shape and o.dtype == dtype and not torch.isnan(o).any()
+        start = 0
+        for r, e, p in zip(reqs, extend_lens, prefix_lens, strict=True):
+            ks, vs = (r.history[layer] if r.history and len(r.history) > layer
+                      else (k[:0], v[:0]))
+            k_all, v_all = torch.cat([ks, k[start:start + e]]), torch.cat([vs, v[start:start + e]])
+            want = expected(q[start:start + e], k_all, v_all, p)
+            torch.testing.assert_close(o[start:start + e].float(), want, atol=atol, rtol=atol)
+            if len(r.history) > layer:
+                r.history[layer] = (k_all, v_all)
+            else:
+                r.history.append((k_all, v_all))
+            start += e
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-4), (torch.float16, 3e-3)])
+def test_triton_backend_over_passes(device, dtype, atol):
+    gen = torch.Generator().manual_seed(0)
+    num_pages = 24
+    pool = Pool(PAGE, [torch.randn(num_pages * PAGE, HKV, D, generator=gen).to(dtype=dtype, device=device)
+                       for _ in range(LAYERS)],
+                [torch.randn(num_pages * PAGE, HKV, D, generator=gen).to(dtype=dtype, device=device)
+                 for _ in range(LAYERS)])
+    backend = TritonAttnBackend(pool, num_q_heads=HQ, max_batch_size=8)
+    a, b = Req(pages=[5, 9, 2]), Req(pages=[7])
+    # 1) prefill: A's first chunk ends inside its second page, B is short
+    run_pass(backend, ForwardMode.EXTEND, [a, b], [20, 5], gen, device, dtype, atol)
+    # 2) chunked extend of A (prefix 20, inside a page) + C reusing A's first page as a cached prefix
+    c = Req(pages=[5, 11], history=[(kk[:16], vv[:16]) for kk, vv in a.history])
+    run_pass(backend, ForwardMode.EXTEND, [a, c], [13, 4], gen, device, dtype, atol)
+    # 3) two decode steps for everyone
+    for _ in range(2):
+        run_pass(backend, ForwardMode.DECODE, [a, b, c], [1, 1, 1], gen, device, dtype, atol)
+    # 4) mixed: B decodes while D prefills
+    d = Req(pages=[3, 14])
+    run_pass(backend, ForwardMode.MIXED, [b, d], [1, 17], gen, device, dtype, atol)
+
+
+def test_triton_backend_requires_prepare(device):
+    pool = Pool(PAGE, [torch.zeros(PAGE * 2, HKV, D, device=device)], [torch.zeros(PAGE * 2, HKV, D, device=device)])
+    backend = TritonAttnBackend(pool)
+    with pytest.raises(RuntimeError):
+        backend.forward(torch.zeros(1, HQ, D, device=device), torch.zeros(1, HKV, D, device=device),
+                        torch.zeros(1, HKV, D, device=device), 0, SCALE)
+
+
+def test_triton_backend_matches_torch_backend(device):
+    """Same passes through TritonAttnBackend and the worker's TorchAttnBackend (the CPU oracle)."""
+    attention_torch = pytest.importorskip("radixrt.worker.attention_torch")
+    gen = torch.Generator().manual_seed(1)
+    pools = []
+    k0 = torch.randn(20 * PAGE, HKV, D, generator=gen).to(device)
+    v0 = torch.randn(20 * PAGE, HKV, D, generator=gen).to(device)
+    for _ in range(2):
+        pools.append(Pool(PAGE, [k0.clone()], [v0.clone()]))
+    triton_backend = TritonAttnBackend(pools[0], num_q_heads=HQ, max_batch_size=4)
+    torch_backend = attention_torch.TorchAttnBackend(pools[1])
+    a, b = Req(pages=[4, 8, 1]), Req(pages=[6, 2])
+    passes = [(ForwardMode.EXTEND, [a, b], [0, 0], [21, 3]),
+              (ForwardMode.EXTEND, [a, b], [21, 3], [9, 16]),
+              (ForwardMode.DECODE, [a, b], [30, 19], [1, 1]),
+              (ForwardMode.MIXED, [a, b], [31, 20], [1, 7])]
+    for mode, reqs, prefix_lens, extend_lens in passes:
+        meta = make_meta(mode, reqs, extend_lens, prefix_lens, device)
+        num_tokens = sum(extend_lens)
+        q = torch.randn(num_tokens, HQ, D, generator=gen).to(device)
+        k = torch.randn(num_tokens, HKV, D, generator=gen).to(device)
+        v = torch.randn(num_tokens, HKV, D, generator=gen).to(device)
+        outs = []
+        for backend in (triton_backend, torch_backend):
+            backend.prepare(meta)
+            outs.append(backend.forward(q, k, v, 0, SCALE))
+        torch.testing.assert_close(outs[0], outs[1].to(outs[0].dtype), atol=1e-4, rtol=1e-4)
+        assert torch.equal(pools[0].k_buffers[0], pools[1].k_buffers[0])

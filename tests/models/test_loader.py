@@ -1,0 +1,109 @@
+"""resolve_model_dir / load_model: default GGUF conversion and its cache, errors, dummy weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixrt.config import Env
+from radixrt.models import loader
+from radixrt.models.loader import ModelLoadError, load_model, resolve_model_dir
+from tests.models.tiny import BASE, write_config
+
+
+def test_default_model_dir_is_complete(model_dir: Path) -> None:
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "generation_config.json"):
+        assert (model_dir / name).is_file(), name
+    tok_cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+    has_template = (model_dir / "chat_template.jinja").is_file() or "chat_template" in tok_cfg
+    assert has_template
+    cfg = json.loads((model_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in cfg
+    assert tok_cfg["eos_token"] == "<|im_end|>"  # GGUF eos id 2, not transformers' guess
+
+
+def test_second_resolve_uses_cache(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = model_dir / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+
+    def no_convert(*a, **kw):
+        raise AssertionError("reconverted a cached GGUF")
+
+    monkeypatch.setattr(loader, "_convert_gguf", no_convert)
+    again = resolve_model_dir(None, Env.read().cache_dir, "auto")
+    assert again == model_dir
+    assert weights.stat().st_mtime_ns == before
+    assert not list(model_dir.parent.glob(f".{model_dir.name}.tmp-*"))
+
+
+def test_hf_dir_returned_as_is(model_dir: Path) -> None:
+    assert resolve_model_dir(str(model_dir), Path("/nonexistent-cache"), "auto") == model_dir
+
+
+def _one_line_error(path: str, tmp_path: Path, load_format: str = "auto") -> str:
+    with pytest.raises(ModelLoadError) as ei:
+        resolve_model_dir(path, tmp_path / "cache", load_format)
+    msg = str(ei.value)
+    assert msg and "\n" not in msg
+    return msg
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    assert "not found" in _one_line_error(str(tmp_path / "nope"), tmp_path)
+
+
+def test_dir_without_config(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    assert "config.json" in _one_line_error(str(tmp_path / "m"), tmp_path)
+
+
+def test_garbage_gguf(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"this is not a gguf file" * 10)
+    assert "GGUF" in _one_line_error(str(bad), tmp_path)
+    truncated = tmp_path / "trunc.gguf"
+    truncated.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 40)
+    assert "GGUF" in _one_line_error(str(truncated), tmp_path)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    d = write_config(tmp_path / "gpt2", architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    assert "unsupported architecture" in _one_line_error(str(d), tmp_path, "dummy")
+
+
+def test_dir_without_weights_needs_dummy(tmp_path: Path) -> None:
+    d = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"], model_type="llama", **BASE)
+    assert "safetensors" in _one_line_error(str(d), tmp_path, "auto")
+    assert resolve_model_dir(str(d), tmp_path / "cache", "dummy") == d
+
+
+def test_dummy_weights_are_seeded(tmp_path: Path) -> None:
+    d = write_config(tmp_path / "m", architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                     tie_word_embeddings=False, **BASE)
+    a, cfg = load_model(d, torch.float32, "cpu", "dummy", seed=1)
+    b, _ = load_model(d, torch.float32, "cpu", "dummy", seed=1)
+    c, _ = load_model(d, torch.float32, "cpu", "dummy", seed=2)
+    wa = a.model.layers[0].self_attn.qkv_proj.weight
+    assert cfg.qkv_bias and a.model.layers[0].self_attn.qkv_proj.bias is not None
+    assert torch.equal(wa, b.model.layers[0].self_attn.qkv_proj.weight)
+    assert not torch.equal(wa, c.model.layers[0].self_attn.qkv_proj.weight)
+    assert 0.01 < float(wa.std()) < 0.05
+
+
+def test_missing_tensor_is_reported(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from tests.models.tiny import save_tiny_model
+
+    save_tiny_model("llama", tmp_path / "m")
+    f = tmp_path / "m" / "model.safetensors"
+    tensors = load_file(f)
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, f, metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="up_proj|gate_up_proj"):
+        load_model(tmp_path / "m", torch.float32, "cpu", "auto")

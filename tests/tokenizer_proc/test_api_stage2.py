@@ -1,0 +1,150 @@
+"""n > 1, logprobs (chat and completions shapes), echo, parameter passthrough, /generate, /metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import REPLY, Scripts
+from .fakes import Front, wait_for
+from .test_openai_api import MSGS, client, sse_events
+
+
+def test_chat_n_samples_share_a_group(fr: Front, front_scripts: Scripts) -> None:
+    r = client(fr).chat.completions.create(model=fr.served_model, messages=MSGS, n=3, seed=1)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content == REPLY for c in r.choices)
+    reqs = fr.sched.received[-3:]
+    assert len({q.rid for q in reqs}) == 3
+    assert reqs[0].group is not None and all(q.group == reqs[0].group for q in reqs)
+    n_out = len(front_scripts.ids())
+    assert r.usage.completion_tokens == 3 * n_out
+    assert r.usage.prompt_tokens == len(reqs[0].input_ids)  # the prompt counts once
+
+
+def test_single_sample_has_no_group(fr: Front) -> None:
+    client(fr).chat.completions.create(model=fr.served_model, messages=MSGS)
+    assert fr.sched.received[-1].group is None
+
+
+def test_stream_n_and_batched_outputs(fr: Front) -> None:
+    fr.sched.batch_rids = True  # all samples' tokens in one TokenOutBatch
+    body = {"model": fr.served_model, "messages": MSGS, "n": 2, "stream": True}
+    events = sse_events(httpx.post(fr.base_url + "/v1/chat/completions", json=body))
+    for i in (0, 1):
+        mine = [e["choices"][0] for e in events if e["choices"][0]["index"] == i]
+        assert mine[0]["delta"]["role"] == "assistant"
+        assert "".join(c["delta"].get("content", "") for c in mine) == REPLY
+        assert mine[-1]["finish_reason"] == "stop" and all(c["finish_reason"] is None for c in mine[:-1])
+
+
+def test_disconnect_aborts_every_sample(fr: Front, front_scripts: Scripts) -> None:
+    front_scripts.finish = None
+    front_scripts.ids_override = [28] * 10_000
+    fr.sched.interval_s = 0.005
+    body = {"model": fr.served_model, "messages": MSGS, "stream": True, "n": 3}
+    with httpx.stream("POST", fr.base_url + "/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()
+        for _ in range(8):
+            next(lines)
+    rids = {q.rid for q in fr.sched.received}
+    assert len(rids) == 3
+    assert wait_for(lambda: rids <= set(fr.sched.aborted), 10)
+
+
+def test_chat_logprobs(fr: Front, front_scripts: Scripts, tokenizer: Any) -> None:
+    r = client(fr).chat.completions.create(model=fr.served_model, messages=MSGS, logprobs=True,
+                                            top_logprobs=2)
+    req = fr.sched.received[-1]
+    assert req.return_logprob and req.top_logprobs_num == 2
+    content = r.choices[0].logprobs.content
+    ids = front_scripts.ids()
+    assert len(content) == len(ids)
+    assert all(c.logprob == pytest.approx(-0.25) and len(c.top_logprobs) == 2 for c in content)
+    assert bytes(b for c in content for b in c.bytes).decode() == REPLY  # exact bytes, emoji split too
+    assert content[0].top_logprobs[0].token == content[0].token
+    assert any(c.token.startswith("bytes:") for c in content)  # a lone piece of the emoji
+
+
+def test_chat_logprobs_stream(fr: Front, front_scripts: Scripts) -> None:
+    body = {"model": fr.served_model, "messages": MSGS, "stream": True, "logprobs": True}
+    events = sse_events(httpx.post(fr.base_url + "/v1/chat/completions", json=body))
+    lps = [x for e in events if e["choices"][0]["logprobs"] for x in e["choices"][0]["logprobs"]["content"]]
+    assert len(lps) == len(front_scripts.ids()) and all(x["top_logprobs"] == [] for x in lps)
+
+
+def test_completions_logprobs_and_echo(fr: Front, front_scripts: Scripts, tokenizer: Any) -> None:
+    r = client(fr).completions.create(model=fr.served_model, prompt="Tell me", logprobs=3, echo=True,
+                                       max_tokens=64)
+    prompt_ids = tokenizer.encode("Tell me", add_special_tokens=False)
+    ch = r.choices[0]
+    assert ch.text == "Tell me" + REPLY
+    lp = ch.logprobs
+    n_all = len(prompt_ids) + len(front_scripts.ids())
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n_all
+    assert lp.token_logprobs[:len(prompt_ids)] == [None] * len(prompt_ids)
+    assert lp.token_logprobs[-1] == pytest.approx(-0.25) and len(lp.top_logprobs[-1]) <= 3
+    assert lp.text_offset == sorted(lp.text_offset)
+    assert fr.sched.received[-1].top_logprobs_num == 3
+
+
+def test_completions_echo_stream(fr: Front) -> None:
+    body = {"model": fr.served_model, "prompt": "Tell me", "echo": True, "stream": True, "max_tokens": 64}
+    events = sse_events(httpx.post(fr.base_url + "/v1/completions", json=body))
+    assert events[0]["choices"][0]["text"] == "Tell me"
+    assert "".join(e["choices"][0]["text"] for e in events) == "Tell me" + REPLY
+
+
+def test_sampling_passthrough(fr: Front) -> None:
+    body = {"model": fr.served_model, "messages": MSGS, "top_k": 5, "min_p": 0.1, "frequency_penalty": 0.5,
+            "presence_penalty": -0.5, "repetition_penalty": 1.1, "ignore_eos": True,
+            "stop_token_ids": [2, 7], "logit_bias": {"28": -100}, "top_p": 0.9, "temperature": 0.7}
+    assert httpx.post(fr.base_url + "/v1/chat/completions", json=body).status_code == 200
+    s = fr.sched.received[-1].sampling
+    assert (s["top_k"], s["min_p"], s["frequency_penalty"], s["presence_penalty"]) == (5, 0.1, 0.5, -0.5)
+    assert s["repetition_penalty"] == 1.1 and s["ignore_eos"] is True and s["stop_token_ids"] == [2, 7]
+    assert s["logit_bias"] == {"28": -100} and s["top_p"] == 0.9 and s["temperature"] == 0.7
+
+
+def test_generate_native(fr: Front, front_scripts: Scripts, tokenizer: Any) -> None:
+    r = httpx.post(fr.base_url + "/generate", json={"text": "Hi", "sampling_params": {
+        "max_new_tokens": 64, "temperature": 0, "stop": "zz"}})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["text"] == REPLY and out["output_ids"] == front_scripts.ids()
+    meta = out["meta_info"]
+    assert meta["prompt_tokens"] == len(tokenizer.encode("Hi", add_special_tokens=False))
+    assert meta["completion_tokens"] == len(front_scripts.ids()) and meta["finish_reason"] == "stop"
+    assert meta["cached_tokens"] == 3
+    s = fr.sched.received[-1].sampling
+    assert s["max_new_tokens"] == 64 and s["temperature"] == 0 and s["stop"] == ["zz"]
+    batch = httpx.post(fr.base_url + "/generate", json={"input_ids": [[5, 6], [7]], "return_logprob": True})
+    assert [b["text"] for b in batch.json()] == [REPLY, REPLY]
+    assert len(batch.json()[0]["meta_info"]["output_token_logprobs"]) == len(front_scripts.ids())
+
+
+def test_generate_stream_and_errors(fr: Front) -> None:
+    events = sse_events(httpx.post(fr.base_url + "/generate", json={"text": "Hi", "stream": True}))
+    assert events[-1]["text"] == REPLY and events[-1]["meta_info"]["finish_reason"] == "stop"
+    for body, param in [({"text": "x", "input_ids": [1]}, "text"), ({}, "text"),
+                        ({"text": "x", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+                        ({"text": "x", "sampling_params": {"max_new_tokens": "5"}},
+                         "sampling_params.max_new_tokens"),
+                        ({"text": "x", "sampling_params": {"bogus": 1}}, "sampling_params.bogus")]:
+        r = httpx.post(fr.base_url + "/generate", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_metrics(fr: Front) -> None:
+    client(fr).chat.completions.create(model=fr.served_model, messages=MSGS)
+    httpx.post(fr.base_url + "/v1/chat/completions", json={"model": "nope", "messages": MSGS})
+    text = httpx.get(fr.base_url + "/metrics").text
+    assert 'radixrt_requests_total{outcome="ok"}' in text
+    assert "radixrt_time_to_first_token_seconds_count" in text
+    assert "radixrt_inter_token_latency_seconds_bucket" in text
+    assert "radixrt_e2e_request_latency_seconds_sum" in text
+    assert "radixrt_num_running_reqs 0.0" in text and "radixrt_scheduler_up 1.0" in text
+    gen = [ln for ln in text.splitlines() if ln.startswith("radixrt_generation_tokens_total")]
+    assert gen and float(gen[0].split()[-1]) > 0

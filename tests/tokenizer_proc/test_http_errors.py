@@ -1,0 +1,139 @@
+"""Error bodies: OpenAI shape, 400 (never 422/500) for client mistakes, 401/404/413/429."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from .fakes import Front, start_front
+
+CHAT = "/v1/chat/completions"
+
+
+def _chat(fr: Front, **over: Any) -> dict[str, Any]:
+    body = {"model": fr.served_model, "messages": [{"role": "user", "content": "hi"}]}
+    body.update(over)
+    return body
+
+
+def _err(r: httpx.Response, status: int, param: str | None = None, code: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
+def test_bad_json_is_400(fr: Front) -> None:
+    r = httpx.post(fr.base_url + CHAT, content=b"{not json", headers={"content-type": "application/json"})
+    _err(r, 400)
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b"\"text\"", b"3", b"null", b""])
+def test_non_object_json_is_400(fr: Front, body: bytes) -> None:
+    r = httpx.post(fr.base_url + CHAT, content=body, headers={"content-type": "application/json"})
+    _err(r, 400)
+
+
+def test_missing_and_empty_messages(fr: Front) -> None:
+    body = _chat(fr)
+    del body["messages"]
+    _err(httpx.post(fr.base_url + CHAT, json=body), 400, param="messages")
+    _err(httpx.post(fr.base_url + CHAT, json=_chat(fr, messages=[])), 400, param="messages")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("max_tokens", -1), ("max_tokens", 0), ("max_tokens", "5"), ("max_completion_tokens", -3),
+    ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("n", 0), ("top_logprobs", 50),
+    ("stop", ""), ("stop", [1, 2]), ("stream", "yes"), ("presence_penalty", 3.0), ("top_k", 0),
+    ("logit_bias", {"abc": 1}), ("seed", 1.5),
+])
+def test_bad_parameter_names_param(fr: Front, field: str, value: Any) -> None:
+    err = _err(httpx.post(fr.base_url + CHAT, json=_chat(fr, **{field: value})), 400, param=field)
+    assert field in err["message"]
+
+
+def test_bad_message_names_path(fr: Front) -> None:
+    r = httpx.post(fr.base_url + CHAT, json=_chat(fr, messages=[{"role": "user", "content": 5}]))
+    err = _err(r, 400)
+    assert err["param"].startswith("messages[0]")
+    r = httpx.post(fr.base_url + CHAT, json=_chat(fr, messages=[{"role": "wizard", "content": "x"}]))
+    _err(r, 400, param="messages[0].role")
+
+
+def test_completions_bad_prompt(fr: Front) -> None:
+    base = {"model": fr.served_model}
+    for prompt in ([], [[]], [-1], 5, [1.5]):
+        _err(httpx.post(fr.base_url + "/v1/completions", json={**base, "prompt": prompt}), 400)
+    _err(httpx.post(fr.base_url + "/v1/completions", json={**base, "prompt": [10 ** 9]}), 400, param="prompt")
+    _err(httpx.post(fr.base_url + "/v1/completions", json=base), 400, param="prompt")
+
+
+def test_unknown_model_is_404(fr: Front) -> None:
+    err = _err(httpx.post(fr.base_url + CHAT, json=_chat(fr, model="gpt-9")), 404, code="model_not_found")
+    assert fr.served_model in err["message"]
+    _err(httpx.get(fr.base_url + "/v1/models/gpt-9"), 404, code="model_not_found")
+
+
+def test_unknown_route_and_method(fr: Front) -> None:
+    _err(httpx.get(fr.base_url + "/v1/nothing"), 404)
+    _err(httpx.get(fr.base_url + CHAT), 405)
+
+
+def test_oversized_body_is_413(fr: Front) -> None:
+    big = "x" * (fr.args.max_request_body_bytes + 10)
+    _err(httpx.post(fr.base_url + CHAT, json=_chat(fr, messages=[{"role": "user", "content": big}])), 413)
+
+    def chunks():  # no content-length: the cap applies while reading
+        for _ in range(100):
+            yield b"x" * 1024
+
+    _err(httpx.post(fr.base_url + CHAT, content=chunks()), 413)
+
+
+def test_context_length_exceeded(fr: Front) -> None:
+    long = "word " * 2000
+    r = httpx.post(fr.base_url + CHAT, json=_chat(fr, messages=[{"role": "user", "content": long}]))
+    _err(r, 400, code="context_length_exceeded")
+    assert not fr.sched.received
+
+
+def test_scheduler_rejection_maps_to_status(fr: Front) -> None:
+    fr.sched.error = "too many queued requests"
+    _err(httpx.post(fr.base_url + CHAT, json=_chat(fr)), 429)
+    _err(httpx.post(fr.base_url + CHAT, json=_chat(fr, stream=True)), 429)
+    fr.sched.error = "prompt rejected"
+    _err(httpx.post(fr.base_url + "/v1/completions", json={"model": fr.served_model, "prompt": "x"}), 400)
+
+
+def test_errors_do_not_disturb_the_server(fr: Front) -> None:
+    for _ in range(3):
+        httpx.post(fr.base_url + CHAT, content=b"{")
+    r = httpx.post(fr.base_url + CHAT, json=_chat(fr))
+    assert r.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def keyed(tokenizer: Any, tok_model_dir: Any) -> Any:
+    f = start_front(tokenizer, tok_model_dir, lambda req: ([42], "stop"), api_key="sekret")
+    yield f
+    f.stop()
+
+
+def test_api_key(keyed: Front) -> None:
+    url = keyed.base_url
+    _err(httpx.get(url + "/v1/models"), 401)
+    _err(httpx.get(url + "/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+    _err(httpx.post(url + CHAT, json={}, headers={"Authorization": "sekret"}), 401)
+    _err(httpx.get(url + "/metrics"), 401)
+    ok = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer sekret"})
+    assert ok.status_code == 200
+    assert httpx.get(url + "/health").status_code == 200
+    info = httpx.get(url + "/get_server_info", headers={"Authorization": "Bearer sekret"}).json()
+    assert info["api_key"] == "***" and "sekret" not in str(info)

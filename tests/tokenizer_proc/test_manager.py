@@ -1,0 +1,68 @@
+"""TokenizerManager's per-rid split of TokenOutBatch, and small pure helpers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from radixrt.tokenizer_proc.errors import from_scheduler_error
+from radixrt.tokenizer_proc.main import served_model_name
+from radixrt.tokenizer_proc.manager import TokenizerManager
+
+from radixrt import protocol
+from radixrt.config import ServerArgs
+from radixrt.ipc import IpcAddresses
+
+
+def _batch(top_ids: list[int], logprobs: list[float]) -> protocol.TokenOutBatch:
+    return protocol.TokenOutBatch(
+        rids=["a", "gone", "b"], offsets=np.array([0, 2, 3, 4], np.int32),
+        output_ids=np.array([10, 11, 12, 13], np.int32), logprobs=np.array(logprobs, np.float32),
+        top_logprob_ids=np.array(top_ids, np.int32), top_logprobs=np.array(top_ids, np.float32) * -1,
+        finish_reasons=[None, None, "length"], matched_stop=[None, None, None], prompt_tokens=[5, 5, 6],
+        completion_tokens=[2, 1, 1], cached_tokens=[0, 0, 4], errors=[None, None, None])
+
+
+def _manager() -> tuple[TokenizerManager, asyncio.Queue, asyncio.Queue]:
+    m = TokenizerManager(IpcAddresses(*["x"] * 6), max_inflight=8)
+    qa: asyncio.Queue = asyncio.Queue()
+    qb: asyncio.Queue = asyncio.Queue()
+    m._queues.update(a=qa, b=qb)
+    m._topk.update(a=2, gone=1, b=0)  # "gone" was aborted, but its k is remembered
+    return m, qa, qb
+
+
+def test_dispatch_splits_per_rid_with_top_logprobs() -> None:
+    m, qa, qb = _manager()
+    m._dispatch(_batch([1, 2, 3, 4, 9], [-1.0, -2.0, -3.0, -4.0]))
+    a, b = qa.get_nowait(), qb.get_nowait()
+    assert a.ids.tolist() == [10, 11] and a.logprobs.tolist() == [-1.0, -2.0]
+    assert a.top_ids.tolist() == [[1, 2], [3, 4]] and a.top_logprobs.tolist() == [[-1, -2], [-3, -4]]
+    assert b.ids.tolist() == [13] and b.finish_reason == "length" and b.cached_tokens == 4
+    assert b.top_ids is None and b.logprobs.tolist() == [-4.0]
+    assert qa.empty() and qb.empty()
+
+
+def test_dispatch_with_a_bad_top_layout_keeps_tokens() -> None:
+    m, qa, qb = _manager()
+    m._dispatch(_batch([1, 2, 3], []))
+    a, b = qa.get_nowait(), qb.get_nowait()
+    assert a.ids.tolist() == [10, 11] and a.top_ids is None and a.logprobs is None
+    assert b.ids.tolist() == [13]
+
+
+@pytest.mark.parametrize(("msg", "status"), [("429 busy", 429), ("too many queued requests", 429),
+                                             ("503: down", 503), ("prompt too long", 400)])
+def test_scheduler_error_status(msg: str, status: int) -> None:
+    assert from_scheduler_error(msg).status == status
+
+
+def test_served_model_name() -> None:
+    d = Path("/c/SmolLM2-135M-Instruct.Q4_1-52319e789301")
+    assert served_model_name(ServerArgs(), d) == "SmolLM2-135M-Instruct"
+    assert served_model_name(ServerArgs(model_path=str(d)), d) == "SmolLM2-135M-Instruct"
+    assert served_model_name(ServerArgs(model_path="/m/Qwen2.5-0.5B-Instruct"), d) == "Qwen2.5-0.5B-Instruct"
+    assert served_model_name(ServerArgs(model_path="/m/x.Q8_0.gguf"), d) == "x"
+    assert served_model_name(ServerArgs(model_path="/m/x", served_model_name="mine"), d) == "mine"

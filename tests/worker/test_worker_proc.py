@@ -1,0 +1,86 @@
+"""The worker process over real ZeroMQ sockets: Ready handshake, a forward pass, shutdown; Fatal on
+a bad model. Spawned the way the launcher does it (`python -m radixrt.child worker`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+import zmq
+
+from radixrt import protocol
+from radixrt.config import PROTOCOL_VERSION, ServerArgs
+from radixrt.ipc import IpcAddresses, Receiver, Sender
+from tests.models.tiny import BASE, write_config
+
+I32 = np.int32
+
+
+def _spawn(args: ServerArgs, addrs: IpcAddresses, model_dir: Path) -> subprocess.Popen:
+    spec = {"args": args.to_dict(), "addrs": addrs.to_dict(), "model_dir": str(model_dir), "extra": {}}
+    proc = subprocess.Popen([sys.executable, "-m", "radixrt.child", "worker"], stdin=subprocess.PIPE)
+    proc.stdin.write(orjson.dumps(spec))
+    proc.stdin.close()
+    return proc
+
+
+def _batch() -> protocol.ForwardBatch:
+    return protocol.ForwardBatch(
+        batch_id=7, mode=int(protocol.ForwardMode.EXTEND), req_rows=np.array([0, 1], I32),
+        input_ids=np.array([5, 6, 7, 8, 9], I32), positions=np.array([0, 1, 2, 0, 1], I32),
+        out_cache_loc=np.array([16, 17, 18, 32, 33], I32), seq_lens=np.array([3, 2], I32),
+        extend_lens=np.array([3, 2], I32), upd_rows=np.array([0, 1], I32), upd_cols=np.array([0, 0], I32),
+        upd_pages=np.array([1, 2], I32), temperature=np.array([0.0, 1.0], np.float32),
+        top_p=np.ones(2, np.float32), top_k=np.full(2, -1, I32), min_p=np.zeros(2, np.float32),
+        seeds=np.array([1, 2], I32), sample_steps=np.zeros(2, I32), return_logprob=True, top_logprobs_num=3)
+
+
+def test_worker_round_trip(tmp_path: Path) -> None:
+    model_dir = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"], model_type="llama", **BASE)
+    args = ServerArgs(device="cpu", load_format="dummy", max_total_tokens=256, max_running_requests=4)
+    addrs = IpcAddresses.create()
+    ctx = zmq.Context()
+    try:
+        launcher = Receiver(ctx, addrs.launcher_in, protocol.CHILD_TO_LAUNCHER)
+        results = Receiver(ctx, addrs.scheduler_results, protocol.WORKER_TO_SCHEDULER)
+        proc = _spawn(args, addrs, model_dir)
+        ready = launcher.recv(timeout_ms=60_000)
+        assert isinstance(ready, protocol.Ready), ready
+        assert ready.process == "worker" and ready.protocol_version == PROTOCOL_VERSION
+        info = ready.info
+        assert info["page_size"] == 16 and info["num_pages"] == 256 // 16 + 1
+        assert info["vocab_size"] == BASE["vocab_size"] and info["max_req_rows"] == 4
+        assert info["context_length"] == BASE["max_position_embeddings"]
+        assert info["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # K+V, layers, kv heads, head_dim, fp32
+        to_worker = Sender(ctx, addrs.worker_in)
+        to_worker.send(_batch())
+        res = results.recv(timeout_ms=60_000)
+        assert isinstance(res, protocol.ForwardResult) and res.batch_id == 7
+        assert res.next_token_ids.shape == (2,) and res.next_token_ids.dtype == I32
+        assert ((0 <= res.next_token_ids) & (res.next_token_ids < BASE["vocab_size"])).all()
+        assert res.logprobs.shape == (2,) and res.top_logprob_ids.shape == (6,)
+        assert res.next_token_ids[0] == res.top_logprob_ids[0]  # greedy row: its top-1
+        to_worker.send(protocol.WorkerControl("shutdown"))
+        assert proc.wait(timeout=30) == 0
+    finally:
+        ctx.destroy(linger=0)
+        addrs.cleanup()
+
+
+def test_worker_reports_fatal(tmp_path: Path) -> None:
+    args = ServerArgs(device="cpu", max_total_tokens=256)
+    addrs = IpcAddresses.create()
+    ctx = zmq.Context()
+    try:
+        launcher = Receiver(ctx, addrs.launcher_in, protocol.CHILD_TO_LAUNCHER)
+        proc = _spawn(args, addrs, tmp_path / "missing")
+        msg = launcher.recv(timeout_ms=60_000)
+        assert isinstance(msg, protocol.Fatal) and msg.process == "worker"
+        assert "config.json" in msg.message and "\n" not in msg.message
+        assert proc.wait(timeout=30) == 2
+    finally:
+        ctx.destroy(linger=0)
+        addrs.cleanup()

@@ -1,0 +1,149 @@
+"""Entry point of the tokenizer process: `run_tokenizer(args, addrs, model_dir, worker_info)`.
+
+Start-up order: load the tokenizer; bind the PULL socket (scheduler -> tokenizer) and connect the
+PUSH socket; bind the HTTP port ourselves (so a busy port is a clear start-up error, not a uvicorn
+`sys.exit`); start uvicorn on that socket inside a uvloop event loop; once uvicorn reports
+`started` (it is accepting connections), send `protocol.Ready("tokenizer")` to the launcher.
+SIGTERM/SIGINT make uvicorn finish in-flight responses briefly, then the manager closes its sockets
+and `run_tokenizer` returns (exit code 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import uvloop
+import zmq
+
+from radixrt import protocol
+from radixrt.config import DEFAULT_MODEL_NAME, PROTOCOL_VERSION, ServerArgs
+from radixrt.ipc import IpcAddresses, Sender
+
+from .manager import TokenizerManager
+from .server import create_app
+from .serving_common import ServingContext
+
+logger = logging.getLogger(__name__)
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def served_model_name(args: ServerArgs, model_dir: Path) -> str:
+    """--served-model-name, else the model's name: the default model's name when no --model-path was
+    given, else the directory (or .gguf file) name without the loader's GGUF cache decorations
+    ("<name>.Q4_1-<12 hex digits>" -> "<name>")."""
+    if args.served_model_name:
+        return args.served_model_name
+    if args.model_path is None:
+        return DEFAULT_MODEL_NAME
+    name = Path(args.model_path).name or model_dir.name
+    name = re.sub(r"\.gguf$", "", name, flags=re.I)
+    name = re.sub(r"-[0-9a-f]{12}$", "", name)
+    return re.sub(r"\.(I?Q\d[A-Za-z0-9_]*|F16|F32|BF16)$", "", name, flags=re.I)
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def build_context(args: ServerArgs, addrs: IpcAddresses, tokenizer: Any, model_dir: Path,
+                  worker_info: dict[str, Any], on_done: Any = None) -> ServingContext:
+    """The manager (sockets bound) and everything the handlers need."""
+    context_length = int(worker_info.get("context_length") or args.context_length
+                         or getattr(tokenizer, "model_max_length", 0) or 2048)
+    manager = TokenizerManager(addrs, max_inflight=args.max_running_requests + args.max_queued_requests)
+    manager.bind()
+    return ServingContext(manager=manager, tokenizer=tokenizer, args=args,
+                          served_model=served_model_name(args, model_dir), context_length=context_length,
+                          on_done=on_done)
+
+
+def bind_http(host: str, port: int) -> socket.socket:
+    """Listen on host:port. Raises OSError with a one-line message when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(ctx: ServingContext, sock: socket.socket, on_started: Any = None,
+                metrics_routes: Any = None) -> None:
+    """Run uvicorn on `sock` until SIGTERM/SIGINT (or `server.should_exit`); then close the manager.
+
+    `on_started(server)` runs once uvicorn accepts connections (it gets the uvicorn.Server, whose
+    `should_exit` stops it).
+    """
+    app = create_app(ctx, extra_routes=metrics_routes)
+    config = uvicorn.Config(app, log_level=ctx.args.log_level.lower(), access_log=False,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+    server = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # we own the signals
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, _request_exit, server, sig)
+        except (RuntimeError, ValueError):  # not the main thread (tests)
+            pass
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if not server.started:
+            try:
+                await task
+            except SystemExit:  # uvicorn exits this way when its lifespan start-up fails
+                pass
+            raise RuntimeError("the HTTP server failed to start (see the log above)")
+        if on_started is not None:
+            on_started(server)
+        await task
+    finally:
+        ctx.manager.closing = True
+        await ctx.manager.close()
+
+
+def _request_exit(server: uvicorn.Server, sig: int) -> None:
+    logger.info("signal %d: shutting down the HTTP server", sig)
+    server.should_exit = True
+
+
+def run_tokenizer(args: ServerArgs, addrs: IpcAddresses, model_dir: Path, worker_info: dict) -> None:
+    """Process entry point (see module docstring). Raises on a start-up failure (the caller reports it)."""
+    from .metrics import Metrics
+
+    sock = bind_http(args.host, args.port)  # first: a busy port fails fast, before the slow load
+    tokenizer = load_tokenizer(model_dir)
+    metrics = Metrics()
+    ctx = build_context(args, addrs, tokenizer, model_dir, worker_info, on_done=metrics.on_request_done)
+    zctx = zmq.Context()
+    launcher = Sender(zctx, addrs.launcher_in)
+
+    def ready(_server: uvicorn.Server) -> None:
+        launcher.send(protocol.Ready(process="tokenizer", protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
+                                     info={"host": args.host, "port": args.port,
+                                           "served_model_name": ctx.served_model}))
+        logger.info("serving %s on http://%s:%d", ctx.served_model, args.host, args.port)
+
+    try:
+        uvloop.run(serve(ctx, sock, on_started=ready, metrics_routes=metrics.install))
+    finally:
+        sock.close()
+        launcher.sock.close(linger=1000)
+        zctx.term()

@@ -1,0 +1,144 @@
+"""The FastAPI app of the tokenizer process: routes, API-key check, and error handlers.
+
+State lives in one ServingContext passed to `create_app` (no module-level app state).
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from .errors import APIError, install_handlers
+from .serving_chat import chat_completions
+from .serving_common import ServingContext, json_response
+from .serving_completions import completions
+from .serving_generate import generate
+
+ASGIApp = Callable[[dict[str, Any], Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]],
+                   Awaitable[None]]
+_OPEN_PATHS = frozenset({"/health"})
+CONTROL_TIMEOUT_S = 10.0
+
+
+class ApiKeyMiddleware:
+    """Require `Authorization: Bearer <key>` on every HTTP route but /health (constant-time compare)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                given = value
+                break
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        resp = APIError(401, "invalid or missing API key (expected `Authorization: Bearer <key>`)",
+                        code="invalid_api_key").response(headers={"WWW-Authenticate": "Bearer"})
+        await resp(scope, receive, send)
+
+
+def _public_args(ctx: ServingContext) -> dict[str, Any]:
+    d = ctx.args.to_dict()
+    d["api_key"] = "***" if d.get("api_key") else None
+    return d
+
+
+def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingContext], None] | None = None,
+               ) -> FastAPI:
+    """Build the HTTP app over `ctx`. Starting the app starts the manager's receive loop."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        ctx.manager.start()
+        yield
+
+    app = FastAPI(title="radixrt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    install_handlers(app)
+    created = int(time.time())
+
+    @app.post("/v1/chat/completions")
+    async def _chat(request: Request) -> Response:
+        return await chat_completions(ctx, request)
+
+    @app.post("/generate")
+    async def _generate(request: Request) -> Response:
+        return await generate(ctx, request)
+
+    @app.post("/v1/completions")
+    async def _completions(request: Request) -> Response:
+        return await completions(ctx, request)
+
+    def model_card() -> dict[str, Any]:
+        return {"id": ctx.served_model, "object": "model", "created": created, "owned_by": "radixrt",
+                "root": ctx.served_model, "max_model_len": ctx.context_length}
+
+    @app.get("/v1/models")
+    async def _models() -> Response:
+        return json_response({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def _model(model_id: str) -> Response:
+        if model_id != ctx.served_model:
+            raise APIError(404, f"The model `{model_id}` does not exist. This server serves: "
+                           f"{ctx.served_model}.", param="model", code="model_not_found")
+        return json_response(model_card())
+
+    _add_control_routes(app, ctx)
+    if extra_routes is not None:
+        extra_routes(app, ctx)
+    if ctx.args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=ctx.args.api_key)
+    return app
+
+
+def _add_control_routes(app: FastAPI, ctx: ServingContext) -> None:
+    """/health, /get_server_info, /flush_cache: answered by the scheduler through ControlReq."""
+
+    @app.get("/health")
+    async def _health() -> Response:
+        await _control(ctx, "health")
+        return Response(status_code=200)
+
+    @app.get("/get_server_info")
+    async def _server_info() -> Response:
+        data = await _control(ctx, "get_server_info")
+        data.pop("server_args", None)  # ours below, with the API key masked
+        return json_response({**_public_args(ctx), "served_model_name": ctx.served_model,
+                              "context_length": ctx.context_length, **data})
+
+    @app.post("/flush_cache")
+    async def _flush(request: Request) -> Response:
+        data = await _control(ctx, "flush_cache")
+        return json_response({"ok": True, **data})
+
+    @app.get("/flush_cache")
+    async def _flush_get(request: Request) -> Response:
+        return await _flush(request)
+
+
+async def _control(ctx: ServingContext, kind: str) -> dict[str, Any]:
+    """Ask the scheduler; 503 when it does not answer in time or says no."""
+    if ctx.manager.closing:
+        raise APIError(503, "server is shutting down")
+    try:
+        resp = await ctx.manager.control(kind, timeout_s=CONTROL_TIMEOUT_S)
+    except TimeoutError:
+        raise APIError(503, f"scheduler did not answer {kind} within {CONTROL_TIMEOUT_S:.0f} s") from None
+    if not resp.ok:
+        msg = str(resp.data.get("error") or resp.data.get("message") or f"{kind} failed")
+        raise APIError(400 if kind == "flush_cache" else 503, msg)
+    return resp.data
+
