@@ -46,11 +46,16 @@ class Engine:
         self.runner = ModelRunner(self.args, self.model_dir)
         self.info = self.runner.info()
         self.scheduler = build_scheduler(self.args, self.info)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        try:  # a dummy-weights directory may hold only config.json: token-id prompts then
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        except (OSError, ValueError):
+            self.tokenizer = None
         self._ids = itertools.count()
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"{self.model_dir} has no tokenizer: pass token ids")
             return list(self.tokenizer.encode(prompt, add_special_tokens=False))
         return [int(t) for t in prompt]
 
@@ -102,7 +107,7 @@ class Engine:
         return done
 
     def _stop_hit(self, ids: list[int], stop: str | list[str] | None) -> str | None:
-        if not stop:
+        if not stop or self.tokenizer is None:
             return None
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         for s in [stop] if isinstance(stop, str) else stop:
@@ -111,7 +116,7 @@ class Engine:
         return None
 
     def _result(self, ids: list[int], reason: str, stop_hit: str | None, out: Any, i: int) -> dict[str, Any]:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else ""
         if stop_hit is not None:
             text = text[:text.index(stop_hit)]
         return {"text": text, "output_ids": ids,

@@ -147,6 +147,16 @@ class ForwardBatch:
     temperature/top_p/min_p float32 [B]; top_k int32 [B] (-1 = off); seeds int32 [B] and
     sample_steps int32 [B] (output index of the token being sampled) key a counter-based RNG, so a
     seeded request samples the same tokens whatever else is in the batch.
+
+    Penalties and logit bias (see worker/penalties.py); all empty when no request in the batch uses them:
+    frequency_penalty/presence_penalty/repetition_penalty float32 [B] (neutral 0/0/1 for a request
+    without penalties and for a prompt chunk whose sample is discarded; the worker counts the token
+    it samples for every request whose penalties are not neutral);
+    penalty_reset_rows int32 [R]: rows just given to a request with penalties, cleared before the pass;
+    penalty_prompt_rows/penalty_prompt_ids int32 [P]: (row, token) of those requests' prompts;
+    penalty_output_rows/penalty_output_ids int32 [Q]: (row, token) of tokens they generated before a
+    retraction (counted once each); logit_bias_idx (index into the B requests)/logit_bias_ids int32
+    and logit_bias_vals float32 [L]: added to the logits, every pass.
     """
 
     batch_id: int
@@ -168,6 +178,17 @@ class ForwardBatch:
     min_p: np.ndarray = field(default_factory=_f32)
     seeds: np.ndarray = field(default_factory=_i32)
     sample_steps: np.ndarray = field(default_factory=_i32)
+    frequency_penalty: np.ndarray = field(default_factory=_f32)
+    presence_penalty: np.ndarray = field(default_factory=_f32)
+    repetition_penalty: np.ndarray = field(default_factory=_f32)
+    penalty_reset_rows: np.ndarray = field(default_factory=_i32)
+    penalty_prompt_rows: np.ndarray = field(default_factory=_i32)
+    penalty_prompt_ids: np.ndarray = field(default_factory=_i32)
+    penalty_output_rows: np.ndarray = field(default_factory=_i32)
+    penalty_output_ids: np.ndarray = field(default_factory=_i32)
+    logit_bias_idx: np.ndarray = field(default_factory=_i32)
+    logit_bias_ids: np.ndarray = field(default_factory=_i32)
+    logit_bias_vals: np.ndarray = field(default_factory=_f32)
     return_logprob: bool = False
     top_logprobs_num: int = 0
 

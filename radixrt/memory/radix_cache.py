@@ -83,12 +83,12 @@ class RadixCache:
         self.num_evicted_tokens = 0  # tokens removed by evict (statistics, tests)
 
     # ---------------------------------------------------------------- lookup / insert
-    def match_prefix(self, token_ids: Sequence[int], *, record_stats: bool = True) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], *, record_stats: bool = False) -> MatchResult:
         """Find the longest cached prefix of token_ids; O(prefix_len + depth).
 
         Splits the node in which the match ends, so last_node.end == prefix_len. Takes no references;
-        refreshes last_access_time along the path. record_stats=False keeps the lookup out of the hit
-        rate (e.g. for scheduling-policy probes).
+        refreshes last_access_time along the path. record_stats=True adds the lookup to the hit-rate
+        counters; KVManager.admit does so, scheduling-policy probes (LPM ordering) should not.
         """
         tokens = tuple(token_ids)
         matched, pages, node = 0, [], self.root
@@ -107,7 +107,7 @@ class RadixCache:
         reference on the pages of the new suffix only (page indices prefix // page_size ..); the caller
         keeps its references and stays responsible for them. No-op returning 0 when disabled.
         """
-        if self.disable or not token_ids:
+        if self.disable or len(token_ids) == 0:
             return 0
         tokens = tuple(token_ids)
         ps = self.page_size
@@ -160,7 +160,7 @@ class RadixCache:
         assert node.parent is not None
         node.parent.children[node.key[0]] = upper
         node.key = node.key[k:]
-        node.pages = node.pages[(cut + ps - 1) // ps - first_index :] or node.pages[-1:]
+        node.pages = node.pages[cut // ps - first_index :]
         node.start = cut
         node.parent = upper
         upper.children[node.key[0]] = node
@@ -263,7 +263,8 @@ class RadixCache:
         return tuple(t for part in reversed(parts) for t in part)
 
     def hit_rate(self) -> float:
-        """Matched / queried tokens over all match_prefix calls with record_stats; 0.0 before any."""
+        """Matched / queried tokens over match_prefix calls with record_stats=True (admissions);
+        0.0 before any."""
         if self.total_queried_tokens == 0:
             return 0.0
         return self.total_matched_tokens / self.total_queried_tokens

@@ -81,10 +81,10 @@ class KVManager:
         [0, len(token_ids) + max_new_tokens_reserve) beyond what the request already holds; otherwise
         None is returned and nothing is held or evicted. Raises ValueError on an empty prompt.
         """
-        if not token_ids:
+        if len(token_ids) == 0:
             raise ValueError("cannot admit an empty prompt")
         cache, ps = self.cache, self.page_size
-        match = cache.match_prefix(token_ids[:-1])
+        match = cache.match_prefix(token_ids[:-1], record_stats=True)
         prefix_len, pages = match.prefix_len, list(match.pages)
         cache.inc_lock_ref(match.last_node)  # before any eviction below can touch the match
         self.allocator.inc_ref(pages)
@@ -175,7 +175,7 @@ class KVManager:
             return
         prefix = token_ids[:aligned]
         self.cache.insert(prefix, kv.pages)
-        node = self.cache.match_prefix(prefix, record_stats=False).last_node
+        node = self.cache.match_prefix(prefix).last_node
         assert node.end == aligned, "just inserted prefix not found"
         old = kv.last_node
         assert old is not None

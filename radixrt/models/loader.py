@@ -241,15 +241,16 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
 
 
 def _init_dummy(model: torch.nn.Module, seed: int) -> None:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Random weights drawn on the parameters' own device (a 7B model in seconds on a GPU)."""
+    gens: dict[torch.device, torch.Generator] = {}
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             p.data.fill_(1.0)
         elif name.endswith("bias"):
             p.data.zero_()
         else:
-            w = torch.empty(p.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
-            p.data.copy_(w.to(p.dtype))
+            gen = gens.setdefault(p.device, torch.Generator(device=p.device).manual_seed(seed))
+            p.data.normal_(0.0, 0.02, generator=gen)
 
 
 def _load_safetensors(model: torch.nn.Module, model_dir: Path) -> None:

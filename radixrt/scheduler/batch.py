@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from radixrt.protocol import ForwardBatch, ForwardMode
+from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.req import Req
 
 I32 = np.int32
@@ -67,9 +68,10 @@ def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
         input_ids.extend(ids[it.start:it.start + it.extend_len])
         positions.extend(range(it.start, it.start + it.extend_len))
         slots.extend(it.slots)
+    fresh = [it.req.pages_sent == 0 for it in items]  # row just assigned: nothing sent for it yet
     upd_rows, upd_cols, upd_pages = _page_table_updates(items)
     sp = [it.req.sampling for it in items]
-    return ForwardBatch(
+    fb = ForwardBatch(
         batch_id=sb.batch_id,
         mode=int(mode),
         req_rows=np.array([it.req.req_row for it in items], I32),
@@ -90,3 +92,61 @@ def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
         return_logprob=any(it.req.return_logprob for it in items),
         top_logprobs_num=max((it.req.top_logprobs_num for it in items), default=0),
     )
+    if any(uses_penalties(s) for s in sp):
+        _fill_penalties(fb, items, fresh)
+    if any(s.logit_bias for s in sp):
+        _fill_logit_bias(fb, sp)
+    return fb
+
+
+def uses_penalties(sp: SamplingParams) -> bool:
+    return sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0 or sp.repetition_penalty != 1.0
+
+
+def _fill_penalties(fb: ForwardBatch, items: list[ScheduledItem], fresh: list[bool]) -> None:
+    """Per-request penalty values, plus the reset and seed of rows just given to a penalised request
+    (its prompt for repetition_penalty, and its output so far when it resumes after a retraction)."""
+    b = len(items)
+    freq, pres, rep = np.zeros(b, np.float32), np.zeros(b, np.float32), np.ones(b, np.float32)
+    reset: list[int] = []
+    prompt_rows: list[np.ndarray] = []
+    prompt_ids: list[np.ndarray] = []
+    out_rows: list[int] = []
+    out_ids: list[int] = []
+    for i, it in enumerate(items):
+        req, sp = it.req, it.req.sampling
+        if not uses_penalties(sp):
+            continue
+        if it.completes:  # a prompt chunk that does not complete samples a token that is dropped
+            freq[i], pres[i], rep[i] = sp.frequency_penalty, sp.presence_penalty, sp.repetition_penalty
+        if not fresh[i]:
+            continue
+        reset.append(req.req_row)
+        if sp.repetition_penalty != 1.0:
+            ids = np.unique(np.asarray(req.prompt_ids, I32))
+            prompt_ids.append(ids)
+            prompt_rows.append(np.full(len(ids), req.req_row, I32))
+        out_ids.extend(req.output_ids)
+        out_rows.extend([req.req_row] * len(req.output_ids))
+    fb.frequency_penalty, fb.presence_penalty, fb.repetition_penalty = freq, pres, rep
+    fb.penalty_reset_rows = np.array(reset, I32)
+    if prompt_ids:
+        fb.penalty_prompt_rows = np.concatenate(prompt_rows)
+        fb.penalty_prompt_ids = np.concatenate(prompt_ids)
+    fb.penalty_output_rows = np.array(out_rows, I32)
+    fb.penalty_output_ids = np.array(out_ids, I32)
+
+
+def _fill_logit_bias(fb: ForwardBatch, sp: list[SamplingParams]) -> None:
+    """Sparse (request index, token id, bias) triples; ids were range-checked at arrival."""
+    idx: list[int] = []
+    ids: list[int] = []
+    vals: list[float] = []
+    for i, s in enumerate(sp):
+        for key, v in s.logit_bias.items():
+            idx.append(i)
+            ids.append(int(key))
+            vals.append(float(v))
+    fb.logit_bias_idx = np.array(idx, I32)
+    fb.logit_bias_ids = np.array(ids, I32)
+    fb.logit_bias_vals = np.array(vals, np.float32)

@@ -31,19 +31,12 @@ def order_waiting(waiting: Sequence[Req], policy: str, cache: RadixCache) -> lis
     return sorted(waiting, key=lambda r: -matched[id(r)])
 
 
-def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def defer_for_shared_prefix(candidate: Req, cached_len: int, admitted: Sequence[Req]) -> bool:
     """True if `candidate` shares an uncached prefix (>= SHARED_PREFIX_MIN_TOKENS beyond what is
     cached) with a request admitted in this step: it should wait and reuse that request's KV."""
+    n = cached_len + SHARED_PREFIX_MIN_TOKENS
     ids = candidate.all_ids
-    for other in admitted:
-        if _common_prefix_len(ids, other.all_ids) - cached_len >= SHARED_PREFIX_MIN_TOKENS:
-            return True
-    return False
+    if len(ids) < n:
+        return False
+    head = ids[:n]
+    return any(other.all_ids[:n] == head for other in admitted)  # list compare runs in C

@@ -60,14 +60,24 @@ class Req:
     pending_top_ids: list[list[int]] = field(default_factory=list)
     pending_top_vals: list[list[float]] = field(default_factory=list)
 
+    token_ids: list[int] = field(default_factory=list)  # prompt + output, kept in step (O(1) reads)
+
+    def __post_init__(self) -> None:
+        self.token_ids = self.prompt_ids + self.output_ids
+
+    def append_output(self, tok: int) -> None:
+        self.output_ids.append(tok)
+        self.token_ids.append(tok)
+
     @property
     def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        """Prompt + output. The live list: callers must not mutate it."""
+        return self.token_ids
 
     @property
     def seq_len(self) -> int:
         """Tokens known (prompt + output)."""
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.token_ids)
 
     @property
     def kv_len(self) -> int:

@@ -74,7 +74,7 @@ class Scheduler:
         except (ValueError, TypeError) as e:
             sp, error = SamplingParams(), str(e)
         if error is None:
-            error = self._validate(prompt)
+            error = self._validate(prompt) or self._validate_logit_bias(sp.logit_bias)
         budget = self.context_len - len(prompt)
         max_new = budget if sp.max_new_tokens is None else min(sp.max_new_tokens, budget)
         seed = sp.seed if sp.seed is not None else self.rng.randrange(1 << 31)
@@ -101,6 +101,15 @@ class Scheduler:
                     f"context length is {self.context_len}")
         if min(prompt) < 0 or max(prompt) >= self.vocab_size:
             return f"token ids must be in [0, {self.vocab_size})"
+        return None
+
+    def _validate_logit_bias(self, bias: dict[str, float]) -> str | None:
+        """Keys must be token ids of the vocabulary and values in [-100, 100] (batch.py relies on it)."""
+        for key, value in bias.items():
+            if not (isinstance(key, str) and key.isdigit() and int(key) < self.vocab_size):
+                return f"logit_bias: key {key!r} is not a token id in [0, {self.vocab_size})"
+            if not (isinstance(value, int | float) and -100.0 <= value <= 100.0):
+                return f"logit_bias: value for {key} must be a number in [-100, 100]"
         return None
 
     def abort(self, rid: str) -> None:
@@ -218,7 +227,7 @@ class Scheduler:
             if it.is_prefill:
                 self.kv.cache_unfinished_req(req.kv, req.all_ids[:req.kv.kv_len])
             tok = int(res.next_token_ids[i])
-            req.output_ids.append(tok)
+            req.append_output(tok)
             req.pending_out.append(tok)
             self.num_generated_tokens += 1
             if req.return_logprob and res.logprobs.size:

@@ -3,7 +3,8 @@
 The scheduler decides everything (pages, slots, page-table edits, copy-on-write); the runner
 applies those edits to its device copy `req_to_page [max_running_requests, max_pages_per_req]`,
 runs the model over the flat batch, and samples one token per request from the hidden state of
-that request's last new token.
+that request's last new token, after penalties and logit bias (worker/penalties.py; outside any
+CUDA graph, on a copy of the logits).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from radixrt.protocol import ForwardMode
 from radixrt.worker import sampler
 from radixrt.worker.forward_meta import ForwardMeta
 from radixrt.worker.kv_pool import MIN_SLACK_BYTES, PagedKVPool, cuda_pool_tokens, measure_peak_bytes
+from radixrt.worker.penalties import PenaltyState
 
 if TYPE_CHECKING:
     from radixrt.worker.cuda_graph import CudaGraphRunner
@@ -86,6 +88,8 @@ class ModelRunner:
         self.req_to_page = torch.zeros((self.max_req_rows, self.max_pages_per_req), dtype=torch.int32,
                                        device=self.device)
         self.graphs: CudaGraphRunner | None = None
+        # before the pool, so that CUDA pool sizing counts it: rows x vocab x 5 bytes
+        self.penalties = PenaltyState(self.max_req_rows, self.config.vocab_size, self.device)
         self.pool = PagedKVPool(self._num_pages(), self.page_size, cfg.num_layers, cfg.num_kv_heads,
                                 cfg.head_dim, self.dtype, self.device)
         self.backend = self._make_backend(self.pool)
@@ -185,8 +189,11 @@ class ModelRunner:
             raise ValueError(f"ForwardBatch {batch.batch_id}: every request needs extend_len >= 1 and "
                              f"sum(extend_lens) == len(input_ids); got {batch.extend_lens.tolist()} "
                              f"for {len(batch.input_ids)} tokens")
+        self.penalties.prepare(batch)
         logits = self.forward_logits(batch)
-        next_ids = sampler.sample(logits, self.sampling_tensors(batch))
+        # penalties and logit bias shape what is sampled; logprobs stay those of the raw logits
+        next_ids = sampler.sample(self.penalties.process(logits, batch), self.sampling_tensors(batch))
+        self.penalties.record(batch, next_ids)
         res = protocol.ForwardResult(batch_id=batch.batch_id)
         if batch.return_logprob:
             chosen, top_ids, top_vals = sampler.logprobs_of(logits, next_ids, batch.top_logprobs_num)

@@ -62,7 +62,7 @@ def test_long_shared_system_prompt_reports_cached_tokens(server: Server) -> None
     second = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=4, messages=[
         {"role": "system", "content": system}, {"role": "user", "content": "What is rule 3?"}])
     info = httpx.get(f"{server.base_url}/get_server_info", timeout=30).json()
-    page_size = info["server_args"]["page_size"]
+    page_size = info["page_size"]
     # The shared part: the system turn of the chat template (measured on the first request's prompt).
     shared = first.usage.prompt_tokens - 8  # the user turn "Hi there" + generation prompt, at most
     assert first.usage.prompt_tokens >= 1000

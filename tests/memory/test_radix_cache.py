@@ -283,9 +283,9 @@ def test_hit_rate_counts_recorded_queries_only() -> None:
     assert env.cache.hit_rate() == 0.0
     a = seq(0, 10)
     env.put(a)
-    env.cache.match_prefix(a[:6])  # 6 of 6
-    env.cache.match_prefix(seq(50, 4))  # 0 of 4
-    env.cache.match_prefix(a, record_stats=False)
+    env.cache.match_prefix(a[:6], record_stats=True)  # 6 of 6
+    env.cache.match_prefix(seq(50, 4), record_stats=True)  # 0 of 4
+    env.cache.match_prefix(a)  # a probe: not counted
     assert (env.cache.total_matched_tokens, env.cache.total_queried_tokens) == (6, 10)
     assert env.cache.hit_rate() == pytest.approx(0.6)
 

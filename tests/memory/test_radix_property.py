@@ -114,7 +114,10 @@ class KVMachine(RuleBasedStateMachine):
         self.cache.dec_lock_ref(probe.last_node)
         needed = (expected % self.ps != 0) + self._pages_for(len(prompt) + reserve) - self._pages_for(expected)
         before = self._snapshot()
+        counters = (self.cache.total_queried_tokens, self.cache.total_matched_tokens)
         result = self.mgr.admit(prompt, reserve)
+        assert (self.cache.total_queried_tokens - counters[0], self.cache.total_matched_tokens - counters[1]) == (
+            len(prompt) - 1, expected), "hit-rate counters"
         event("admit: refused" if result is None else f"admit: hit={expected > 0} cow={expected % self.ps != 0}")
         if result is None:
             assert needed > available, f"admit refused with {needed} needed, {available} available"
@@ -287,6 +290,6 @@ class KVMachine(RuleBasedStateMachine):
 
 TestKVManagerProperties = KVMachine.TestCase
 TestKVManagerProperties.settings = settings(
-    max_examples=200, stateful_step_count=80, deadline=None, database=None,
+    max_examples=200, stateful_step_count=150, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
