@@ -13,10 +13,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     launch = sub.add_parser("launch-server", help="Start the OpenAI-compatible server.")
     ServerArgs.add_cli_args(launch)
+    sub.add_parser("bench-serving", add_help=False,
+                   help="Load-test an OpenAI-compatible server (bench/serving.py; --help for flags).")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench-serving"]:  # its flags belong to the benchmark's own parser
+        from radixrt.bench.serving import main as bench_serving
+
+        sys.exit(bench_serving(argv[1:]))
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command == "launch-server":

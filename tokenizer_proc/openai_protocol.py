@@ -151,6 +151,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     best_of: int | None = Field(default=None, ge=1, le=128)
     suffix: str | None = None
+    return_token_ids: bool | None = False  # vLLM's extension: each choice also carries its token ids
 
     @field_validator("suffix")
     @classmethod

@@ -83,7 +83,8 @@ async def completions(ctx: ServingContext, request: Request) -> Response:
             acc.add(c.logprobs)
             lp_obj = acc.take()
         out.append({"index": i, "text": echo_text + c.text, "logprobs": lp_obj,
-                    "finish_reason": c.finish_reason, "matched_stop": c.matched_stop})
+                    "finish_reason": c.finish_reason, "matched_stop": c.matched_stop,
+                    **({"token_ids": c.token_ids} if body.return_token_ids else {})})
     return json_response({**meta, "choices": out, "usage": usage_of(choices, n)})
 
 
@@ -108,9 +109,12 @@ async def _stream(ctx: ServingContext, body: CompletionRequest, handle: RequestH
     accs: dict[int, CompletionLogprobs] = {}
     last: dict[int, SampleEvent] = {}
 
-    def chunk(index: int, text: str, finish: str | None = None, lps: Any = None) -> bytes:
-        return sse({**meta, "choices": [{"index": index, "text": text, "logprobs": lps,
-                                         "finish_reason": finish}], **extra})
+    def chunk(index: int, text: str, finish: str | None = None, lps: Any = None,
+              ids: list[int] | None = None) -> bytes:
+        choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
+        if body.return_token_ids:
+            choice["token_ids"] = ids or []
+        return sse({**meta, "choices": [choice], **extra})
 
     try:
         for st in sorted(handle.samples.values(), key=lambda s: s.spec.index):
@@ -121,9 +125,10 @@ async def _stream(ctx: ServingContext, body: CompletionRequest, handle: RequestH
                 yield chunk(i, _echo_text(ctx, body, handle, i), None, accs[i].take() if want_lp else None)
         async for ev in events:
             last[ev.index] = ev
-            if ev.text or ev.logprobs:
+            if ev.text or ev.logprobs or (body.return_token_ids and ev.token_ids):
                 accs[ev.index].add(ev.logprobs)
-                yield chunk(ev.index, ev.text, None, accs[ev.index].take() if want_lp else None)
+                yield chunk(ev.index, ev.text, None, accs[ev.index].take() if want_lp else None,
+                            ev.token_ids)
             if ev.finish_reason is not None:
                 yield chunk(ev.index, "", ev.finish_reason)
         if extra:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import re
 import signal
@@ -134,3 +135,26 @@ def test_bad_chat_requests_get_400(server: Server, bad: dict) -> None:
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 400
     assert "error" in r.json() and r.json()["error"]["message"]
+
+
+def test_return_token_ids_counts_match_usage(server: Server) -> None:
+    """vLLM's `return_token_ids`: streamed ids add up to usage.completion_tokens, and equal the
+    non-streamed ids (so benchmarks can count tokens and replay multi-turn answers exactly)."""
+    body = {"model": MODEL, "prompt": "Write a haiku about the sea.", "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    full = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).json()
+    want = full["choices"][0]["token_ids"]
+    assert len(want) == full["usage"]["completion_tokens"] == 12
+    ids: list[int] = []
+    usage = None
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=stream_body, timeout=60) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            obj = json.loads(line[len("data: "):])
+            for ch in obj["choices"]:
+                ids.extend(ch.get("token_ids", []))
+            usage = obj.get("usage") or usage
+    assert ids == want
+    assert usage["completion_tokens"] == len(ids)
