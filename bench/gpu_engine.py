@@ -45,7 +45,7 @@ def measure_ceilings(device: str) -> Hardware:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm_ms = do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
-    del src, dst, a, b
+    src = dst = a = b = None  # free before the engine sizes its KV pool
     torch.cuda.empty_cache()
     return Hardware(copy_bytes_per_s=2 * (1 << 30) * 2 / (copy_ms * 1e-3),
                     matmul_flops_per_s=2 * 8192**3 / (mm_ms * 1e-3))

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run on the CPU interpreter; it must be set before any kernel is decorated,
+    # whichever test module happens to import radixrt.kernels first.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from bench.server_proc import Server, start_server
 from radixrt.config import Env

@@ -21,7 +21,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tests.conftest import free_port
+from bench.server_proc import free_port
 
 MODEL = "fake-model"
 PAGE = 16

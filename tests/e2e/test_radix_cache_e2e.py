@@ -76,7 +76,7 @@ def test_aborted_burst_leaves_nothing_protected(server: Server) -> None:
     body = {"model": MODEL, "max_tokens": 64, "temperature": 0.7, "stream": True, "ignore_eos": True}
 
     def one(i: int) -> None:
-        prompt = "Tell me a long story about the number %d. " % i * rng.randrange(1, 20)
+        prompt = f"Tell me a long story about the number {i}. " * rng.randrange(1, 20)
         with httpx.stream("POST", f"{server.base_url}/v1/completions", json={**body, "prompt": prompt},
                           timeout=120) as r:
             for n, _ in enumerate(r.iter_lines()):

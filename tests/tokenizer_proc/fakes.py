@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import uvloop
 import zmq
-from radixrt.tokenizer_proc.main import bind_http, build_context, serve
-from radixrt.tokenizer_proc.metrics import Metrics
 
 from radixrt import protocol
 from radixrt.config import ServerArgs
 from radixrt.ipc import IpcAddresses, Receiver, Sender
+from radixrt.tokenizer_proc.main import bind_http, build_context, serve
+from radixrt.tokenizer_proc.metrics import Metrics
 
 # script(req) -> (output token ids, finish_reason at the end; None = never finish on its own)
 Script = Callable[[protocol.GenerateReq], tuple[list[int], str | None]]

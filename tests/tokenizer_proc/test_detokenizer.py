@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from radixrt.tokenizer_proc.detokenizer import IncrementalDetokenizer, decode
 
 TEXTS = [

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from radixrt.tokenizer_proc.errors import from_scheduler_error
-from radixrt.tokenizer_proc.main import served_model_name
-from radixrt.tokenizer_proc.manager import TokenizerManager
 
 from radixrt import protocol
 from radixrt.config import ServerArgs
 from radixrt.ipc import IpcAddresses
+from radixrt.tokenizer_proc.errors import from_scheduler_error
+from radixrt.tokenizer_proc.main import served_model_name
+from radixrt.tokenizer_proc.manager import TokenizerManager
 
 
 def _batch(top_ids: list[int], logprobs: list[float]) -> protocol.TokenOutBatch:
