@@ -25,6 +25,7 @@ class ScheduledItem:
     slots: list[int]
     completes: bool  # after this pass every known token has KV: sample the next token
     is_prefill: bool  # the request has no output yet (prompt or prompt chunk)
+    out_pos: int = -1  # when `completes`: output index of the token this pass samples
 
 
 @dataclass(slots=True)
@@ -88,7 +89,7 @@ def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
         top_k=np.array([s.top_k for s in sp], I32),
         min_p=np.array([s.min_p for s in sp], np.float32),
         seeds=np.array([it.req.seed for it in items], I32),
-        sample_steps=np.array([len(it.req.output_ids) for it in items], I32),
+        sample_steps=np.array([it.out_pos if it.completes else len(it.req.output_ids) for it in items], I32),
         return_logprob=any(it.req.return_logprob for it in items),
         top_logprobs_num=max((it.req.top_logprobs_num for it in items), default=0),
     )
@@ -126,8 +127,9 @@ def _fill_penalties(fb: ForwardBatch, items: list[ScheduledItem], fresh: list[bo
             ids = np.unique(np.asarray(req.prompt_ids, I32))
             prompt_ids.append(ids)
             prompt_rows.append(np.full(len(ids), req.req_row, I32))
-        out_ids.extend(req.output_ids)
-        out_rows.extend([req.req_row] * len(req.output_ids))
+        done = [t for t in req.output_ids if t >= 0]  # not this pass's own placeholder
+        out_ids.extend(done)
+        out_rows.extend([req.req_row] * len(done))
     fb.frequency_penalty, fb.presence_penalty, fb.repetition_penalty = freq, pres, rep
     fb.penalty_reset_rows = np.array(reset, I32)
     if prompt_ids:

@@ -1,5 +1,10 @@
 """A request as the scheduler sees it: tokens known, tokens whose KV exists, and its KV pages.
 
+An output token being sampled by a pass in flight is held as a placeholder `-(j + 1)` (j: the
+request's index in that pass), so the next pass can be scheduled before the result arrives
+(overlap scheduling); the worker substitutes the token it sampled, the scheduler resolves it when
+the result comes back.
+
 There are no separate prefill and decode phases: every step the request's computed tokens
 (`kv.kv_len`) catch up with its known tokens (`prompt + output`), as in vLLM v1's scheduler.
 A fresh prompt is an extend of many tokens (maybe over several chunks); decode is an extend of one.
@@ -68,6 +73,25 @@ class Req:
     def append_output(self, tok: int) -> None:
         self.output_ids.append(tok)
         self.token_ids.append(tok)
+
+    def resolve_output(self, out_pos: int, tok: int) -> None:
+        """Replace the placeholder at output index `out_pos` with the sampled token."""
+        self.output_ids[out_pos] = tok
+        self.token_ids[len(self.prompt_ids) + out_pos] = tok
+
+    @property
+    def has_pending_output(self) -> bool:
+        """The last output is a placeholder: its token is being sampled by a pass in flight."""
+        return bool(self.output_ids) and self.output_ids[-1] < 0
+
+    @property
+    def num_resolved_outputs(self) -> int:
+        return len(self.output_ids) - int(self.has_pending_output)
+
+    def drop_pending_output(self) -> None:
+        while self.has_pending_output:
+            self.output_ids.pop()
+            self.token_ids.pop()
 
     @property
     def all_ids(self) -> list[int]:

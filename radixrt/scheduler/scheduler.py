@@ -118,8 +118,6 @@ class Scheduler:
         if req is None or req.is_finished:
             return
         req.aborted = True
-        if req.state is ReqState.WAITING:
-            self.waiting.remove(req)
         self._finish(req, "abort")
 
     # ------------------------------------------------------------------ one step
@@ -129,6 +127,8 @@ class Scheduler:
         budget = self.chunk_size
         for req in list(self.running):
             if req.state is not ReqState.RUNNING:  # retracted while making room for another
+                continue
+            if self._final_token_pending(req):  # overlap: its last token is still being sampled
                 continue
             take = 1 if req.num_to_compute == 1 else min(req.num_to_compute, budget)
             if take <= 0:
@@ -140,8 +140,16 @@ class Scheduler:
         self._admit(sb, budget)
         if not sb.items:
             return None
+        for j, it in enumerate(sb.items):  # placeholders for the tokens this pass will sample
+            if it.completes:
+                it.out_pos = len(it.req.output_ids)
+                it.req.append_output(-(j + 1))
         self.next_batch_id += 1
         return sb
+
+    def _final_token_pending(self, req: Req) -> bool:
+        return req.has_pending_output and (len(req.output_ids) >= req.max_new_tokens
+                                           or req.seq_len >= self.context_len)
 
     def _reserve(self, req: Req, take: int, sb: ScheduledBatch) -> ScheduledItem | None:
         """Pages for `take` more tokens of a running request, retracting newer requests if needed."""
@@ -181,6 +189,8 @@ class Scheduler:
         for req in order_waiting(self.waiting, self.policy, self.kv.cache):
             if budget <= 0 or len(self.running) >= self.max_running or not self.free_rows:
                 break
+            if req.has_pending_output:  # retracted while its last token was in flight
+                continue
             got = self.kv.admit(req.all_ids)
             if got is None:
                 break
@@ -214,20 +224,25 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
     def process_result(self, sb: ScheduledBatch, res: ForwardResult) -> None:
-        """Append sampled tokens, publish computed prefixes, finish requests."""
+        """Resolve sampled tokens, publish computed prefixes, finish requests.
+
+        With overlap scheduling the next pass was already scheduled: a request may since have been
+        retracted (kv None; its token is still resolved) or aborted (finished; skipped).
+        """
         assert res.batch_id == sb.batch_id, "results out of order"
         k = int(res.top_logprob_ids.size // max(len(sb), 1)) if res.top_logprob_ids.size else 0
         for i, it in enumerate(sb.items):
             req = it.req
-            if req.is_finished or req.kv is None:  # aborted or retracted meanwhile
+            if req.is_finished:
                 continue
-            if not it.completes:  # a prompt chunk: publish it so others can share it
-                self.kv.cache_unfinished_req(req.kv, req.all_ids[:req.kv.kv_len])
-                continue
-            if it.is_prefill:
-                self.kv.cache_unfinished_req(req.kv, req.all_ids[:req.kv.kv_len])
             tok = int(res.next_token_ids[i])
-            req.append_output(tok)
+            if it.completes:
+                req.resolve_output(it.out_pos, tok)
+            if req.kv is not None and (not it.completes or it.is_prefill):
+                # a prompt chunk, or a whole prompt: publish it so others can share it
+                self.kv.cache_unfinished_req(req.kv, req.all_ids[:req.kv.kv_len])
+            if not it.completes:
+                continue
             req.pending_out.append(tok)
             self.num_generated_tokens += 1
             if req.return_logprob and res.logprobs.size:
@@ -236,22 +251,24 @@ class Scheduler:
             if kr:
                 req.pending_top_ids.append(res.top_logprob_ids[i * k:i * k + kr].tolist())
                 req.pending_top_vals.append(res.top_logprobs[i * k:i * k + kr].tolist())
-            reason, matched = self._check_finish(req, tok)
+            reason, matched = self._check_finish(req, tok, it.out_pos + 1)
             if reason is not None:
                 req.matched_stop = matched
                 self._finish(req, reason)
 
-    def _check_finish(self, req: Req, tok: int) -> tuple[str | None, Any]:
+    def _check_finish(self, req: Req, tok: int, num_out: int) -> tuple[str | None, Any]:
+        """Finish rule for the `num_out`-th output token `tok`."""
         sp = req.sampling
         if not sp.ignore_eos and tok in self.eos_token_ids:
             return "stop", tok
         if tok in sp.stop_token_ids:
             return "stop", tok
-        if len(req.output_ids) >= req.max_new_tokens or req.seq_len >= self.context_len:
+        if num_out >= req.max_new_tokens or len(req.prompt_ids) + num_out >= self.context_len:
             return "length", None
         return None, None
 
     def _finish(self, req: Req, reason: str, error: str | None = None) -> None:
+        req.drop_pending_output()  # overlap: a token sampled after the end is not output
         if req.kv is not None:
             if reason == "abort":
                 self.kv.release(req.kv)
@@ -261,6 +278,8 @@ class Scheduler:
         if req.state is ReqState.RUNNING:
             self.running.remove(req)
             self._release_row(req)
+        elif req in self.waiting:  # retracted while its last token was in flight (overlap)
+            self.waiting.remove(req)
         req.state = ReqState.FINISHED
         req.finish_reason, req.error = reason, error
         self.reqs.pop(req.rid, None)
@@ -297,7 +316,7 @@ class Scheduler:
             out.finish_reasons.append(r.finish_reason)
             out.matched_stop.append(r.matched_stop)
             out.prompt_tokens.append(len(r.prompt_ids))
-            out.completion_tokens.append(len(r.output_ids))
+            out.completion_tokens.append(r.num_resolved_outputs)
             out.cached_tokens.append(r.cached_tokens)
             out.errors.append(r.error)
             r.pending_out, r.pending_logprobs, r.pending_top_ids, r.pending_top_vals = [], [], [], []

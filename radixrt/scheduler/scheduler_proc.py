@@ -70,6 +70,9 @@ class SchedulerLoop:
         self.last_log_s = time.monotonic()
         self.forward_ms_total = 0.0
         self.steps = 0
+        self.overlap = not args.disable_overlap_schedule
+        self.in_flight = None  # the pass sent but not yet processed (overlap scheduling)
+        self.wait_ms_total = 0.0  # time spent waiting for results: the scheduler idle, the worker busy
         self.steps_at_last_log = 0
 
     def handle(self, msg: Any) -> None:
@@ -99,8 +102,10 @@ class SchedulerLoop:
     def server_info(self) -> dict[str, Any]:
         s = self.sched.stats()
         s["forward_ms_mean"] = self.forward_ms_total / max(self.steps, 1)
+        s["result_wait_ms_mean"] = self.wait_ms_total / max(self.steps, 1)
+        s["overlap_schedule"] = self.overlap
         s["invariants_ok"] = None  # checked only when idle (running requests move pages)
-        if self.sched.is_idle:
+        if self.sched.is_idle and self.in_flight is None:
             try:
                 self.sched.check_invariants()
                 s["invariants_ok"] = True
@@ -112,16 +117,32 @@ class SchedulerLoop:
         return {"server_args": args, "worker": self.worker_info, "scheduler": s}
 
     def step(self) -> bool:
-        """One pass if there is work; False when idle."""
+        """Schedule and send one pass; process the previous one. False when there was nothing to do.
+
+        Overlap scheduling: pass N+1 is built and sent before the result of pass N is read, so the
+        worker starts N+1 as soon as N ends instead of waiting for the scheduler's Python; tokens
+        sampled by N enter N+1 as placeholders the worker fills in (see scheduler/req.py).
+        With --disable-overlap-schedule each pass's result is processed before the next is built.
+        """
         sb = self.sched.schedule()
-        if sb is None:
-            return False
-        self.tx_worker.send(build_forward_batch(sb))
+        if sb is not None:
+            self.tx_worker.send(build_forward_batch(sb))
+        busy = sb is not None or self.in_flight is not None
+        if self.in_flight is not None:
+            self._complete(self.in_flight)
+        if sb is not None and not self.overlap:
+            self._complete(sb)
+            sb = None
+        self.in_flight = sb
+        return busy
+
+    def _complete(self, sb) -> None:
+        t0 = time.perf_counter()
         res = self.rx_worker.recv()
+        self.wait_ms_total += (time.perf_counter() - t0) * 1e3
         self.forward_ms_total += res.forward_ms
         self.steps += 1
         self.sched.process_result(sb, res)
-        return True
 
     def flush_outputs(self) -> None:
         out, internal = self.sched.take_outputs()
@@ -148,7 +169,7 @@ class SchedulerLoop:
     def run(self) -> None:
         self.launcher.send(Ready("scheduler", PROTOCOL_VERSION, os.getpid(), {}))
         while True:
-            timeout = 0 if not self.sched.is_idle else IDLE_POLL_MS
+            timeout = 0 if not self.sched.is_idle or self.in_flight is not None else IDLE_POLL_MS
             msg = self.rx_tok.recv(timeout_ms=timeout)
             if msg is not None:
                 self.handle(msg)
@@ -156,7 +177,7 @@ class SchedulerLoop:
                     self.handle(m)
             busy = self.step()
             self.flush_outputs()
-            if not busy and self.sched.is_idle and self.debug_invariants:
+            if not busy and self.sched.is_idle and self.in_flight is None and self.debug_invariants:
                 self.sched.check_invariants()
             self.maybe_log()
 

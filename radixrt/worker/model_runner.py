@@ -88,6 +88,7 @@ class ModelRunner:
         self.req_to_page = torch.zeros((self.max_req_rows, self.max_pages_per_req), dtype=torch.int32,
                                        device=self.device)
         self.graphs: CudaGraphRunner | None = None
+        self.last_next_ids: torch.Tensor | None = None  # [B] int64: tokens sampled by the last pass
         # before the pool, so that CUDA pool sizing counts it: rows x vocab x 5 bytes
         self.penalties = PenaltyState(self.max_req_rows, self.config.vocab_size, self.device)
         self.pool = PagedKVPool(self._num_pages(), self.page_size, cfg.num_layers, cfg.num_kv_heads,
@@ -165,16 +166,27 @@ class ModelRunner:
             sample_steps=self._tensor(batch.sample_steps, torch.int64),
         )
 
+    def input_ids_of(self, batch: protocol.ForwardBatch) -> torch.Tensor:
+        """input_ids [T] int64 on device, placeholders `-(j + 1)` replaced by the token sampled for
+        request j of the previous pass (overlap scheduling sends a pass before its inputs are known)."""
+        ids = self._tensor(batch.input_ids, torch.int64)
+        if len(batch.input_ids) and int(batch.input_ids.min()) < 0:
+            if self.last_next_ids is None:
+                raise ValueError(f"ForwardBatch {batch.batch_id}: placeholder input with no previous pass")
+            prev = self.last_next_ids[(-ids - 1).clamp(0, len(self.last_next_ids) - 1)]
+            ids = torch.where(ids < 0, prev, ids)
+        return ids
+
     @torch.inference_mode()
     def forward_logits(self, batch: protocol.ForwardBatch) -> torch.Tensor:
         """Apply memory ops, run the model, return logits [B, V] float32 of each request's last token."""
         self.apply_memory_ops(batch)
         meta = self.build_meta(batch)
+        input_ids = self.input_ids_of(batch)
         if self.graphs is not None and self.graphs.can_run(meta):
-            return self.graphs.replay(meta, self._tensor(batch.input_ids, torch.int64))
+            return self.graphs.replay(meta, input_ids)
         self.backend.prepare(meta)
-        hidden = self.model(self._tensor(batch.input_ids, torch.int64), meta.positions, meta,
-                            self.backend)  # [T, H]
+        hidden = self.model(input_ids, meta.positions, meta, self.backend)  # [T, H]
         last = (meta.extend_start_loc + meta.extend_lens - 1).long()  # [B]
         return self.model.compute_logits(hidden[last])
 
@@ -194,6 +206,7 @@ class ModelRunner:
         # penalties and logit bias shape what is sampled; logprobs stay those of the raw logits
         next_ids = sampler.sample(self.penalties.process(logits, batch), self.sampling_tensors(batch))
         self.penalties.record(batch, next_ids)
+        self.last_next_ids = next_ids
         res = protocol.ForwardResult(batch_id=batch.batch_id)
         if batch.return_logprob:
             chosen, top_ids, top_vals = sampler.logprobs_of(logits, next_ids, batch.top_logprobs_num)

@@ -27,6 +27,7 @@ class FakeWorker:
         self.req_to_page = np.zeros((max_rows, max_pages_per_req), np.int64)
         self.slots = np.full(num_pages * page_size, -1, np.int64)
         self.num_passes = 0
+        self.last_out = np.zeros(0, np.int64)
 
     def next_token(self, seq: list[int]) -> int:
         h = 1469598103934665603
@@ -41,7 +42,8 @@ class FakeWorker:
         ps = self.page_size
         for s, d in zip(fb.cow_src, fb.cow_dst, strict=True):
             self.slots[d * ps:(d + 1) * ps] = self.slots[s * ps:(s + 1) * ps]
-        self.slots[fb.out_cache_loc] = fb.input_ids
+        input_ids = self.resolve(np.asarray(fb.input_ids, np.int64))  # overlap placeholders
+        self.slots[fb.out_cache_loc] = input_ids
         out = []
         start = 0
         for i, row in enumerate(fb.req_rows):
@@ -50,13 +52,22 @@ class FakeWorker:
             pos = np.arange(seq_len)
             slot = self.req_to_page[row, pos // ps] * ps + pos % ps
             seq = self.slots[slot].tolist()
-            if expected is not None and seq != expected[int(row)][:seq_len]:
-                bad = next(j for j, (a, b) in enumerate(zip(seq, expected[int(row)], strict=False)) if a != b)
-                raise KVMismatch(f"row {row}: KV at position {bad} holds {seq[bad]}, expected "
-                                 f"{expected[int(row)][bad]}")
+            want = None if expected is None else self.resolve(np.asarray(expected[int(row)][:seq_len])).tolist()
+            if want is not None and seq != want:
+                bad = next(j for j, (a, b) in enumerate(zip(seq, want, strict=False)) if a != b)
+                raise KVMismatch(f"row {row}: KV at position {bad} holds {seq[bad]}, expected {want[bad]}")
             new_slots = fb.out_cache_loc[start:start + ext]
             if not np.array_equal(new_slots, slot[seq_len - ext:]):
                 raise KVMismatch(f"row {row}: out_cache_loc disagrees with the page table")
             start += ext
             out.append(self.next_token(seq))
+        self.last_out = np.array(out, np.int64)
         return ForwardResult(batch_id=fb.batch_id, next_token_ids=np.array(out, np.int32))
+
+    def resolve(self, ids: np.ndarray) -> np.ndarray:
+        """Replace placeholders -(j + 1) by the token sampled for request j of the previous pass."""
+        neg = ids < 0
+        if neg.any():
+            ids = ids.copy()
+            ids[neg] = self.last_out[-ids[neg] - 1]
+        return ids
