@@ -345,6 +345,10 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         s = dict(self.kv.stats())
+        kvs = [r.kv for r in self.running if r.kv is not None]
+        allocated = sum(len(kv.pages) for kv in kvs) * self.page_size
+        s.update(running_kv_slots_allocated=allocated,  # internal fragmentation: last pages' tails
+                 running_kv_slots_unused=allocated - sum(kv.kv_len for kv in kvs))
         s.update(num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
                  num_retractions=self.num_retractions, num_finished_reqs=self.num_finished,
                  num_generated_tokens=self.num_generated_tokens)

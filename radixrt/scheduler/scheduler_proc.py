@@ -73,6 +73,7 @@ class SchedulerLoop:
         self.overlap = not args.disable_overlap_schedule
         self.in_flight = None  # the pass sent but not yet processed (overlap scheduling)
         self.wait_ms_total = 0.0  # time spent waiting for results: the scheduler idle, the worker busy
+        self.schedule_ms_total = 0.0  # time building and sending passes
         self.steps_at_last_log = 0
 
     def handle(self, msg: Any) -> None:
@@ -103,6 +104,8 @@ class SchedulerLoop:
         s = self.sched.stats()
         s["forward_ms_mean"] = self.forward_ms_total / max(self.steps, 1)
         s["result_wait_ms_mean"] = self.wait_ms_total / max(self.steps, 1)
+        s["schedule_ms_mean"] = self.schedule_ms_total / max(self.steps, 1)
+        s["num_steps"] = self.steps
         s["overlap_schedule"] = self.overlap
         s["invariants_ok"] = None  # checked only when idle (running requests move pages)
         if self.sched.is_idle and self.in_flight is None:
@@ -124,9 +127,11 @@ class SchedulerLoop:
         sampled by N enter N+1 as placeholders the worker fills in (see scheduler/req.py).
         With --disable-overlap-schedule each pass's result is processed before the next is built.
         """
+        t0 = time.perf_counter()
         sb = self.sched.schedule()
         if sb is not None:
             self.tx_worker.send(build_forward_batch(sb))
+            self.schedule_ms_total += (time.perf_counter() - t0) * 1e3
         busy = sb is not None or self.in_flight is not None
         if self.in_flight is not None:
             self._complete(self.in_flight)
