@@ -11,7 +11,8 @@ from radixrt.config import ServerArgs
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixrt", description="radixrt LLM serving runtime")
     sub = parser.add_subparsers(dest="command", required=True)
-    launch = sub.add_parser("launch-server", help="Start the OpenAI-compatible server.")
+    launch = sub.add_parser("launch-server", help="Start the OpenAI-compatible server.",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ServerArgs.add_cli_args(launch)
     sub.add_parser("bench-serving", add_help=False,
                    help="Load-test an OpenAI-compatible server (bench/serving.py; --help for flags).")

@@ -65,7 +65,8 @@ class ServerArgs:
     api_key: str | None = _flag("Require `Authorization: Bearer <key>` on every route but /health.")
     random_seed: int = _flag("Seed for weights in dummy mode and for unseeded sampling.", default=0)
     tp_size: int = _flag("Tensor parallel size (only 1 is supported).", default=1)
-    log_level: str = _flag("Logging level.", default="info")
+    log_level: str = _flag("Logging level.", default="info",
+                           choices=["debug", "info", "warning", "error", "critical"])
     max_request_body_bytes: int = _flag("Request bodies above this get 413.", default=8 * 1024 * 1024)
 
     def __post_init__(self) -> None:
@@ -79,6 +80,10 @@ class ServerArgs:
             (self.chunked_prefill_size == -1 or self.chunked_prefill_size >= 1,
              "--chunked-prefill-size must be -1 or >= 1"),
             (1 <= self.port <= 65535, "--port must be in 1..65535"),
+            (self.max_queued_requests >= 1, "--max-queued-requests must be >= 1"),
+            (self.max_request_body_bytes >= 1024, "--max-request-body-bytes must be >= 1024"),
+            (self.max_prefill_tokens >= 1, "--max-prefill-tokens must be >= 1"),
+            (self.cuda_graph_max_bs >= 1, "--cuda-graph-max-bs must be >= 1"),
             (self.tp_size == 1, "--tp-size other than 1 is not supported yet"),
         ]
         for ok, msg in checks:

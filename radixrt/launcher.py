@@ -121,6 +121,23 @@ def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop()
 
 
+def check_args_against_model(args: ServerArgs, model_dir: Path) -> None:
+    """Flags that only the model or the machine can refute, checked before any process starts.
+
+    Raises:
+        ValueError: --device cuda without a CUDA device; --context-length above the model's limit.
+    """
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available (torch sees none)")
+    limit = orjson.loads((model_dir / "config.json").read_bytes()).get("max_position_embeddings")
+    if args.context_length is not None and limit and args.context_length > int(limit):
+        raise ValueError(f"--context-length {args.context_length} exceeds the model's "
+                         f"max_position_embeddings ({limit})")
+
+
 def launch_server(args: ServerArgs) -> int:
     """Run the server until a signal (exit 0) or a failure (exit 1; 2 for a bad model)."""
     from radixrt.models.loader import ModelLoadError, resolve_model_dir
@@ -129,7 +146,8 @@ def launch_server(args: ServerArgs) -> int:
                         datefmt="%H:%M:%S")
     try:
         model_dir = resolve_model_dir(args.model_path, Env.read().cache_dir, args.load_format)
-    except ModelLoadError as e:
+        check_args_against_model(args, model_dir)
+    except (ModelLoadError, ValueError) as e:
         print(f"radixrt: error: {e}", file=sys.stderr)
         return 2
     launcher = Launcher(args, model_dir)

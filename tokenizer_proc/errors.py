@@ -31,6 +31,10 @@ _TYPES = {
 }
 
 
+
+class ClientGone(Exception):
+    """The client closed the connection before the response was ready."""
+
 class APIError(Exception):
     """An error that becomes an OpenAI error body with HTTP status `status`."""
 
@@ -126,6 +130,12 @@ def install_handlers(app: FastAPI) -> None:
         status = exc.status_code
         msg = str(exc.detail) if exc.detail else "error"
         return APIError(status, msg, type_=_TYPES.get(status, "invalid_request_error")).response()
+
+    @app.exception_handler(ClientGone)
+    async def _gone(_req: Request, _exc: ClientGone) -> Response:
+        # Not an error: the samples were already aborted; nobody reads this response.
+        logger.info("client disconnected before the response; request aborted")
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def _internal(_req: Request, exc: Exception) -> Response:

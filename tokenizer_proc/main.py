@@ -33,7 +33,7 @@ from .server import create_app
 from .serving_common import ServingContext
 
 logger = logging.getLogger(__name__)
-GRACEFUL_SHUTDOWN_S = 5
+GRACEFUL_SHUTDOWN_S = 2  # in-flight requests get this long; the launcher kills at 5 s
 
 
 def served_model_name(args: ServerArgs, model_dir: Path) -> str:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from radixrt.config import ServerArgs
 from radixrt.sampling_params import SamplingParams
 
-from .errors import APIError, bad_request, from_sampling_error, from_validation_error
+from .errors import APIError, ClientGone, bad_request, from_sampling_error, from_validation_error
 from .logprobs import TokenTexts
 from .manager import TokenizerManager
 from .openai_protocol import SamplingFields
@@ -139,8 +139,17 @@ def build_sampling(req: SamplingFields, max_new_tokens: int | None, ctx: Serving
 
 def make_specs(prompts: list[list[int]], n: int, sampling: dict[str, Any], stop: list[str],
                skip_special_tokens: bool) -> list[SampleSpec]:
-    """Choice index = prompt_index * n + j (OpenAI's order for several prompts with n > 1)."""
-    return [SampleSpec(index=p * n + j, input_ids=ids, sampling=dict(sampling), stop=stop,
+    """Choice index = prompt_index * n + j (OpenAI's order for several prompts with n > 1).
+
+    With a `seed` and n > 1, sample j gets seed + j: the n choices differ from each other, and the
+    same request gives the same n choices again."""
+    def sampling_of(j: int) -> dict[str, Any]:
+        sp = dict(sampling)
+        if sp.get("seed") is not None and n > 1:
+            sp["seed"] = (int(sp["seed"]) + j) & 0x7FFFFFFF
+        return sp
+
+    return [SampleSpec(index=p * n + j, input_ids=ids, sampling=sampling_of(j), stop=stop,
                        skip_special_tokens=skip_special_tokens)
             for p, ids in enumerate(prompts) for j in range(n)]
 
@@ -222,10 +231,6 @@ def usage_of(choices: dict[int, Any], n: int) -> dict[str, Any]:
     cached = sum(c.cached_tokens for i, c in choices.items() if i % n == 0)
     completion = sum(c.completion_tokens for c in choices.values())
     return usage(prompt, completion, cached)
-
-
-class ClientGone(Exception):
-    """The client closed the connection before the response was ready."""
 
 
 async def until_disconnect(request: Request, work: Any) -> Any:

@@ -290,7 +290,8 @@ class ModelRunner:
             "page_size": self.page_size,
             "max_req_rows": self.max_req_rows,
             "max_pages_per_req": self.max_pages_per_req,
-            "context_length": self.context_len,
+            # a request must fit in the pool on its own, or it could never be admitted
+            "context_length": min(self.context_len, pool.usable_tokens),
             "vocab_size": self.config.vocab_size,
             "eos_token_ids": list(self.config.eos_token_ids),
             "kv_bytes_per_token": pool.kv_bytes_per_token,

@@ -86,6 +86,20 @@ def test_seeded_sampling_is_independent_of_batch_companions(server: Server) -> N
     assert complete(server, **{**kw, "seed": 4321}).text != alone  # the seed matters
 
 
+def test_seeded_n_samples_differ_and_repeat(server: Server) -> None:
+    """n > 1 with a seed: the choices are different samples, and the same request repeats them."""
+    c = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+
+    def texts() -> list[str]:
+        r = c.completions.create(model=MODEL, prompt="Write a story about a dragon.", n=4, seed=7,
+                                 temperature=1.0, max_tokens=12, extra_body={"ignore_eos": True})
+        return [ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]
+
+    first = texts()
+    assert len(set(first)) >= 3
+    assert texts() == first
+
+
 def test_temperature_without_seed_varies(server: Server) -> None:
     texts = {complete(server, "Write a story about a dragon.", temperature=1.0, max_tokens=12).text
              for _ in range(4)}

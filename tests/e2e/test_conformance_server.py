@@ -113,6 +113,8 @@ def test_non_streamed_client_disconnect_aborts_all_samples(server: Server) -> No
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.base_url}/v1/chat/completions", json=LONG, timeout=httpx.Timeout(60, read=1.5))
     _wait_released(server)
+    assert "client disconnected before the response" in server.log()  # handled, not a 500
+    assert "Exception in ASGI application" not in server.log()
 
 
 # --------------------------------------------------------------------------- metrics, health, native
