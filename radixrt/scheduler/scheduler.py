@@ -125,12 +125,16 @@ class Scheduler:
         """Decide the next pass; None when there is nothing to run."""
         sb = ScheduledBatch(batch_id=self.next_batch_id)
         budget = self.chunk_size
+        # A long prompt in progress leaves a quarter of the chunk to waiting requests, so a short
+        # request arriving during a long prefill starts at the next step instead of after it
+        # (the idea of vLLM's long-prefill threshold).
+        prefill_cap = self.chunk_size if not self.waiting else max(self.page_size, self.chunk_size * 3 // 4)
         for req in list(self.running):
             if req.state is not ReqState.RUNNING:  # retracted while making room for another
                 continue
             if self._final_token_pending(req):  # overlap: its last token is still being sampled
                 continue
-            take = 1 if req.num_to_compute == 1 else min(req.num_to_compute, budget)
+            take = 1 if req.num_to_compute == 1 else min(req.num_to_compute, budget, prefill_cap)
             if take <= 0:
                 continue
             item = self._reserve(req, take, sb)

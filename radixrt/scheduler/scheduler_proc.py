@@ -48,7 +48,7 @@ def build_scheduler(args: ServerArgs, worker_info: dict[str, Any]) -> Scheduler:
     return Scheduler(
         kv, page_size=args.page_size,
         max_running_requests=min(args.max_running_requests, int(worker_info["max_req_rows"])),
-        chunk_size=args.chunked_prefill_size, context_len=int(worker_info["context_length"]),
+        chunk_size=args.resolved_chunked_prefill_size(), context_len=int(worker_info["context_length"]),
         vocab_size=int(worker_info["vocab_size"]), eos_token_ids=list(worker_info["eos_token_ids"]),
         schedule_policy=args.schedule_policy, max_queued_requests=args.max_queued_requests,
         random_seed=args.random_seed)

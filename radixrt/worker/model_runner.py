@@ -227,8 +227,8 @@ class ModelRunner:
         CUDA graphs keep their own memory pool), the graphs' static logits buffer, and slack.
         """
         a = self.args
-        tokens = a.chunked_prefill_size if a.chunked_prefill_size > 0 else max(a.max_prefill_tokens,
-                                                                                self.context_len)
+        chunk = a.resolved_chunked_prefill_size()
+        tokens = chunk if chunk > 0 else max(a.max_prefill_tokens, self.context_len)
         batch, num_pages = self._profile_batch(tokens + a.max_running_requests)
         c = self.config
         tmp_pool = PagedKVPool(num_pages, self.page_size, c.num_layers, c.num_kv_heads, c.head_dim,

@@ -220,3 +220,17 @@ def test_overlap_schedule_gives_the_same_tokens(page_size: int) -> None:
         assert ovl["outputs"][f"r{i}"] == sync["outputs"][f"r{i}"]
         assert sync["outputs"][f"r{i}"] == reference_output(worker, p, len(sync["outputs"][f"r{i}"])) \
             or i % 2 == 0
+
+
+def test_short_request_is_not_stuck_behind_a_long_prefill() -> None:
+    """A long prompt in progress leaves part of each chunk to waiting requests: a short request that
+    arrives mid-prefill is admitted at the next step, long before the long prompt is done."""
+    sched, worker = make(16, num_pages=2048 // 16 + 1, chunk=64)
+    sched.add_request(gen("long", list(range(1, 401)), 4))  # 7 chunks of 64 on its own
+    sb = sched.schedule()
+    sched.process_result(sb, worker.forward(build_forward_batch(sb)))
+    sched.add_request(gen("short", [5, 6, 7], 4))
+    sb = sched.schedule()
+    rids = {it.req.rid: it.extend_len for it in sb.items}
+    assert rids.get("short") == 3
+    assert 0 < rids["long"] < 64  # the long prompt still advances, with a smaller share
