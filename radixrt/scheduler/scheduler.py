@@ -140,7 +140,7 @@ class Scheduler:
             item = self._reserve(req, take, sb)
             if item is not None:
                 sb.items.append(item)
-                budget -= take if item.is_prefill else 0
+                budget -= take if (item.is_prefill or take > 1) else 0  # resumed requests count too
         self._admit(sb, budget)
         if not sb.items:
             return None
