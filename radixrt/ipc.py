@@ -31,8 +31,11 @@ class IpcAddresses:
 
     @classmethod
     def create(cls) -> IpcAddresses:
-        """Make a fresh private (0700) directory; the caller removes it with `cleanup`."""
-        d = tempfile.mkdtemp(prefix="radixrt-")
+        """Make a fresh private (0700) directory `radixrt-<launcher pid>-*`; the caller removes it
+        with `cleanup`. Directories left by launchers that were killed (SIGKILL skips cleanup) are
+        removed here, next time a server starts."""
+        remove_stale_dirs()
+        d = tempfile.mkdtemp(prefix=f"radixrt-{os.getpid()}-")
         os.chmod(d, 0o700)
         return cls(dir=d, **{name: f"ipc://{d}/{name}" for name in
                              ("scheduler_in", "tokenizer_in", "worker_in", "scheduler_results", "launcher_in")})
@@ -46,6 +49,35 @@ class IpcAddresses:
     @classmethod
     def from_dict(cls, d: dict[str, str]) -> IpcAddresses:
         return cls(**d)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def remove_stale_dirs(root: str | None = None) -> list[str]:
+    """Remove this user's `radixrt-<pid>-*` ipc directories whose launcher process is gone."""
+    removed = []
+    base = root or tempfile.gettempdir()
+    for name in os.listdir(base):
+        parts = name.split("-")
+        if len(parts) < 3 or parts[0] != "radixrt" or not parts[1].isdigit():
+            continue
+        path = os.path.join(base, name)
+        try:
+            if os.stat(path).st_uid != os.getuid() or _pid_alive(int(parts[1])):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 class Sender:
