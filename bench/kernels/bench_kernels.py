@@ -21,7 +21,6 @@ Prints a table at the end; writes JSON to $OUT/kernels.json when OUT is set (or 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -34,19 +33,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _import_kernels():
-    """radixrt.kernels, also without `pip install -e .` (maps the repo's kernels/ onto that name)."""
+    """radixrt.kernels and its torch references, also without `pip install -e .`."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    try:
-        import radixrt.kernels as kernels
-    except ModuleNotFoundError:
-        init = ROOT / "kernels" / "__init__.py"
-        spec = importlib.util.spec_from_file_location("radixrt.kernels", init,
-                                                      submodule_search_locations=[str(init.parent)])
-        kernels = importlib.util.module_from_spec(spec)
-        sys.modules["radixrt.kernels"] = kernels
-        spec.loader.exec_module(kernels)
+    from bench.kernels_import import import_kernels
+
+    kernels = import_kernels()
     from radixrt.kernels import reference
+
     return kernels, reference
 
 

@@ -6,11 +6,8 @@ imported, so it is set here at conftest import time (and only without CUDA).
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -42,21 +39,9 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_interpreter_scalar_index()
 
 
-def _alias_kernels_package() -> None:
-    """Without `pip install -e .`, load the repo's kernels/ directory as `radixrt.kernels`."""
-    root = Path(__file__).resolve().parents[2]
-    init = root / "kernels" / "__init__.py"
-    spec = importlib.util.spec_from_file_location("radixrt.kernels", init,
-                                                  submodule_search_locations=[str(init.parent)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["radixrt.kernels"] = module
-    spec.loader.exec_module(module)
+from bench.kernels_import import import_kernels  # noqa: E402
 
-
-try:
-    import radixrt.kernels  # noqa: F401,E402
-except ModuleNotFoundError:
-    _alias_kernels_package()
+import_kernels()  # installed, or kernels/ mapped onto radixrt.kernels
 
 from radixrt.kernels.reference import slots_of  # noqa: E402
 
