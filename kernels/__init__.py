@@ -4,6 +4,7 @@ KV layout and the metadata each kernel takes: docs/kernels.md.
 """
 
 from .activation import silu_and_mul
+from .cascade_attention import CascadeTile, cascade_decode_attention, choose_num_prefix_splits
 from .decode_attention import choose_num_kv_splits, decode_attention
 from .extend_attention import extend_attention
 from .norm import rms_norm
@@ -11,9 +12,12 @@ from .rotary import apply_rotary, build_rope_cache
 from .store_kv import store_kv
 
 __all__ = [
+    "CascadeTile",
     "apply_rotary",
     "build_rope_cache",
+    "cascade_decode_attention",
     "choose_num_kv_splits",
+    "choose_num_prefix_splits",
     "decode_attention",
     "extend_attention",
     "rms_norm",

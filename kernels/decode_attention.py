@@ -10,6 +10,10 @@ Reading each K/V page once per KV head (not per query head) is what keeps the ke
 memory-bandwidth roofline for GQA models. Pages are read through the page table (PagedAttention,
 Kwon et al. 2023); the split ranges are computed on the device from seq_lens, so one launch shape
 serves every sequence length (CUDA-graph friendly).
+
+An optional per-request kv_start restricts the attention to positions [kv_start, seq_len); cascade
+decode attention (cascade_attention.py) uses it for the private suffix of requests whose shared
+prefix it attends to separately, and reuses both stages (run_split_stage, run_merge_stage).
 """
 
 from __future__ import annotations
@@ -28,21 +32,25 @@ H200_NUM_SMS = 132
 
 @triton.jit
 def _decode_split_kernel(
-    q, k_buf, v_buf, page_table, seq_lens, mid_o, mid_lse,
+    q, k_buf, v_buf, page_table, seq_lens, kv_start, mid_o, mid_lse,
     qk_scale, num_splits,
     stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_pt_b,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr,
 ):
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
-    # this split's token range, a whole number of BLOCK_N blocks (the last split may be short or empty)
+    # this split's token range within [first, seq_len), a whole number of BLOCK_N blocks long (the
+    # last split may be short or empty)
     seq_len = tl.load(seq_lens + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    first = 0
+    if HAS_KV_START:
+        first = tl.minimum(tl.load(kv_start + b), seq_len)
+    split_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+    start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     offs_g = tl.arange(0, BLOCK_H)
@@ -92,15 +100,20 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    mid_o, mid_lse, o, num_splits,
+    mid_o, mid_lse, o, kv_start, num_splits, num_prefix_splits,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_PREFIX: tl.constexpr,
 ):
     h = tl.program_id(0)
     b = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < num_splits
+    # the suffix splits, then (cascade only) the prefix splits of rows whose prefix was done apart;
+    # rows with kv_start == 0 never read the prefix slots, which may hold garbage
+    num_used = num_splits
+    if HAS_PREFIX:
+        num_used += tl.where(tl.load(kv_start + b) > 0, num_prefix_splits, 0)
+    mask_s = offs_s < num_used
     mask_d = offs_d < HEAD_DIM
     # weights of the splits relative to the largest lse (all-empty row: weights 0, output 0)
     lse = tl.load(mid_lse + b * stride_ml_b + h * stride_ml_h + offs_s, mask=mask_s, other=float("-inf"))
@@ -139,13 +152,100 @@ def choose_num_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
     return int(max(1, min(want, by_len, max_splits)))
 
 
+def check_mid(mid_o: torch.Tensor | None, mid_lse: torch.Tensor | None, shape: tuple[int, int, int],
+              head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split workspaces: given ones are checked (fp32 [*shape, D] and [*shape], contiguous last
+    dim), missing ones allocated."""
+    if mid_o is None:
+        mid_o = torch.empty((*shape, head_dim), dtype=torch.float32, device=device)
+    if mid_lse is None:
+        mid_lse = torch.empty(shape, dtype=torch.float32, device=device)
+    check(mid_o.shape == (*shape, head_dim) and mid_o.dtype == torch.float32 and mid_o.stride(-1) == 1
+          and mid_o.device == device, f"mid_o must be fp32 {(*shape, head_dim)} on {device}")
+    check(mid_lse.shape == shape and mid_lse.dtype == torch.float32 and mid_lse.stride(-1) == 1
+          and mid_lse.device == device, f"mid_lse must be fp32 {shape} on {device}")
+    return mid_o, mid_lse
+
+
+def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
+                    seq_lens: torch.Tensor, kv_start: torch.Tensor | None, page_size: int, qk_scale: float,
+                    num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor) -> None:
+    """Stage 1 on checked arguments: splits 0..num_kv_splits-1 of [kv_start, seq_len) into
+    mid_o[:, :, :num_kv_splits] / mid_lse (qk_scale already includes log2(e))."""
+    batch_size, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device)
+    _decode_split_kernel[(num_kv_splits, num_kv_heads, batch_size)](
+        q, k_buffer, v_buffer, page_table, seq_lens, seq_lens if kv_start is None else kv_start, mid_o, mid_lse,
+        qk_scale, num_kv_splits,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size,
+        HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"], BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
+        DOT_PRECISION=dot_precision(q.dtype), HAS_KV_START=kv_start is not None,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+
+
+def run_merge_stage(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, num_kv_splits: int,
+                    kv_start: torch.Tensor | None = None, num_prefix_splits: int = 0) -> None:
+    """Stage 2 on checked arguments: out[b, h] = merge of slots [0, num_kv_splits) of mid_o/mid_lse,
+    plus slots [num_kv_splits, num_kv_splits + num_prefix_splits) where kv_start[b] > 0."""
+    batch_size, num_q_heads, head_dim = out.shape
+    has_prefix = kv_start is not None and num_prefix_splits > 0
+    _decode_merge_kernel[(num_q_heads, batch_size)](
+        mid_o, mid_lse, out, kv_start if has_prefix else mid_lse, num_kv_splits, num_prefix_splits,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim),
+        BLOCK_S=next_pow2(num_kv_splits + (num_prefix_splits if has_prefix else 0)), HAS_PREFIX=has_prefix,
+        num_warps=4,
+    )
+
+
+def check_decode_args(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
+                      seq_lens: torch.Tensor, kv_start: torch.Tensor | None, page_size: int,
+                      num_kv_splits: int) -> None:
+    """Shape/dtype/device checks shared by decode_attention and cascade_decode_attention."""
+    check(q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}")
+    batch_size, num_q_heads, head_dim = q.shape
+    check(k_buffer.dim() == 3, "k_buffer must be [S, Hkv, D]")
+    num_kv_heads = k_buffer.shape[1]
+    check(num_kv_heads >= 1 and num_q_heads % num_kv_heads == 0,
+          f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
+    check_pool(k_buffer, v_buffer, num_kv_heads, head_dim)
+    check(page_table.dim() == 2 and page_table.shape[0] == batch_size
+          and page_table.dtype in (torch.int32, torch.int64), f"page_table must be [{batch_size}, P] int32/int64")
+    check(page_table.stride(-1) == 1, "page_table rows must be contiguous")
+    check_int_vector(seq_lens, "seq_lens", batch_size)
+    if kv_start is not None:
+        check_int_vector(kv_start, "kv_start", batch_size)
+    check_page_size(page_size)
+    check(isinstance(num_kv_splits, int) and num_kv_splits >= 1, f"bad num_kv_splits {num_kv_splits!r}")
+    check(q.dtype == k_buffer.dtype, f"q is {q.dtype} but the pool is {k_buffer.dtype}")
+    check(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
+    check(q.stride(-1) == 1, "q must have a contiguous last dim")
+    for t in (k_buffer, v_buffer, page_table, seq_lens, kv_start):
+        check(t is None or t.device == q.device, f"all tensors must be on {q.device}")
+
+
+def check_out(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """The output buffer: given one checked ([B, Hq, D] in q's dtype, contiguous last dim), else allocated."""
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    check(out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1 and out.device == q.device,
+          "bad out buffer")
+    return out
+
+
 def decode_attention(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
     seq_lens: torch.Tensor, page_size: int, scale: float | None, num_kv_splits: int,
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None,
-    mid_lse: torch.Tensor | None = None,
+    mid_lse: torch.Tensor | None = None, kv_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of one new query token per request over its whole cached sequence.
+    """Attention of one new query token per request over its cached sequence.
 
     q                 : [B, Hq, D]  (last dim contiguous; any row/head strides)
     k_buffer, v_buffer: [S, Hkv, D] one layer of the pool; must already hold the new token's K/V
@@ -156,56 +256,19 @@ def decode_attention(
     out               : optional [B, Hq, D] output (q's dtype)
     mid_o, mid_lse    : optional fp32 workspaces [B, Hq, num_kv_splits, D] and [B, Hq, num_kv_splits]
                         (pass views of preallocated memory to avoid allocations under CUDA graphs)
+    kv_start          : optional [B] int32/int64: attend to positions [kv_start, seq_len) only (the
+                        splits then cover that range; kv_start >= seq_len gives a zero row). None
+                        (default) means 0, with the same code and speed as before it existed.
     Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices.
     """
+    check_decode_args(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, num_kv_splits)
     batch_size, num_q_heads, head_dim = q.shape
-    check(k_buffer.dim() == 3, "k_buffer must be [S, Hkv, D]")
-    num_kv_heads = k_buffer.shape[1]
-    check(num_q_heads % num_kv_heads == 0, f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
-    check_pool(k_buffer, v_buffer, num_kv_heads, head_dim)
-    check(page_table.dim() == 2 and page_table.shape[0] == batch_size
-          and page_table.dtype in (torch.int32, torch.int64), f"page_table must be [{batch_size}, P] int32/int64")
-    check(page_table.stride(-1) == 1, "page_table rows must be contiguous")
-    check_int_vector(seq_lens, "seq_lens", batch_size)
-    check_page_size(page_size)
-    check(isinstance(num_kv_splits, int) and num_kv_splits >= 1, f"bad num_kv_splits {num_kv_splits!r}")
-    check(q.dtype == k_buffer.dtype, f"q is {q.dtype} but the pool is {k_buffer.dtype}")
-    check(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
-    check(q.stride(-1) == 1, "q must have a contiguous last dim")
-    for t in (k_buffer, v_buffer, page_table, seq_lens):
-        check(t.device == q.device, f"all tensors must be on {q.device}")
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    check(out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1, "bad out buffer")
-    mid_shape = (batch_size, num_q_heads, num_kv_splits)
-    if mid_o is None:
-        mid_o = torch.empty((*mid_shape, head_dim), dtype=torch.float32, device=q.device)
-    if mid_lse is None:
-        mid_lse = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
-    check(mid_o.shape == (*mid_shape, head_dim) and mid_o.dtype == torch.float32 and mid_o.stride(-1) == 1,
-          f"mid_o must be fp32 {(*mid_shape, head_dim)}")
-    check(mid_lse.shape == mid_shape and mid_lse.dtype == torch.float32 and mid_lse.stride(-1) == 1,
-          f"mid_lse must be fp32 {mid_shape}")
+    out = check_out(out, q)
+    mid_o, mid_lse = check_mid(mid_o, mid_lse, (batch_size, num_q_heads, num_kv_splits), head_dim, q.device)
     if batch_size == 0:
         return out
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-
-    cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device)
-    _decode_split_kernel[(num_kv_splits, num_kv_heads, batch_size)](
-        q, k_buffer, v_buffer, page_table, seq_lens, mid_o, mid_lse,
-        scale * LOG2E, num_kv_splits,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-        v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size,
-        HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"], BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
-    _decode_merge_kernel[(num_q_heads, batch_size)](
-        mid_o, mid_lse, out, num_kv_splits,
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"],
-        BLOCK_S=next_pow2(num_kv_splits), num_warps=4,
-    )
+    run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, scale * LOG2E,
+                    num_kv_splits, mid_o, mid_lse)
+    run_merge_stage(mid_o, mid_lse, out, num_kv_splits)
     return out

@@ -54,18 +54,50 @@ def extend_attention_ref(q, k_new, v_new, k_buffer, v_buffer, page_table, prefix
 
 
 def decode_attention_ref(q, k_buffer, v_buffer, page_table, seq_lens, page_size: int,
-                         scale: float | None) -> torch.Tensor:
-    """Same contract as kernels.decode_attention; returns o [B, Hq, D] (zero rows where seq_len == 0)."""
+                         scale: float | None, kv_start=None) -> torch.Tensor:
+    """Same contract as kernels.decode_attention; returns o [B, Hq, D] (zero rows where seq_len == 0,
+    or where kv_start >= seq_len when kv_start [B] restricts each row to positions [kv_start, seq_len))."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.zeros_like(q)
     for b in range(q.shape[0]):
         seq_len = int(seq_lens[b])
-        if seq_len == 0:
+        start = 0 if kv_start is None else min(int(kv_start[b]), seq_len)
+        if seq_len == start:
             continue
-        slots = slots_of(page_table[b], page_size, 0, seq_len)
-        q_pos = torch.tensor([seq_len - 1], device=q.device)
+        slots = slots_of(page_table[b], page_size, start, seq_len)
+        q_pos = torch.tensor([seq_len - start - 1], device=q.device)
         out[b] = _attend(q[b:b + 1], k_buffer[slots], v_buffer[slots], scale, q_pos)[0].to(q.dtype)
     return out
+
+
+def assert_groups_share_prefix(page_table, seq_lens, kv_start, group_members, group_starts, group_prefix_lens,
+                               page_size: int) -> None:
+    """AssertionError unless the cascade metadata is consistent: each request is in at most one group;
+    members have kv_start == the group's prefix_len <= seq_len and the same pages for it (all of
+    page_table[b, :cdiv(prefix_len, page_size)]); requests in no group have kv_start == 0."""
+    starts = [int(x) for x in group_starts]
+    members = [int(x) for x in group_members[: starts[-1]]]
+    assert len(set(members)) == len(members), "a request is in two groups"
+    for b in set(range(page_table.shape[0])) - set(members):
+        assert int(kv_start[b]) == 0, f"request {b} is in no group but has kv_start {int(kv_start[b])}"
+    for g, prefix_len in enumerate(int(x) for x in group_prefix_lens):
+        rows = members[starts[g]:starts[g + 1]]
+        num_pages = -(-prefix_len // page_size)
+        for b in rows:
+            assert int(kv_start[b]) == prefix_len <= int(seq_lens[b]), (
+                f"request {b}: kv_start {int(kv_start[b])}, seq_len {int(seq_lens[b])}, group prefix {prefix_len}")
+            assert torch.equal(page_table[b, :num_pages], page_table[rows[0], :num_pages]), (
+                f"request {b} does not share group {g}'s prefix pages")
+
+
+def cascade_decode_attention_ref(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, group_members,
+                                 group_starts, group_prefix_lens, page_size: int, scale: float | None) -> torch.Tensor:
+    """Same contract as kernels.cascade_decode_attention: checks the group metadata
+    (assert_groups_share_prefix), then plain decode attention over each whole sequence, which is what
+    the cascade must equal."""
+    assert_groups_share_prefix(page_table, seq_lens, kv_start, group_members, group_starts, group_prefix_lens,
+                               page_size)
+    return decode_attention_ref(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -5,8 +5,9 @@
     outs = eng.generate(["The capital of France is"], {"temperature": 0, "max_new_tokens": 8})
     outs[0]["text"], outs[0]["meta_info"]["cached_tokens"]
 
-One loop drives `Scheduler.schedule` -> `ModelRunner.forward` -> `Scheduler.process_result` in
-this process, so batch jobs and offline throughput measurements skip the ZeroMQ hops.
+One loop drives `Scheduler.schedule` -> `ModelRunner.launch` / `finish` -> `Scheduler.process_result`
+in this process, with the server's overlap scheduling, so batch jobs and offline throughput
+measurements skip the ZeroMQ hops.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from radixrt.config import Env, ServerArgs
 from radixrt.protocol import GenerateReq
-from radixrt.scheduler.batch import build_forward_batch
+from radixrt.scheduler.batch import build_forward_batch, build_mode
 from radixrt.scheduler.scheduler_proc import build_scheduler
 
 Prompt = str | Sequence[int]
@@ -51,6 +52,13 @@ class Engine:
         except (OSError, ValueError):
             self.tokenizer = None
         self._ids = itertools.count()
+        self.overlap = not self.args.disable_overlap_schedule
+        self._in_flight: tuple[Any, Any, bool] | None = None  # (ScheduledBatch, PendingPass, after_idle)
+        self._prev_busy = False
+        self.gpu_busy_ms_total = 0.0  # device time in passes (ms)
+        self.gpu_gap_ms_total = 0.0  # device idle between consecutive passes while there was work (ms)
+        self.num_passes = 0
+        self.trace: list[dict[str, Any]] | None = None  # set to [] to record every pass (benchmarks)
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -85,12 +93,10 @@ class Engine:
         done: dict[str, dict[str, Any]] = {}
         sched = self.scheduler
         while len(done) < len(params):
-            sb = sched.schedule()
-            if sb is not None:
-                sched.process_result(sb, self.runner.forward(build_forward_batch(sb)))
+            busy = self.step()
             out, _ = sched.take_outputs()
             if out is None:
-                if sb is None and sched.is_idle:
+                if not busy and sched.is_idle:
                     raise RuntimeError("engine went idle with requests unfinished")
                 continue
             for i, rid in enumerate(out.rids):
@@ -104,7 +110,43 @@ class Engine:
                     reason = "stop"
                 if reason is not None:
                     done[rid] = self._result(outputs[rid], reason, stop_hit, out, i)
+        while self._in_flight is not None:  # drain: leave nothing running on the device
+            self.step()
+        sched.take_outputs()
         return done
+
+    def step(self) -> bool:
+        """Schedule and launch one pass; finish and process the previous one. False when idle.
+
+        The same overlap scheduling as the server (scheduler_proc.SchedulerLoop.step): pass N+1 is
+        built and queued on the device before pass N's result is read, so the GPU goes from one
+        pass to the next without waiting for this loop; off with disable_overlap_schedule=True.
+        """
+        sched, runner = self.scheduler, self.runner
+        sb = sched.schedule()
+        launched = None
+        if sb is not None:
+            launched = (sb, runner.launch(build_forward_batch(sb)), not self._prev_busy and self._in_flight is None)
+        busy = sb is not None or self._in_flight is not None
+        self._prev_busy = busy
+        if self._in_flight is not None:
+            self._complete(*self._in_flight)
+        if launched is not None and not self.overlap:
+            self._complete(*launched)
+            launched = None
+        self._in_flight = launched
+        return busy
+
+    def _complete(self, sb: Any, pending: Any, after_idle: bool) -> None:
+        res = self.runner.finish(pending)
+        self.gpu_busy_ms_total += res.gpu_busy_ms
+        if not after_idle and res.gpu_gap_ms >= 0:
+            self.gpu_gap_ms_total += res.gpu_gap_ms
+        self.num_passes += 1
+        if self.trace is not None:
+            self.trace.append({"batch_size": len(sb), "mode": int(build_mode(sb)), "busy_ms": res.gpu_busy_ms,
+                               "gap_ms": -1.0 if after_idle else res.gpu_gap_ms})
+        self.scheduler.process_result(sb, res)
 
     def _stop_hit(self, ids: list[int], stop: str | list[str] | None) -> str | None:
         if not stop or self.tokenizer is None:

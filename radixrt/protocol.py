@@ -157,6 +157,12 @@ class ForwardBatch:
     penalty_output_rows/penalty_output_ids int32 [Q]: (row, token) of tokens they generated before a
     retraction (counted once each); logit_bias_idx (index into the B requests)/logit_bias_ids int32
     and logit_bias_vals float32 [L]: added to the logits, every pass.
+
+    Cascade decode (DECODE passes only; empty otherwise): groups of requests whose first
+    cascade_prefix_lens[g] tokens live in the same physical pages, so the worker reads that prefix
+    once per group (radixrt.kernels.cascade_decode_attention). cascade_members int32 [M]: indices
+    into the B requests, group g being members[starts[g]:starts[g+1]]; cascade_starts int32 [G+1];
+    cascade_prefix_lens int32 [G], whole pages, each < the seq_len of every member.
     """
 
     batch_id: int
@@ -189,13 +195,21 @@ class ForwardBatch:
     logit_bias_idx: np.ndarray = field(default_factory=_i32)
     logit_bias_ids: np.ndarray = field(default_factory=_i32)
     logit_bias_vals: np.ndarray = field(default_factory=_f32)
+    cascade_members: np.ndarray = field(default_factory=_i32)
+    cascade_starts: np.ndarray = field(default_factory=_i32)
+    cascade_prefix_lens: np.ndarray = field(default_factory=_i32)
     return_logprob: bool = False
     top_logprobs_num: int = 0
 
 
 @dataclass(slots=True)
 class ForwardResult:
-    """next_token_ids int32 [B]; logprobs float32 [B] and top ids/values [B * k] when asked."""
+    """next_token_ids int32 [B]; logprobs float32 [B] and top ids/values [B * k] when asked.
+
+    forward_ms: worker wall time from launch to result (ms). gpu_busy_ms: device time of the pass;
+    gpu_gap_ms: device idle time between the previous pass's end and this one's start (-1 for the
+    first pass). On CPU both are wall-clock stand-ins.
+    """
 
     batch_id: int
     next_token_ids: np.ndarray = field(default_factory=_i32)
@@ -203,6 +217,8 @@ class ForwardResult:
     top_logprob_ids: np.ndarray = field(default_factory=_i32)
     top_logprobs: np.ndarray = field(default_factory=_f32)
     forward_ms: float = 0.0
+    gpu_busy_ms: float = 0.0
+    gpu_gap_ms: float = -1.0
 
 
 @dataclass(slots=True)

@@ -14,8 +14,30 @@ if not torch.cuda.is_available():
     # whichever test module happens to import radixrt.kernels first.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from bench.server_proc import Server, start_server
-from radixrt.config import Env
+
+def _patch_interpreter_scalar_index() -> None:
+    """Triton 3.6's interpreter turns a scalar tensor into an int with int(array_of_shape_(1,)), which
+    numpy >= 2.4 rejects; kernels use loaded scalars as loop bounds (range(0, prefix_len, BLOCK_N)).
+    Convert through .item() instead. Test-only; compiled kernels are unaffected."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_radixrt_patched", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0].item()))
+
+    patched._radixrt_patched = True
+    interpreter._patch_lang_tensor = patched
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_interpreter_scalar_index()
+
+from bench.server_proc import Server, start_server  # noqa: E402
+from radixrt.config import Env  # noqa: E402
 
 __all__ = ["Server", "start_server"]
 

@@ -12,7 +12,13 @@ Measured in the same run, so ratios stay meaningful when clocks or cards differ:
       (how the server runs decode); the eager time, launch overhead included, is reported beside it;
   (c) extend attention: 8192 new tokens (causal), and 4096 cached + 4096 new; TFLOP/s counting only
       the causal pairs (4 * Hq * D FLOPs per query-key pair) and % of the matmul rate;
-  (d) correctness of each headline shape against the fp32 torch reference on random inputs
+  (d) cascade decode attention: batch 128 as 1 group (and as 4 groups of 32) sharing a 2,048-token
+      prefix (the same physical pages) + 64..192 private tokens each; cascade_decode_attention for a
+      few stage-A tiles and prefix-split counts against plain decode_attention on the same batch
+      (shared pages: the prefix may be served from L2) and on unshared pages (every token from HBM);
+      eager times (launch overhead included, as asked) and CUDA-graph replay times; bandwidth over
+      the unique bytes (each group's prefix K/V once + the private K/V, q, o);
+  (e) correctness of each headline shape against the fp32 torch reference on random inputs
       (relative error ||o - ref|| / ||ref||), outputs poisoned with NaN before the checked run.
 Timing: triton.testing.do_bench, median (it flushes L2 between runs). Random, never zero, inputs.
 Prints a table at the end; writes JSON to $OUT/kernels.json when OUT is set (or to --out).
@@ -151,6 +157,92 @@ def extend_case(pool: Pool, prefix: int, new: int, check: bool) -> dict:
     return res
 
 
+def graph_ms(run) -> float:
+    """Median time of run() replayed from a CUDA graph (run() must have been called once eagerly)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return bench_ms(graph.replay)
+
+
+CASCADE_TILES = [(128, 64, 8, 2), (64, 64, 4, 2), (128, 128, 8, 2)]  # first = default_tile on the H200
+
+
+def cascade_case(num_groups: int, group_size: int, prefix_len: int, quick: bool) -> dict:
+    """Plain vs cascade decode for num_groups groups sharing prefix_len tokens (page-aligned)."""
+    batch = num_groups * group_size
+    gen = torch.Generator().manual_seed(num_groups)
+    suffix = torch.randint(64, 193, (batch,), generator=gen)
+    seq = (prefix_len + suffix).tolist()
+    pool = Pool(sum(triton.cdiv(s, PAGE) * PAGE for s in seq))
+    unshared = pool.page_table(seq)
+    table = unshared.clone()
+    for g in range(num_groups):  # members share the first member's prefix pages
+        table[g * group_size:(g + 1) * group_size, : prefix_len // PAGE] = table[g * group_size, : prefix_len // PAGE]
+    ints = dict(dtype=torch.int32, device=DEV)
+    seq_lens = torch.tensor(seq, **ints)
+    kv_start = torch.full((batch,), prefix_len, **ints)
+    members = torch.arange(batch, **ints)
+    starts = torch.arange(0, batch + 1, group_size, **ints)
+    prefix_lens = torch.full((num_groups,), prefix_len, **ints)
+    q = torch.randn(batch, HQ, D, device=DEV, dtype=BF16)
+    out = torch.empty_like(q)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ref = REF.cascade_decode_attention_ref(q, pool.k, pool.v, table, seq_lens, kv_start, members, starts,
+                                           prefix_lens, PAGE, None)
+    unique = (num_groups * prefix_len + int(suffix.sum())) * HKV * D * 2 * 2 + 2 * batch * HQ * D * 2
+    res = {"batch": batch, "num_groups": num_groups, "prefix_len": prefix_len, "suffix_len_mean": float(suffix.float().mean()),
+           "unique_bytes": unique, "tiles": []}
+
+    splits = K.choose_num_kv_splits(batch, HKV, max(seq), num_sms)
+    for name, tab in (("decode", table), ("decode_unshared", unshared)):
+        def plain(tab=tab):
+            K.decode_attention(q, pool.k, pool.v, tab, seq_lens, PAGE, None, splits, out=out)
+        out.fill_(float("nan"))
+        plain()
+        res[name] = {"splits": splits, "ms_eager": bench_ms(plain), "ms_graph": graph_ms(plain),
+                     "rel_err": rel_err(out, ref) if tab is table else None}
+
+    splits = K.choose_num_kv_splits(batch, HKV, int(suffix.max()), num_sms)
+    for bm, bn, warps, stages in CASCADE_TILES[:1] if quick else CASCADE_TILES:
+        tile = K.CascadeTile(bm, bn, warps, stages)
+        auto = K.choose_num_prefix_splits(num_groups, group_size, HQ, HKV, prefix_len, num_sms, block_m=bm)
+        for prefix_splits in sorted({auto} if quick else {1, auto, 2 * auto}):
+            def cascade(tile=tile, prefix_splits=prefix_splits):
+                K.cascade_decode_attention(q, pool.k, pool.v, table, seq_lens, kv_start, members, starts, prefix_lens,
+                                           PAGE, None, splits, prefix_splits, group_size, out=out, tile=tile)
+            out.fill_(float("nan"))
+            cascade()
+            res["tiles"].append({"tile": f"{bm}x{bn} w{warps} s{stages}", "splits": splits,
+                                 "prefix_splits": prefix_splits, "auto": prefix_splits == auto,
+                                 "ms_eager": bench_ms(cascade), "ms_graph": graph_ms(cascade),
+                                 "rel_err": rel_err(out, ref)})
+    res["best"] = min(res["tiles"], key=lambda t: t["ms_graph"])
+    res["default"] = next(t for t in res["tiles"] if t["auto"])  # first tile = default_tile, auto splits
+    return res
+
+
+def print_cascade(rows: list[dict], bw: float) -> None:
+    """Table rows of the cascade section (bw: copy ceiling, bytes/s)."""
+    for r in rows:
+        shape = f"B={r['batch']} groups={r['num_groups']} prefix={r['prefix_len']} +~{r['suffix_len_mean']:.0f}"
+        for name in ("decode", "decode_unshared"):
+            t = r[name]
+            err = "" if t["rel_err"] is None else f"{t['rel_err']:.1e}"
+            print(f"| {name} (eager; graph {t['ms_graph'] * 1e3:.1f} us) | {shape} splits={t['splits']} | "
+                  f"{t['ms_eager'] * 1e3:.1f} us | | | {err} |")
+        for t in r["tiles"]:
+            bps = r["unique_bytes"] / (t["ms_graph"] * 1e-3)
+            mark = " (default)" if t is r["default"] else ""
+            print(f"| cascade{mark} (eager; graph {t['ms_graph'] * 1e3:.1f} us) | {shape} tile {t['tile']} "
+                  f"splits={t['splits']}+{t['prefix_splits']} | {t['ms_eager'] * 1e3:.1f} us | "
+                  f"{bps / 1e12:.2f} TB/s unique (graph) | {100 * bps / bw:.0f} | {t['rel_err']:.1e} |")
+        print(f"| cascade speed-up | {shape} | decode / best cascade: eager "
+              f"{r['decode']['ms_eager'] / min(t['ms_eager'] for t in r['tiles']):.2f}x, graph "
+              f"{r['decode']['ms_graph'] / r['best']['ms_graph']:.2f}x | | | |")
+
+
 def small_kernels(check: bool) -> list[dict]:
     """Bandwidth of the elementwise kernels at prefill size (8192 tokens)."""
     t, hidden, inter = 8192, 3584, 18944
@@ -215,6 +307,7 @@ def main() -> None:
     new = 2048 if args.quick else 8192
     result["extend"] = [extend_case(pool, 0, new, check=True), extend_case(pool, new // 2, new // 2, check=True)]
     result["small_kernels"] = small_kernels(check=True)
+    result["cascade"] = [cascade_case(1, 128, 2048, args.quick), cascade_case(4, 32, 2048, args.quick)]
 
     # ------------------------------------------------------------------ table
     print("\n| what | shape | time | achieved | % of ceiling | rel err |")
@@ -234,7 +327,10 @@ def main() -> None:
         print(f"| {r['kernel']} | 8192 tokens | {r['ms'] * 1e3:.1f} us | {r['bytes_per_s'] / 1e12:.2f} TB/s | "
               f"{100 * r['bytes_per_s'] / bw:.0f} | {err} |")
 
+    print_cascade(result["cascade"], bw)
+
     errs = [r["rel_err"] for r in [headline] + result["extend"] + result["small_kernels"] if "rel_err" in r]
+    errs += [t["rel_err"] for r in result["cascade"] for t in r["tiles"] + [r["decode"]]]
     result["max_rel_err"] = max(errs)
     ok = all(e == e and e <= 1e-2 for e in errs)  # e == e rejects NaN
     result["correct"] = ok

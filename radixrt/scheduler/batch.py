@@ -33,6 +33,8 @@ class ScheduledBatch:
     batch_id: int
     items: list[ScheduledItem] = field(default_factory=list)
     cow_pairs: list[tuple[int, int]] = field(default_factory=list)
+    # DECODE passes with requests sharing prefix pages: (members, starts, prefix_lens), see cascade.py
+    cascade: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -54,13 +56,19 @@ def _page_table_updates(items: list[ScheduledItem]) -> tuple[np.ndarray, np.ndar
     return np.array(rows, I32), np.array(cols, I32), np.array(pages, I32)
 
 
+def build_mode(sb: ScheduledBatch) -> ForwardMode:
+    """DECODE when every request adds one token, MIXED when prompt chunks ride with decodes, else EXTEND."""
+    if all(it.extend_len == 1 for it in sb.items):
+        return ForwardMode.DECODE
+    return ForwardMode.MIXED if any(not it.is_prefill for it in sb.items) else ForwardMode.EXTEND
+
+
 def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
     """Pack a ScheduledBatch into the wire message (see protocol.ForwardBatch for the layout)."""
     items = sb.items
     assert items and all(it.extend_len >= 1 for it in items), "every request in a pass adds a token"
     extend_lens = np.array([it.extend_len for it in items], I32)
-    mode = ForwardMode.DECODE if bool(np.all(extend_lens == 1)) else (
-        ForwardMode.MIXED if any(not it.is_prefill for it in items) else ForwardMode.EXTEND)
+    mode = build_mode(sb)
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -93,6 +101,8 @@ def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
         return_logprob=any(it.req.return_logprob for it in items),
         top_logprobs_num=max((it.req.top_logprobs_num for it in items), default=0),
     )
+    if sb.cascade is not None:
+        fb.cascade_members, fb.cascade_starts, fb.cascade_prefix_lens = sb.cascade
     if any(uses_penalties(s) for s in sp):
         _fill_penalties(fb, items, fresh)
     if any(s.logit_bias for s in sp):

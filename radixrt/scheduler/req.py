@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from radixrt.memory.req_kv import ReqKV
 from radixrt.sampling_params import SamplingParams
@@ -66,6 +67,9 @@ class Req:
     pending_top_vals: list[list[float]] = field(default_factory=list)
 
     token_ids: list[int] = field(default_factory=list)  # prompt + output, kept in step (O(1) reads)
+    # cascade grouping cache (scheduler/cascade.py): (leader's kv, own kv) and their common pages
+    cascade_key: tuple[Any, Any] | None = None
+    cascade_common: int = 0
 
     def __post_init__(self) -> None:
         self.token_ids = self.prompt_ids + self.output_ids

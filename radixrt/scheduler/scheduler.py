@@ -24,6 +24,7 @@ from radixrt.memory.req_kv import KVManager
 from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
+from radixrt.scheduler.cascade import find_cascade_groups
 from radixrt.scheduler.policy import defer_for_shared_prefix, order_waiting
 from radixrt.scheduler.req import Req, ReqState
 
@@ -39,11 +40,14 @@ class Scheduler:
         chunk_size: max new prompt tokens per pass (chunked prefill); <= 0 means unlimited.
         context_len: max prompt + output tokens. vocab_size: token ids must be below it.
         eos_token_ids: tokens that end a request (unless ignore_eos).
+        cascade_min_saved_tokens: > 0 turns on cascade grouping of DECODE passes (scheduler/cascade.py)
+            when it saves at least this many KV token reads; 0 = off (e.g. a backend without it).
     """
 
     def __init__(self, kv: KVManager, *, page_size: int, max_running_requests: int, chunk_size: int,
                  context_len: int, vocab_size: int, eos_token_ids: list[int], schedule_policy: str = "lpm",
-                 max_queued_requests: int = 4096, random_seed: int = 0) -> None:
+                 max_queued_requests: int = 4096, random_seed: int = 0,
+                 cascade_min_saved_tokens: int = 0) -> None:
         self.kv = kv
         self.page_size = page_size
         self.max_running = max_running_requests
@@ -63,6 +67,8 @@ class Scheduler:
         self.num_retractions = 0
         self.num_finished = 0
         self.num_generated_tokens = 0
+        self.cascade_min_saved_tokens = cascade_min_saved_tokens
+        self.num_cascade_passes = 0
 
     # ------------------------------------------------------------------ arrivals and aborts
     def add_request(self, msg: GenerateReq, internal: bool = False) -> Req:
@@ -148,6 +154,9 @@ class Scheduler:
             if it.completes:
                 it.out_pos = len(it.req.output_ids)
                 it.req.append_output(-(j + 1))
+        if self.cascade_min_saved_tokens > 0 and len(sb.items) > 1 and all(it.extend_len == 1 for it in sb.items):
+            sb.cascade = find_cascade_groups(sb.items, self.page_size, self.cascade_min_saved_tokens)
+            self.num_cascade_passes += sb.cascade is not None
         self.next_batch_id += 1
         return sb
 
@@ -189,7 +198,9 @@ class Scheduler:
         log.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
 
     def _admit(self, sb: ScheduledBatch, budget: int) -> None:
-        admitted: list[Req] = [r for r in self.running if not r.output_ids]  # still prefilling
+        # still prefilling, or prefilled by a pass in flight (overlap): its prompt is not published yet
+        admitted: list[Req] = [r for r in self.running
+                               if not r.output_ids or (len(r.output_ids) == 1 and r.output_ids[0] < 0)]
         for req in order_waiting(self.waiting, self.policy, self.kv.cache):
             if budget <= 0 or len(self.running) >= self.max_running or not self.free_rows:
                 break
@@ -355,5 +366,5 @@ class Scheduler:
                  running_kv_slots_unused=allocated - sum(kv.kv_len for kv in kvs))
         s.update(num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
                  num_retractions=self.num_retractions, num_finished_reqs=self.num_finished,
-                 num_generated_tokens=self.num_generated_tokens)
+                 num_generated_tokens=self.num_generated_tokens, num_cascade_passes=self.num_cascade_passes)
         return s

@@ -32,6 +32,7 @@ from radixrt.protocol import (
     WorkerControl,
 )
 from radixrt.scheduler.batch import build_forward_batch
+from radixrt.scheduler.cascade import DEFAULT_MIN_SAVED_TOKENS
 from radixrt.scheduler.scheduler import Scheduler
 
 log = logging.getLogger("radixrt.scheduler")
@@ -51,7 +52,10 @@ def build_scheduler(args: ServerArgs, worker_info: dict[str, Any]) -> Scheduler:
         chunk_size=args.resolved_chunked_prefill_size(), context_len=int(worker_info["context_length"]),
         vocab_size=int(worker_info["vocab_size"]), eos_token_ids=list(worker_info["eos_token_ids"]),
         schedule_policy=args.schedule_policy, max_queued_requests=args.max_queued_requests,
-        random_seed=args.random_seed)
+        random_seed=args.random_seed,
+        cascade_min_saved_tokens=0 if (args.disable_cascade_attention
+                                       or worker_info.get("attention_backend") != "triton")
+        else DEFAULT_MIN_SAVED_TOKENS)
 
 
 class SchedulerLoop:
@@ -74,6 +78,12 @@ class SchedulerLoop:
         self.in_flight = None  # the pass sent but not yet processed (overlap scheduling)
         self.wait_ms_total = 0.0  # time spent waiting for results: the scheduler idle, the worker busy
         self.schedule_ms_total = 0.0  # time building and sending passes
+        # GPU time in passes, and GPU idle time between consecutive passes while there was work
+        # (a pass built right after an idle period does not count its gap)
+        self.gpu_busy_ms_total = 0.0
+        self.gpu_gap_ms_total = 0.0
+        self.prev_step_busy = False
+        self.after_idle: set[int] = set()  # batch ids of passes built after an idle period
         self.steps_at_last_log = 0
 
     def handle(self, msg: Any) -> None:
@@ -106,6 +116,10 @@ class SchedulerLoop:
         s["result_wait_ms_mean"] = self.wait_ms_total / max(self.steps, 1)
         s["schedule_ms_mean"] = self.schedule_ms_total / max(self.steps, 1)
         s["num_steps"] = self.steps
+        s["gpu_busy_ms_total"] = self.gpu_busy_ms_total
+        s["gpu_gap_ms_total"] = self.gpu_gap_ms_total
+        busy_and_gap = self.gpu_busy_ms_total + self.gpu_gap_ms_total
+        s["gpu_idle_fraction"] = self.gpu_gap_ms_total / busy_and_gap if busy_and_gap > 0 else None
         s["overlap_schedule"] = self.overlap
         s["invariants_ok"] = None  # checked only when idle (running requests move pages)
         if self.sched.is_idle and self.in_flight is None:
@@ -132,7 +146,10 @@ class SchedulerLoop:
         if sb is not None:
             self.tx_worker.send(build_forward_batch(sb))
             self.schedule_ms_total += (time.perf_counter() - t0) * 1e3
+            if not self.prev_step_busy and self.in_flight is None:
+                self.after_idle.add(sb.batch_id)
         busy = sb is not None or self.in_flight is not None
+        self.prev_step_busy = busy
         if self.in_flight is not None:
             self._complete(self.in_flight)
         if sb is not None and not self.overlap:
@@ -146,6 +163,11 @@ class SchedulerLoop:
         res = self.rx_worker.recv()
         self.wait_ms_total += (time.perf_counter() - t0) * 1e3
         self.forward_ms_total += res.forward_ms
+        self.gpu_busy_ms_total += res.gpu_busy_ms
+        if sb.batch_id in self.after_idle:
+            self.after_idle.discard(sb.batch_id)
+        elif res.gpu_gap_ms >= 0:
+            self.gpu_gap_ms_total += res.gpu_gap_ms
         self.steps += 1
         self.sched.process_result(sb, res)
 

@@ -2,7 +2,9 @@
 
 Per pass: `prepare(meta)` once, then `forward(q, k, v, layer_id, scale)` per layer, which stores the
 new K/V into the pool at meta.out_cache_loc and then attends:
-  DECODE         -> decode_attention (split-KV, Flash-Decoding), one query token per request
+  DECODE         -> decode_attention (split-KV, Flash-Decoding), one query token per request;
+                    with meta.cascade (groups sharing prefix pages): cascade_decode_attention,
+                    which reads each group's prefix once (eager only, never inside a CUDA graph)
   EXTEND / MIXED -> extend_attention (prefix through the page table + causal over the new tokens)
 
 CUDA graphs (decode): forward does no host synchronisation, and its only allocation is the output,
@@ -17,7 +19,15 @@ from __future__ import annotations
 
 import torch
 
-from radixrt.kernels import choose_num_kv_splits, decode_attention, extend_attention, store_kv
+from radixrt.kernels import (
+    cascade_decode_attention,
+    choose_num_kv_splits,
+    choose_num_prefix_splits,
+    decode_attention,
+    extend_attention,
+    store_kv,
+)
+from radixrt.kernels.cascade_attention import default_tile
 from radixrt.protocol import ForwardMode
 from radixrt.worker.forward_meta import ForwardMeta, KVPool
 
@@ -49,6 +59,7 @@ class TritonAttnBackend:
                         if self.device.type == "cuda" else DEFAULT_NUM_SMS)
         self._meta: ForwardMeta | None = None
         self._num_kv_splits = 1
+        self._num_prefix_splits = 1
         self._num_q_heads: int | None = None
         self._mid_o: torch.Tensor | None = None  # flat fp32 workspace for decode partial outputs
         self._mid_lse: torch.Tensor | None = None
@@ -70,7 +81,14 @@ class TritonAttnBackend:
         """Remember the pass's metadata and pick the decode split count (host ints only, no sync)."""
         self._meta = meta
         if meta.mode == ForwardMode.DECODE:
-            self._num_kv_splits = self._splits(meta.batch_size, meta.max_seq_len)
+            c = meta.cascade
+            if c is None:
+                self._num_kv_splits = self._splits(meta.batch_size, meta.max_seq_len)
+            else:  # suffix splits over the longest [kv_start, seq_len) range, prefix splits per group
+                self._num_kv_splits = self._splits(meta.batch_size, c.max_suffix_len)
+                self._num_prefix_splits = choose_num_prefix_splits(
+                    int(c.starts.shape[0]) - 1, c.max_group_size, c.num_q_heads, self.num_kv_heads,
+                    c.max_prefix_len, self.num_sms, block_m=default_tile(self.head_dim, self.device).block_m)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 scale: float) -> torch.Tensor:
@@ -93,6 +111,11 @@ class TritonAttnBackend:
                 scale: float) -> torch.Tensor:
         batch_size, num_q_heads, head_dim = q.shape
         splits = self._num_kv_splits
+        c = meta.cascade
+        if c is not None:
+            return cascade_decode_attention(
+                q, k_buffer, v_buffer, meta.page_table, meta.seq_lens, c.kv_start, c.members, c.starts,
+                c.prefix_lens, meta.page_size, scale, splits, self._num_prefix_splits, c.max_group_size)
         if self._num_q_heads != num_q_heads:
             self._alloc_workspace(num_q_heads)
         mid_o = mid_lse = None

@@ -20,6 +20,29 @@ from radixrt.protocol import ForwardMode
 
 
 @dataclass(slots=True)
+class CascadeMeta:
+    """Groups of decode requests whose first `prefix_lens[g]` tokens are the same physical pages
+    (the scheduler finds them; see scheduler/cascade.py). Device int32 tensors:
+
+    members      [M]    batch indices of grouped requests, each group contiguous
+    starts       [G+1]  offsets of the groups in `members`
+    prefix_lens  [G]    shared tokens of each group (a whole number of pages, < every member's seq_len)
+    kv_start     [B]    the group's prefix length for members, 0 for requests in no group
+    max_group_size, max_prefix_len, max_suffix_len (longest seq_len - kv_start), num_q_heads:
+                        host ints (grid sizes)
+    """
+
+    members: torch.Tensor
+    starts: torch.Tensor
+    prefix_lens: torch.Tensor
+    kv_start: torch.Tensor
+    max_group_size: int
+    max_prefix_len: int
+    max_suffix_len: int
+    num_q_heads: int
+
+
+@dataclass(slots=True)
 class ForwardMeta:
     """Device tensors describing one pass. All int tensors are int32 unless noted.
 
@@ -33,6 +56,7 @@ class ForwardMeta:
     out_cache_loc     [T]  int64 slot where each new token's K/V is stored
     positions         [T]  int64 position of each new token
     max_seq_len, max_extend_len : host ints (kernel grid sizes, no device sync needed)
+    cascade           CascadeMeta when a DECODE batch has groups of requests sharing prefix pages
     """
 
     mode: ForwardMode
@@ -46,6 +70,7 @@ class ForwardMeta:
     positions: torch.Tensor
     max_seq_len: int
     max_extend_len: int
+    cascade: CascadeMeta | None = None
 
     @property
     def batch_size(self) -> int:

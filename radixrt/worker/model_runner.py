@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from radixrt.config import ServerArgs
 from radixrt.models.loader import load_model, read_model_config
 from radixrt.protocol import ForwardMode
 from radixrt.worker import sampler
-from radixrt.worker.forward_meta import ForwardMeta
+from radixrt.worker.forward_meta import CascadeMeta, ForwardMeta
 from radixrt.worker.kv_pool import MIN_SLACK_BYTES, PagedKVPool, cuda_pool_tokens, measure_peak_bytes
 from radixrt.worker.penalties import PenaltyState
 
@@ -30,6 +31,69 @@ if TYPE_CHECKING:
     from radixrt.worker.cuda_graph import CudaGraphRunner
 
 CPU_DEFAULT_POOL_TOKENS = 65536
+
+
+def cascade_kv_start(batch: protocol.ForwardBatch) -> np.ndarray:
+    """[B] int32 (or [0] without cascade): each grouped request's shared prefix length, else 0."""
+    if len(batch.cascade_starts) < 2:
+        return np.zeros(0, np.int32)
+    sizes = np.diff(batch.cascade_starts)
+    kv_start = np.zeros(len(batch.req_rows), np.int32)
+    kv_start[batch.cascade_members] = np.repeat(batch.cascade_prefix_lens, sizes)
+    return kv_start
+
+
+class TimedSpan:
+    """When a pass ran on the device: CUDA events around its work (wall clock on CPU, where the
+    work is done by the time `launch` returns)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t_begin = self.t_end = time.perf_counter()
+
+    @classmethod
+    def start(cls, device: torch.device) -> TimedSpan:
+        return cls(device)
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t_end = time.perf_counter()
+
+    def done(self) -> bool:
+        return self.end.query() if self.cuda else True
+
+    def wait(self) -> None:
+        if self.cuda:
+            self.end.synchronize()
+
+    def busy_ms(self) -> float:
+        """Device time of the pass (ms); valid after wait()."""
+        return self.begin.elapsed_time(self.end) if self.cuda else (self.t_end - self.t_begin) * 1e3
+
+    def gap_ms(self, prev: TimedSpan | None) -> float:
+        """Device idle time (ms) between the end of `prev` and the start of this pass; -1 if none."""
+        if prev is None:
+            return -1.0
+        if self.cuda:
+            return max(0.0, prev.end.elapsed_time(self.begin))
+        return max(0.0, (self.t_begin - prev.t_end) * 1e3)
+
+
+@dataclass(slots=True)
+class PendingPass:
+    """A launched pass: its results are being copied to `host` (pinned) behind the device work."""
+
+    batch_id: int
+    t0: float
+    timing: TimedSpan
+    host: list[torch.Tensor] = field(default_factory=list)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -89,6 +153,7 @@ class ModelRunner:
                                        device=self.device)
         self.graphs: CudaGraphRunner | None = None
         self.last_next_ids: torch.Tensor | None = None  # [B] int64: tokens sampled by the last pass
+        self._last_timing: TimedSpan | None = None  # device timing of the last finished pass
         # before the pool, so that CUDA pool sizing counts it: rows x vocab x 5 bytes
         self.penalties = PenaltyState(self.max_req_rows, self.config.vocab_size, self.device)
         self.pool = PagedKVPool(self._num_pages(), self.page_size, cfg.num_layers, cfg.num_kv_heads,
@@ -125,51 +190,69 @@ class ModelRunner:
         return math.ceil(tokens / self.page_size) + 1
 
     # ------------------------------------------------------------------ per pass
-    def _tensor(self, a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.array(a, copy=True)).to(self.device, dtype, non_blocking=True)
+    def _upload(self, parts: list[np.ndarray], np_dtype: type) -> list[torch.Tensor]:
+        """Host arrays -> device tensors in ONE host-to-device copy (pinned, asynchronous on CUDA).
 
-    def apply_memory_ops(self, batch: protocol.ForwardBatch) -> None:
-        """Page-table writes then copy-on-write page copies, as the scheduler ordered."""
-        if len(batch.upd_rows):
-            rows = self._tensor(batch.upd_rows, torch.int64)
-            cols = self._tensor(batch.upd_cols, torch.int64)
-            self.req_to_page[rows, cols] = self._tensor(batch.upd_pages, torch.int32)
-        if len(batch.cow_src):
-            self.pool.copy_pages(self._tensor(batch.cow_src, torch.int64),
-                                 self._tensor(batch.cow_dst, torch.int64))
+        A pass needs ~20 small arrays; copying them one by one costs ~10 us of host time each.
+        Pinned blocks come from torch's caching host allocator, which does not reuse a block until
+        its copy has finished, so a pass may be launched while the previous one still runs.
+        """
+        sizes = [len(a) for a in parts]
+        host = torch.from_numpy(np.concatenate(parts).astype(np_dtype, copy=False))
+        if self.device.type == "cuda":
+            host = host.pin_memory().to(self.device, non_blocking=True)
+        return list(torch.split(host, sizes))  # np.concatenate made a fresh array: nothing aliases the batch
 
-    def build_meta(self, batch: protocol.ForwardBatch) -> ForwardMeta:
-        """Device ForwardMeta for a batch (after apply_memory_ops)."""
+    def stage(self, batch: protocol.ForwardBatch) -> tuple[ForwardMeta, torch.Tensor, sampler.SamplingTensors]:
+        """Upload the pass's arrays, apply its page-table writes and copy-on-writes, and return
+        (ForwardMeta, input_ids [T] int64 with placeholders resolved, SamplingTensors).
+
+        Three host-to-device copies in all (int64, int32, float32 groups); no device sync.
+        """
         ext = batch.extend_lens.astype(np.int64)
         starts = np.concatenate([[0], np.cumsum(ext)[:-1]]) if len(ext) else ext
         seq = batch.seq_lens.astype(np.int64)
-        rows = self._tensor(batch.req_rows, torch.int64)
-        return ForwardMeta(
-            mode=ForwardMode(batch.mode), page_size=self.page_size,
-            page_table=self.req_to_page[rows],
-            seq_lens=self._tensor(seq, torch.int32), extend_lens=self._tensor(ext, torch.int32),
-            prefix_lens=self._tensor(seq - ext, torch.int32),
-            extend_start_loc=self._tensor(starts, torch.int32),
-            out_cache_loc=self._tensor(batch.out_cache_loc, torch.int64),
-            positions=self._tensor(batch.positions, torch.int64),
-            max_seq_len=int(seq.max()) if len(seq) else 0,
-            max_extend_len=int(ext.max()) if len(ext) else 0,
-        )
+        rows_np, use_min_p, need_sort = sampler.host_plan(batch.temperature, batch.top_k, batch.top_p,
+                                                          batch.min_p, self.config.vocab_size)
+        (req_rows, out_cache_loc, positions, ids, top_k, seeds, steps, upd_rows, upd_cols, cow_src, cow_dst,
+         sampled_rows, cascade_members) = self._upload(
+            [batch.req_rows, batch.out_cache_loc, batch.positions, batch.input_ids, batch.top_k, batch.seeds,
+             batch.sample_steps, batch.upd_rows, batch.upd_cols, batch.cow_src, batch.cow_dst, rows_np,
+             batch.cascade_members], np.int64)
+        kv_start = cascade_kv_start(batch)
+        (seq_lens, extend_lens, prefix_lens, extend_start_loc, upd_pages, cascade_starts,
+         cascade_prefix_lens, kv_start_dev) = self._upload(
+            [seq, ext, seq - ext, starts, batch.upd_pages, batch.cascade_starts, batch.cascade_prefix_lens,
+             kv_start], np.int32)
+        temperature, top_p, min_p = self._upload([batch.temperature, batch.top_p, batch.min_p],
+                                                 np.float32)
+        # memory ops, in the scheduler's order: page-table writes, then copy-on-write page copies
+        if len(batch.upd_rows):
+            self.req_to_page[upd_rows, upd_cols] = upd_pages
+        if len(batch.cow_src):
+            self.pool.copy_pages(cow_src, cow_dst)
+        cascade = None
+        if len(batch.cascade_starts) > 1:
+            cascade = CascadeMeta(members=cascade_members, starts=cascade_starts,
+                                  prefix_lens=cascade_prefix_lens, kv_start=kv_start_dev,
+                                  max_group_size=int(np.diff(batch.cascade_starts).max()),
+                                  max_prefix_len=int(batch.cascade_prefix_lens.max()),
+                                  max_suffix_len=int((seq - kv_start).max()),
+                                  num_q_heads=self.config.num_heads)
+        meta = ForwardMeta(
+            mode=ForwardMode(batch.mode), page_size=self.page_size, page_table=self.req_to_page[req_rows],
+            seq_lens=seq_lens, extend_lens=extend_lens, prefix_lens=prefix_lens,
+            extend_start_loc=extend_start_loc, out_cache_loc=out_cache_loc, positions=positions,
+            max_seq_len=int(seq.max()) if len(seq) else 0, max_extend_len=int(ext.max()) if len(ext) else 0,
+            cascade=cascade)
+        st = sampler.SamplingTensors(
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seeds=seeds, sample_steps=steps,
+            plan=sampler.SamplingPlan(sampled_rows, len(rows_np), use_min_p, need_sort))
+        return meta, self._resolve_placeholders(batch, ids), st
 
-    def sampling_tensors(self, batch: protocol.ForwardBatch) -> sampler.SamplingTensors:
-        return sampler.SamplingTensors(
-            temperature=self._tensor(batch.temperature, torch.float32),
-            top_p=self._tensor(batch.top_p, torch.float32),
-            top_k=self._tensor(batch.top_k, torch.int64),
-            min_p=self._tensor(batch.min_p, torch.float32),
-            seeds=self._tensor(batch.seeds, torch.int64),
-            sample_steps=self._tensor(batch.sample_steps, torch.int64),
-        )
-
-    def input_ids_of(self, batch: protocol.ForwardBatch) -> torch.Tensor:
-        """input_ids [T] int64 on device, placeholders `-(j + 1)` replaced by the token sampled for
-        request j of the previous pass (overlap scheduling sends a pass before its inputs are known)."""
-        ids = self._tensor(batch.input_ids, torch.int64)
+    def _resolve_placeholders(self, batch: protocol.ForwardBatch, ids: torch.Tensor) -> torch.Tensor:
+        """Placeholders `-(j + 1)` in input_ids become the token sampled for request j of the previous
+        pass (overlap scheduling sends a pass before its inputs are known); on the device, no sync."""
         if len(batch.input_ids) and int(batch.input_ids.min()) < 0:
             if self.last_next_ids is None:
                 raise ValueError(f"ForwardBatch {batch.batch_id}: placeholder input with no previous pass")
@@ -180,10 +263,11 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_logits(self, batch: protocol.ForwardBatch) -> torch.Tensor:
         """Apply memory ops, run the model, return logits [B, V] float32 of each request's last token."""
-        self.apply_memory_ops(batch)
-        meta = self.build_meta(batch)
-        input_ids = self.input_ids_of(batch)
-        if self.graphs is not None and self.graphs.can_run(meta):
+        meta, input_ids, _ = self.stage(batch)
+        return self._logits(meta, input_ids)
+
+    def _logits(self, meta: ForwardMeta, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.graphs is not None and meta.cascade is None and self.graphs.can_run(meta):
             return self.graphs.replay(meta, input_ids)
         self.backend.prepare(meta)
         hidden = self.model(input_ids, meta.positions, meta, self.backend)  # [T, H]
@@ -191,31 +275,73 @@ class ModelRunner:
         return self.model.compute_logits(hidden[last])
 
     @torch.inference_mode()
-    def forward(self, batch: protocol.ForwardBatch) -> protocol.ForwardResult:
-        """Execute one ForwardBatch and sample; see protocol.ForwardBatch for the fields."""
+    def launch(self, batch: protocol.ForwardBatch) -> PendingPass:
+        """Enqueue one ForwardBatch (memory ops, model, sampling, device->host copies of the results)
+        without waiting for the device; `finish` waits and returns the ForwardResult.
+
+        On CUDA the host returns as soon as the work is queued, so the next pass can be launched
+        behind this one and the GPU never waits for Python between them (overlap scheduling).
+        Passes must be finished in launch order. See protocol.ForwardBatch for the fields.
+
+        Raises:
+            ValueError: a malformed batch (extend_lens not matching input_ids, placeholders with no
+                previous pass).
+        """
         t0 = time.perf_counter()
+        timing = TimedSpan.start(self.device)
+        pending = PendingPass(batch_id=batch.batch_id, t0=t0, timing=timing)
         if batch.mode == ForwardMode.IDLE or len(batch.req_rows) == 0:
-            self.apply_memory_ops(batch)
-            return protocol.ForwardResult(batch_id=batch.batch_id)
+            self.stage(batch)
+            timing.stop()
+            return pending
         if int(batch.extend_lens.min()) < 1 or int(batch.extend_lens.sum()) != len(batch.input_ids):
             raise ValueError(f"ForwardBatch {batch.batch_id}: every request needs extend_len >= 1 and "
                              f"sum(extend_lens) == len(input_ids); got {batch.extend_lens.tolist()} "
                              f"for {len(batch.input_ids)} tokens")
         self.penalties.prepare(batch)
-        logits = self.forward_logits(batch)
+        meta, input_ids, st = self.stage(batch)
+        logits = self._logits(meta, input_ids)
         # penalties and logit bias shape what is sampled; logprobs stay those of the raw logits
-        next_ids = sampler.sample(self.penalties.process(logits, batch), self.sampling_tensors(batch))
+        next_ids = sampler.sample(self.penalties.process(logits, batch), st)
         self.penalties.record(batch, next_ids)
         self.last_next_ids = next_ids
-        res = protocol.ForwardResult(batch_id=batch.batch_id)
+        outs = [next_ids.to(torch.int32)]
         if batch.return_logprob:
             chosen, top_ids, top_vals = sampler.logprobs_of(logits, next_ids, batch.top_logprobs_num)
-            res.logprobs = chosen.cpu().numpy().astype(np.float32)
-            res.top_logprob_ids = top_ids.reshape(-1).cpu().numpy().astype(np.int32)
-            res.top_logprobs = top_vals.reshape(-1).cpu().numpy().astype(np.float32)
-        res.next_token_ids = next_ids.cpu().numpy().astype(np.int32)
-        res.forward_ms = (time.perf_counter() - t0) * 1000.0
+            outs += [chosen, top_ids.reshape(-1).to(torch.int32), top_vals.reshape(-1)]
+        pending.host = [self._to_host(t) for t in outs]
+        timing.stop()
+        return pending
+
+    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return t
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return host.copy_(t, non_blocking=True)
+
+    def finish(self, pending: PendingPass) -> protocol.ForwardResult:
+        """Wait for a launched pass and return its ForwardResult (with GPU busy/idle times)."""
+        pending.timing.wait()
+        res = protocol.ForwardResult(batch_id=pending.batch_id)
+        if pending.host:
+            res.next_token_ids = pending.host[0].numpy()
+            if len(pending.host) > 1:
+                res.logprobs = pending.host[1].numpy().astype(np.float32)
+                res.top_logprob_ids = pending.host[2].numpy()
+                res.top_logprobs = pending.host[3].numpy().astype(np.float32)
+        res.forward_ms = (time.perf_counter() - pending.t0) * 1000.0
+        res.gpu_busy_ms = pending.timing.busy_ms()
+        res.gpu_gap_ms = pending.timing.gap_ms(self._last_timing)
+        self._last_timing = pending.timing
         return res
+
+    def poll(self, pending: PendingPass) -> bool:
+        """True when `finish(pending)` would not block."""
+        return pending.timing.done()
+
+    def forward(self, batch: protocol.ForwardBatch) -> protocol.ForwardResult:
+        """Execute one ForwardBatch and sample (launch + finish); see protocol.ForwardBatch."""
+        return self.finish(self.launch(batch))
 
     # ------------------------------------------------------------------ CUDA memory profile
     def _activation_reserve_bytes(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -31,6 +32,34 @@ class SamplingTensors:
     min_p: torch.Tensor
     seeds: torch.Tensor
     sample_steps: torch.Tensor
+    plan: SamplingPlan | None = None  # host-side decisions; None = decide on the device (syncs)
+
+
+@dataclass(slots=True)
+class SamplingPlan:
+    """What `sample` must do, decided on the host from the batch's numpy parameters, so that
+    sampling needs no device->host synchronisation (overlap scheduling launches the next pass
+    while this one runs; a sync here would stall it).
+
+    sampled_rows: [R] int64 device tensor of the rows that are not greedy (R may be 0);
+    use_min_p: some sampled row has min_p > 0; need_sort: some sampled row uses top-k or top-p.
+    """
+
+    sampled_rows: torch.Tensor
+    num_sampled: int
+    use_min_p: bool
+    need_sort: bool
+
+
+def host_plan(temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray,
+              vocab_size: int) -> tuple[np.ndarray, bool, bool]:
+    """(sampled row indices int64 [R], use_min_p, need_sort) from host arrays [B] (see SamplingPlan)."""
+    greedy = (temperature <= 0) | (top_k == 1)
+    rows = np.flatnonzero(~greedy).astype(np.int64)
+    use_min_p = bool((min_p[rows] > 0).any())
+    k = top_k[rows]
+    need_sort = bool(((k > 0) & (k < vocab_size)).any()) or bool((top_p[rows] < 1.0).any())
+    return rows, use_min_p, need_sort
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -64,17 +93,21 @@ def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -
 
 
 def _filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  min_p: torch.Tensor) -> torch.Tensor:
+                  min_p: torch.Tensor, use_min_p: bool | None = None,
+                  need_sort: bool | None = None) -> torch.Tensor:
     """Zero the probabilities that top-k / top-p / min-p exclude. probs [B, V] float32 -> [B, V].
 
     The most likely token always survives. top-p keeps the smallest prefix of the descending
     order whose mass reaches top_p (the token that crosses the threshold is kept).
     """
     vocab = probs.shape[-1]
-    if bool((min_p > 0).any()):
+    if use_min_p is None:  # decided on the device: a sync
+        use_min_p = bool((min_p > 0).any())
+    if use_min_p:
         p_max = probs.max(dim=-1, keepdim=True).values
         probs = torch.where(probs < min_p[:, None] * p_max, 0.0, probs)
-    need_sort = bool(((top_k > 0) & (top_k < vocab)).any()) or bool((top_p < 1.0).any())
+    if need_sort is None:
+        need_sort = bool(((top_k > 0) & (top_k < vocab)).any()) or bool((top_p < 1.0).any())
     if not need_sort:
         return probs
     sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # [B, V]
@@ -97,14 +130,21 @@ def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         [B] int64 token ids. Greedy rows (temperature == 0 or top_k == 1) get exactly argmax.
     """
     greedy_ids = logits.argmax(dim=-1)  # [B]
-    greedy = (st.temperature <= 0) | (st.top_k == 1)
-    if bool(greedy.all()):
-        return greedy_ids
-    rows = (~greedy).nonzero().squeeze(1)  # [R]
+    plan = st.plan
+    if plan is None:  # decide on the device (a sync; the model runner always passes a plan)
+        greedy = (st.temperature <= 0) | (st.top_k == 1)
+        if bool(greedy.all()):
+            return greedy_ids
+        rows = (~greedy).nonzero().squeeze(1)  # [R]
+        use_min_p = need_sort = None
+    else:
+        if plan.num_sampled == 0:
+            return greedy_ids
+        rows, use_min_p, need_sort = plan.sampled_rows, plan.use_min_p, plan.need_sort
     lg = logits[rows]  # [R, V]
     temp = st.temperature[rows].clamp_min(1e-6)[:, None]
     probs = torch.softmax(lg / temp, dim=-1)
-    probs = _filter_probs(probs, st.top_k[rows], st.top_p[rows], st.min_p[rows])
+    probs = _filter_probs(probs, st.top_k[rows], st.top_p[rows], st.min_p[rows], use_min_p, need_sort)
     u = counter_uniform(st.seeds[rows], st.sample_steps[rows], lg.shape[-1])  # [R, V]
     race = probs / (-torch.log(u))  # argmax of p / Exp(1) samples j with probability ~ p_j
     drawn = race.argmax(dim=-1)

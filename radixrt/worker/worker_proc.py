@@ -74,19 +74,40 @@ def _start(args: ServerArgs, addrs: IpcAddresses, ctx: zmq.Context, model_dir: P
 
 
 def _serve(runner, inbox: Receiver, results: Sender) -> None:
-    """Loop until a shutdown control message. A failing batch is fatal: it is logged and re-raised."""
+    """Loop until a shutdown control message. A failing batch is fatal: it is logged and re-raised.
+
+    At most one pass is pending (launched, result not yet sent). While one is, the loop polls for
+    the next ForwardBatch and the pending pass's completion at once: a batch that arrives first is
+    launched behind the pending pass (the device goes straight from one to the next), then the
+    pending result is sent. With --disable-overlap-schedule the scheduler sends a pass only after
+    the previous result, so every pass is launched and finished alone. On CPU `launch` computes
+    the whole pass, so nothing is ever left pending for long.
+    """
+    pending = None
     while True:
-        msg = inbox.recv()
+        if pending is None:
+            msg = inbox.recv()
+        else:
+            msg = inbox.recv(timeout_ms=0)
+            if msg is None:
+                if runner.poll(pending):
+                    results.send(runner.finish(pending))
+                    pending = None
+                continue
         if isinstance(msg, protocol.WorkerControl):
             if msg.kind == "shutdown":
+                if pending is not None:
+                    results.send(runner.finish(pending))
                 log.info("worker shutting down")
                 return
             continue  # "flush": nothing cached on the worker side today
         try:
-            res = runner.forward(msg)
+            launched = runner.launch(msg)
         except Exception:
             log.error("forward failed on batch %d: mode=%d req_rows=%s extend_lens=%s seq_lens=%s "
                       "num_input_ids=%d", msg.batch_id, msg.mode, msg.req_rows.tolist(),
                       msg.extend_lens.tolist(), msg.seq_lens.tolist(), len(msg.input_ids))
             raise
-        results.send(res)
+        if pending is not None:
+            results.send(runner.finish(pending))
+        pending = launched

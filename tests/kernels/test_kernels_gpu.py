@@ -14,7 +14,9 @@ import torch
 from radixrt.kernels import (
     apply_rotary,
     build_rope_cache,
+    cascade_decode_attention,
     choose_num_kv_splits,
+    choose_num_prefix_splits,
     decode_attention,
     extend_attention,
     rms_norm,
@@ -23,12 +25,15 @@ from radixrt.kernels import (
 )
 from radixrt.kernels.reference import (
     apply_rotary_ref,
+    cascade_decode_attention_ref,
     decode_attention_ref,
     extend_attention_ref,
     rms_norm_ref,
     silu_and_mul_ref,
     store_kv_ref,
 )
+
+from .test_cascade_attention import make_cascade_batch
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -79,6 +84,63 @@ def test_decode_attention_gpu(paged_batch, batch_size, max_len):
     o = decode_attention(b.q, b.k_buffer, b.v_buffer, b.page_table, b.seq_lens, PAGE, None, splits, out=out)
     ref = decode_attention_ref(b.q, b.k_buffer, b.v_buffer, b.page_table, b.seq_lens, PAGE, None)
     check_attention(o, ref)
+
+
+def _cascade_splits(c, prefix_len: int) -> tuple[int, int]:
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    longest_own = int((c.seq_lens - c.kv_start).max())
+    splits = choose_num_kv_splits(c.q.shape[0], HKV, longest_own, num_sms)
+    prefix_splits = choose_num_prefix_splits(c.group_starts.shape[0] - 1, c.max_group_size, HQ, HKV, prefix_len,
+                                             num_sms)
+    return splits, prefix_splits
+
+
+@pytest.mark.parametrize("num_groups, group_size, num_loners", [(1, 128, 0), (4, 32, 8)])
+def test_cascade_decode_attention_gpu(num_groups, group_size, num_loners):
+    """128 requests sharing a 2,048-token prefix (or 4 groups of 32, plus requests in no group),
+    each with 1..200 private tokens."""
+    gen = torch.Generator().manual_seed(num_groups)
+    groups = [(2048, torch.randint(1, 201, (group_size,), generator=gen).tolist()) for _ in range(num_groups)]
+    loners = torch.randint(1, 3000, (num_loners,), generator=gen).tolist()
+    c = make_cascade_batch(groups, loners, PAGE, HQ, HKV, D, BF16, seed=21)
+    splits, prefix_splits = _cascade_splits(c, 2048)
+    out = torch.full_like(c.q, float("nan"), memory_format=torch.contiguous_format)
+    o = cascade_decode_attention(*c.args(PAGE), splits, prefix_splits, c.max_group_size, out=out)
+    check_attention(o, cascade_decode_attention_ref(*c.args(PAGE)))
+
+
+def test_cascade_decode_attention_cuda_graph():
+    """Capture the cascade once, then shrink the shared prefix and change the suffixes, pages and
+    queries in place: lengths are read on the device, so the replay is exact."""
+    gen = torch.Generator().manual_seed(22)
+    c = make_cascade_batch([(2048, [200] * 48), (1024, [200] * 16)], [2000] * 4, PAGE, HQ, HKV, D, BF16, seed=22)
+    splits, prefix_splits = _cascade_splits(c, 2048)
+    out = torch.empty_like(c.q, memory_format=torch.contiguous_format)
+    rows = splits + prefix_splits
+    mid_o = torch.empty(c.q.shape[0], HQ, rows, D, device=c.q.device)
+    mid_lse = torch.empty(c.q.shape[0], HQ, rows, device=c.q.device)
+
+    def run():
+        cascade_decode_attention(*c.args(PAGE), splits, prefix_splits, c.max_group_size, out=out, mid_o=mid_o,
+                                 mid_lse=mid_lse)
+
+    run()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    # shorter prefixes (still page-aligned and shared), new suffix lengths and queries
+    c.group_prefix_lens.copy_(torch.tensor([1008, 512], dtype=torch.int32))
+    members = c.group_members.long()
+    new_start = torch.zeros_like(c.kv_start)
+    new_start[members[:48]], new_start[members[48:]] = 1008, 512
+    c.kv_start.copy_(new_start)
+    c.seq_lens.copy_(torch.minimum(c.seq_lens, torch.randint(1, 2300, c.seq_lens.shape, generator=gen)
+                                   .to(c.seq_lens)).clamp_min(new_start + 1))
+    c.q.copy_(torch.randn(c.q.shape, generator=gen).to(c.q))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_attention(out, cascade_decode_attention_ref(*c.args(PAGE)))
 
 
 def test_norm_rope_act_gpu():

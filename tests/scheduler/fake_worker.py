@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixrt.protocol import ForwardBatch, ForwardResult
+from radixrt.protocol import ForwardBatch, ForwardMode, ForwardResult
 
 
 class KVMismatch(AssertionError):
@@ -27,6 +27,8 @@ class FakeWorker:
         self.req_to_page = np.zeros((max_rows, max_pages_per_req), np.int64)
         self.slots = np.full(num_pages * page_size, -1, np.int64)
         self.num_passes = 0
+        self.num_cascade_passes = 0
+        self.cascade_grouped_rows: set[int] = set()
         self.last_out = np.zeros(0, np.int64)
 
     def next_token(self, seq: list[int]) -> int:
@@ -61,8 +63,40 @@ class FakeWorker:
                 raise KVMismatch(f"row {row}: out_cache_loc disagrees with the page table")
             start += ext
             out.append(self.next_token(seq))
+        if len(fb.cascade_starts):
+            self._check_cascade(fb, expected)
         self.last_out = np.array(out, np.int64)
         return ForwardResult(batch_id=fb.batch_id, next_token_ids=np.array(out, np.int32))
+
+    def _check_cascade(self, fb: ForwardBatch, expected: dict[int, list[int]] | None) -> None:
+        """What the cascade kernel relies on: each group's prefix, read through its FIRST member's
+        page-table row, is every member's own KV for those positions (whole pages, before the new token)."""
+        if fb.mode != int(ForwardMode.DECODE):
+            raise KVMismatch("cascade groups in a pass that is not DECODE")
+        members = fb.cascade_members.tolist()
+        if len(set(members)) != len(members) or fb.cascade_starts[-1] != len(members):
+            raise KVMismatch(f"bad cascade members {members} / starts {fb.cascade_starts.tolist()}")
+        ps = self.page_size
+        self.num_cascade_passes += 1
+        for g, prefix in enumerate(fb.cascade_prefix_lens.tolist()):
+            group = members[fb.cascade_starts[g]:fb.cascade_starts[g + 1]]
+            leader_row = int(fb.req_rows[group[0]])
+            if prefix <= 0 or prefix % ps or len(group) < 2:
+                raise KVMismatch(f"group {g}: prefix {prefix} / size {len(group)}")
+            pages = prefix // ps
+            for b in group:
+                row = int(fb.req_rows[b])
+                if prefix >= int(fb.seq_lens[b]):
+                    raise KVMismatch(f"group {g}: prefix {prefix} covers request {b}'s new token")
+                if not np.array_equal(self.req_to_page[row, :pages], self.req_to_page[leader_row, :pages]):
+                    raise KVMismatch(f"group {g}: request {b} does not share the prefix pages")
+                if expected is not None:
+                    pos = np.arange(prefix)
+                    got = self.slots[self.req_to_page[leader_row, pos // ps] * ps + pos % ps]
+                    want = self.resolve(np.asarray(expected[row][:prefix]))
+                    if not np.array_equal(got, want):
+                        raise KVMismatch(f"group {g}: the shared prefix is not request {b}'s KV")
+            self.cascade_grouped_rows.update(int(fb.req_rows[b]) for b in group)
 
     def resolve(self, ids: np.ndarray) -> np.ndarray:
         """Replace placeholders -(j + 1) by the token sampled for request j of the previous pass."""

@@ -1,0 +1,241 @@
+"""Cascade (shared-prefix) decode attention: the shared prefix of a group of requests is read once.
+
+When many decoding requests share a long prefix (the same physical KV pages, e.g. one system prompt),
+plain decode attention streams the prefix's K/V once per request. Here it is streamed once per
+(group, block of query rows, KV head), as in cascade inference (Ye et al. 2024, FlashInfer, "Cascade
+Inference: memory bandwidth efficient shared prefix batch decoding") and Hydragen (Juravsky et al.
+2024, "Hydragen: high-throughput LLM inference with shared prefixes"): the queries of all members of
+a group attend to the prefix together, as one matrix product, and the per-request suffix attention
+is merged in by log-sum-exp. Three launches:
+
+  A. prefix (this module): grid (group x block of rows, KV head, prefix split). Rows are
+     (member, query head) pairs of one KV head, member-major, packed densely: row r of group g is
+     member r // G, query head kvh * G + r % G (G = Hq // Hkv). A program streams its split of the
+     group's prefix once, through the FIRST member's page-table row, with tl.dot scores and the
+     FlashAttention-2 online softmax (exp2 domain), and writes a partial output and log2-sum-exp
+     into mid slot num_kv_splits + split of each of its rows.
+  B. suffix: decode_attention's split stage with kv_start, over [kv_start, seq_len) of every request
+     (requests in no group have kv_start = 0, i.e. their whole sequence): mid slots 0..S-1.
+  C. merge: decode_attention's merge stage over the S suffix slots, plus the prefix slots of rows with
+     kv_start > 0 (rows with kv_start == 0 never read them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check, dot_precision, next_pow2
+from .decode_attention import (
+    H200_NUM_SMS,
+    LOG2E,
+    check_decode_args,
+    check_mid,
+    check_out,
+    run_merge_stage,
+    run_split_stage,
+)
+
+
+@triton.jit
+def _cascade_prefix_kernel(
+    q, k_buf, v_buf, page_table, group_members, group_starts, group_prefix_lens, mid_o, mid_lse,
+    qk_scale, num_prefix_splits, blocks_per_group,
+    stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_pt_b,
+    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    g = tl.program_id(0) // blocks_per_group
+    row0 = (tl.program_id(0) % blocks_per_group) * BLOCK_M
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    member0 = tl.load(group_starts + g)
+    num_members = tl.load(group_starts + g + 1) - member0
+    # this block's rows: (member, query head) pairs; rows past the group's end are padding
+    rows = row0 + tl.arange(0, BLOCK_M)
+    mask_m = rows < num_members * GROUP
+    b = tl.load(group_members + member0 + rows // GROUP, mask=mask_m, other=0).to(tl.int64)
+    heads = kvh * GROUP + rows % GROUP
+    # the prefix is read through the first member's page-table row
+    first_b = tl.load(group_members + member0, mask=num_members > 0, other=0).to(tl.int64)
+    # this split's token range of the prefix (empty for an all-padding block or an empty group)
+    prefix_len = tl.load(group_prefix_lens + g)
+    split_len = tl.cdiv(tl.cdiv(prefix_len, num_prefix_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, prefix_len)
+    end = tl.where(row0 < num_members * GROUP, end, start)
+
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    # the rows' queries [BLOCK_M, BLOCK_D], gathered from their requests; padding rows are zero
+    qm = tl.load(q + b[:, None] * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
+                 mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    for n0 in range(start, end, BLOCK_N):
+        # slots of this block of prefix positions, via the first member's page table
+        pos = n0 + offs_n
+        mask_n = pos < end
+        page = tl.load(page_table + first_b * stride_pt_b + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        slot = page * PAGE_SIZE + pos % PAGE_SIZE
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        # scores of every row against BLOCK_N keys: one K/V read serves all members of the block
+        kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        s = tl.dot(qm, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        # online softmax (FlashAttention-2 recurrence), exp2 domain
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vb = tl.load(v_buf + slot[:, None] * stride_vb_s + kvh * stride_vb_h + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # partial result and its log2-sum-exp per row; an empty split writes zeros and lse = -inf
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    tl.store(mid_o + b[:, None] * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s
+             + offs_d[None, :], out, mask=mask_m[:, None] & mask_d[None, :])
+    tl.store(mid_lse + b * stride_ml_b + heads * stride_ml_h + split, lse, mask=mask_m)
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeTile:
+    """Tile of the prefix stage (A): block_m query rows x block_n prefix tokens per step."""
+
+    block_m: int  # rows = (member, query head) pairs of one KV head; power of two >= 16 (tl.dot)
+    block_n: int  # prefix tokens per step; power of two >= 16
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and v >= 16 and v == next_pow2(v), f"{name} must be a power of two >= 16")
+        check(self.num_warps in (1, 2, 4, 8, 16) and self.num_stages >= 1, "bad num_warps/num_stages")
+
+
+def default_tile(head_dim: int, device: torch.device) -> CascadeTile:
+    """Stage-A tile. On the GPU (chosen for the H200 by reasoning, to be confirmed by
+    bench/kernels/bench_kernels.py): 128 rows x 64 tokens, 8 warps, 2 stages for D <= 128, i.e. q 32 KB
+    + 2 x (K 16 KB + V 16 KB) of shared memory (two programs fit in an SM's 228 KB) and a 128 x 128
+    fp32 accumulator over 256 threads; 128 rows hold 16 members of a GQA-8 group or 18 of GQA 7.
+    Larger heads halve both blocks. CPU (interpreter): small blocks exercise the loops."""
+    if device.type != "cuda":
+        return CascadeTile(16, 16, 4, 1)
+    if next_pow2(head_dim) <= 128:
+        return CascadeTile(128, 64, 8, 2)
+    return CascadeTile(64, 32, 4, 2)
+
+
+def choose_num_prefix_splits(num_groups: int, max_group_size: int, num_q_heads: int, num_kv_heads: int,
+                             max_prefix_len: int, num_sms: int = H200_NUM_SMS, max_splits: int = 16,
+                             block_m: int = 128) -> int:
+    """Number of prefix splits for stage A, from host ints only (no device sync).
+
+    Aim for about one stage-A program per SM over (group x row block, KV head, split), with at least
+    256 prefix tokens per split: every split costs a [rows, D] fp32 partial written and merged, which
+    for a whole group is comparable to the prefix K/V it replaces. block_m must match the tile used.
+    A CUDA graph captured with max_prefix_len >= every replayed prefix stays valid (the kernel
+    clips split ranges on the device).
+    """
+    group = num_q_heads // max(1, num_kv_heads)
+    row_blocks = max(1, num_groups) * triton.cdiv(max(1, max_group_size) * group, block_m)
+    want = triton.cdiv(num_sms, row_blocks * max(1, num_kv_heads))
+    by_len = triton.cdiv(max(1, max_prefix_len), 256)
+    return int(max(1, min(want, by_len, max_splits)))
+
+
+def _check_groups(q: torch.Tensor, kv_start: torch.Tensor, group_members: torch.Tensor, group_starts: torch.Tensor,
+                  group_prefix_lens: torch.Tensor, num_prefix_splits: int, max_group_size: int) -> None:
+    check(isinstance(kv_start, torch.Tensor), "kv_start is required ([B] int32; 0 for requests in no group)")
+    for name, t in (("group_members", group_members), ("group_starts", group_starts),
+                    ("group_prefix_lens", group_prefix_lens)):
+        check(isinstance(t, torch.Tensor) and t.dim() == 1 and t.dtype in (torch.int32, torch.int64),
+              f"{name} must be a 1-D int32/int64 tensor")
+        check(t.device == q.device, f"all tensors must be on {q.device}")
+    check(group_starts.shape[0] >= 1, "group_starts must be [G + 1] (offsets into group_members)")
+    num_groups = group_starts.shape[0] - 1
+    check(group_prefix_lens.shape[0] == num_groups,
+          f"group_prefix_lens must be [{num_groups}] (one per group), got {tuple(group_prefix_lens.shape)}")
+    check(isinstance(num_prefix_splits, int) and num_prefix_splits >= 1, f"bad num_prefix_splits {num_prefix_splits!r}")
+    check(isinstance(max_group_size, int) and (max_group_size >= 1 or (max_group_size == 0 and num_groups == 0)),
+          f"max_group_size must be an int >= 1 when there are groups, got {max_group_size!r}")
+
+
+def cascade_decode_attention(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
+    seq_lens: torch.Tensor, kv_start: torch.Tensor, group_members: torch.Tensor, group_starts: torch.Tensor,
+    group_prefix_lens: torch.Tensor, page_size: int, scale: float | None, num_kv_splits: int,
+    num_prefix_splits: int, max_group_size: int, out: torch.Tensor | None = None,
+    mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None, tile: CascadeTile | None = None,
+) -> torch.Tensor:
+    """Decode attention (one query token per request) that reads each group's shared prefix once.
+
+    Equals decode_attention over [0, seq_len) of every request, given consistent group metadata.
+    q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale, out: as decode_attention.
+    kv_start          : [B] int32/int64, tokens of each request covered by its group's prefix (0 for a
+                        request in no group); the request's own split-KV pass covers [kv_start, seq_len)
+    group_members     : [M] int32/int64 batch indices of grouped requests, contiguous per group
+    group_starts      : [G + 1] int32/int64 offsets into group_members (group g is members
+                        group_starts[g] .. group_starts[g + 1] - 1; an empty group is allowed)
+    group_prefix_lens : [G] int32/int64 prefix tokens per group. Invariants (not checked on the device;
+                        reference.assert_groups_share_prefix checks them in tests): a request is in at
+                        most one group; every member b of g has kv_start[b] == group_prefix_lens[g]
+                        <= seq_lens[b] and the same pages page_table[b, :cdiv(prefix_len, page_size)]
+                        (read through the FIRST member's row); every non-member has kv_start == 0
+    num_kv_splits     : host int >= 1, splits of the suffix pass (choose_num_kv_splits on the longest
+                        [kv_start, seq_len) range)
+    num_prefix_splits : host int >= 1, splits of each prefix (choose_num_prefix_splits)
+    max_group_size    : host int >= every group's member count (larger groups lose rows silently)
+    mid_o, mid_lse    : optional fp32 workspaces [B, Hq, num_kv_splits + num_prefix_splits, D] and
+                        [B, Hq, num_kv_splits + num_prefix_splits]; i.e. 4 * B * Hq * (S + Sp) * (D + 1) bytes
+    tile              : optional stage-A CascadeTile (default: default_tile)
+    Grids depend only on shapes and host ints and lengths are read on the device (no host sync), so the
+    launches can be captured in a CUDA graph (pad G with empty groups to a fixed count).
+    Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices/arguments.
+    """
+    check_decode_args(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, num_kv_splits)
+    _check_groups(q, kv_start, group_members, group_starts, group_prefix_lens, num_prefix_splits, max_group_size)
+    batch_size, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    out = check_out(out, q)
+    num_slots = num_kv_splits + num_prefix_splits
+    mid_o, mid_lse = check_mid(mid_o, mid_lse, (batch_size, num_q_heads, num_slots), head_dim, q.device)
+    tile = default_tile(head_dim, q.device) if tile is None else tile
+    check(isinstance(tile, CascadeTile), "tile must be a CascadeTile")
+    if batch_size == 0:
+        return out
+    qk_scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * LOG2E
+
+    num_groups = group_starts.shape[0] - 1
+    if num_groups > 0:
+        group = num_q_heads // num_kv_heads
+        blocks_per_group = triton.cdiv(max_group_size * group, tile.block_m)
+        prefix_o, prefix_lse = mid_o[:, :, num_kv_splits:], mid_lse[:, :, num_kv_splits:]
+        _cascade_prefix_kernel[(num_groups * blocks_per_group, num_kv_heads, num_prefix_splits)](
+            q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens, prefix_o, prefix_lse,
+            qk_scale, num_prefix_splits, blocks_per_group,
+            q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+            v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
+            prefix_o.stride(0), prefix_o.stride(1), prefix_o.stride(2), prefix_lse.stride(0), prefix_lse.stride(1),
+            GROUP=group, PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim),
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, DOT_PRECISION=dot_precision(q.dtype),
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
+        )
+    run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
+                    num_kv_splits, mid_o, mid_lse)
+    run_merge_stage(mid_o, mid_lse, out, num_kv_splits, kv_start, num_prefix_splits)
+    return out
