@@ -2,6 +2,7 @@
 
 - plot_latency_cdfs: empirical CDFs of TTFT, ITL and e2e latency (ms), one line per run.
 - plot_concurrency_sweep: output tok/s and median TTFT / TPOT (ms) against max concurrency.
+- plot_long_short: short-request TTFT over time and stream ITL CDFs, one series per server config.
 """
 
 from __future__ import annotations
@@ -72,6 +73,39 @@ def plot_concurrency_sweep(runs: list[dict], path: Path) -> Path:
         ax.minorticks_off()
         ax.set_xlabel("max concurrency")
         ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_long_short(samples: dict[str, dict], path: Path) -> Path:
+    """The long/short scenario (bench/long_short.py), one series per server configuration:
+    short-request TTFT against send time (long prompts' arrivals as dotted lines, same colour) and
+    the CDF of the streams' inter-token gaps. `samples` maps a label to the `samples` dict of
+    run_long_short (short_send_s, short_ttft_ms, long_send_s, itl_ms). Returns the PNG path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for i, (label, s) in enumerate(samples.items()):
+        color = f"C{i % 10}"
+        ax_t.plot(s.get("short_send_s", []), s.get("short_ttft_ms", []), "o", ms=3.5, color=color, label=label)
+        for t in s.get("long_send_s", []):
+            ax_t.axvline(t, color=color, ls=":", lw=1)
+        _cdf(ax_c, list(s.get("itl_ms", [])), label)
+    ax_t.set_title("short requests: TTFT vs send time (dotted: long prompts sent)")
+    ax_t.set_xlabel("s since window start")
+    ax_t.set_ylabel("TTFT (ms)")
+    ax_t.set_yscale("log")
+    ax_c.set_title("decoding streams: inter-token gaps")
+    ax_c.set_xlabel("ms")
+    ax_c.set_xscale("log")
+    ax_c.set_ylabel("fraction of gaps")
+    ax_c.set_ylim(0, 1.02)
+    for ax in (ax_t, ax_c):
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -37,9 +37,31 @@ import numpy as np
 from tqdm import tqdm
 
 try:
+    from .serving_metrics import (  # noqa: F401  (re-exported: the public names of this module)
+        LATENCY_KEYS,
+        MAX_ERRORS_KEPT,
+        RUN_FIELDS,
+        STAT_FIELDS,
+        RequestOutcome,
+        _apply_event,
+        format_report,
+        latency_stats_ms,
+        summarize,
+    )
     from .workloads import Session, Workload, WorkloadSpec, add_workload_args, next_prompt, spec_from_args
 except ImportError:  # run as a script: python bench/serving.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.serving_metrics import (  # noqa: F401
+        LATENCY_KEYS,
+        MAX_ERRORS_KEPT,
+        RUN_FIELDS,
+        STAT_FIELDS,
+        RequestOutcome,
+        _apply_event,
+        format_report,
+        latency_stats_ms,
+        summarize,
+    )
     from bench.workloads import (
         Session,
         Workload,
@@ -50,18 +72,6 @@ except ImportError:  # run as a script: python bench/serving.py
     )
 
 SCHEMA_VERSION = 1
-MAX_ERRORS_KEPT = 5
-LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-RUN_FIELDS = (
-    "max_concurrency", "request_rate", "num_requests", "completed", "failed", "errors", "duration_s",
-    "request_throughput", "input_throughput", "output_throughput", "total_token_throughput",
-    "total_input_tokens", "total_output_tokens", "total_output_tokens_stream", "total_output_tokens_usage",
-    "usage_missing", "token_count_mismatches", "token_counts_consistent", "output_len_mismatches",
-    "prompt_len_mismatches", "cached_tokens", "cache_hit_rate", "mean_concurrency", "answer_ids_source",
-    "workload_seed",
-    *LATENCY_KEYS,
-)
-STAT_FIELDS = ("mean", "median", "p90", "p99", "min", "max", "count")
 
 
 @dataclass(slots=True)
@@ -74,6 +84,7 @@ class BenchConfig:
     request_rate: float = float("inf")
     max_concurrency: int | None = None
     concurrency_sweep: list[int] = field(default_factory=list)  # one run per level; overrides max_concurrency
+    sweep_num_prompts: list[int] = field(default_factory=list)  # per sweep level (default: workload's)
     warmup_requests: int = 1  # short requests on unrelated prompts before measuring
     timeout_s: float = 600.0
     api_key: str | None = None
@@ -91,41 +102,10 @@ class BenchConfig:
             raise ValueError("max_concurrency must be >= 1")
         if any(c < 1 for c in self.concurrency_sweep):
             raise ValueError("concurrency sweep levels must be >= 1")
-
-
-@dataclass(slots=True)
-class RequestOutcome:
-    """What one streamed request produced; times in seconds (time.perf_counter)."""
-
-    session_id: int
-    turn: int
-    prompt_len: int
-    output_len: int  # requested
-    start_s: float = 0.0
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
-    stream_tokens: int = 0
-    answer_ids: list[int] | None = None  # only when the server streams token_ids
-    usage_prompt_tokens: int | None = None
-    usage_completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.e2e_s is not None
-
-    @property
-    def output_tokens(self) -> int:
-        """usage.completion_tokens when the server sent usage, else the stream count."""
-        return self.usage_completion_tokens if self.usage_completion_tokens is not None else self.stream_tokens
-
-    @property
-    def tpot_s(self) -> float | None:
-        if not self.ok or self.ttft_s is None or self.output_tokens < 2:
-            return None
-        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+        if self.sweep_num_prompts and len(self.sweep_num_prompts) != len(self.concurrency_sweep):
+            raise ValueError("sweep_num_prompts needs one count per concurrency sweep level")
+        if any(n < 1 for n in self.sweep_num_prompts):
+            raise ValueError("sweep_num_prompts must be >= 1")
 
 
 # ----------------------------------------------------------------------------- one request
@@ -135,39 +115,6 @@ def _request_body(cfg: BenchConfig, model: str, prompt_ids: list[int], output_le
     return {"model": model, "prompt": prompt_ids, "max_tokens": output_len, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
             **({"return_token_ids": True} if cfg.request_token_ids else {}), **cfg.extra_body}
-
-
-def _apply_event(out: RequestOutcome, obj: dict, now: float, last: list[float]) -> None:
-    """Fold one SSE JSON event into `out`; `last` holds the time of the previous output chunk."""
-    if "error" in obj:
-        err = obj["error"]
-        out.error = str(err.get("message", err) if isinstance(err, dict) else err)
-        return
-    for choice in obj.get("choices") or []:
-        ids = choice.get("token_ids")
-        lp_tokens = (choice.get("logprobs") or {}).get("tokens")
-        if isinstance(ids, list):
-            n = len(ids)
-        elif isinstance(lp_tokens, list):  # legacy logprobs: one entry per token (send "logprobs": 0)
-            n = len(lp_tokens)
-        else:
-            n = 1 if choice.get("text") else 0
-        if isinstance(ids, list):
-            out.answer_ids = (out.answer_ids or []) + ids
-        if n == 0:
-            continue
-        out.stream_tokens += n
-        if out.ttft_s is None:
-            out.ttft_s = now - out.start_s
-        else:
-            out.itl_s.append(now - last[0])
-        last[0] = now
-    usage = obj.get("usage")
-    if usage:
-        out.usage_prompt_tokens = usage.get("prompt_tokens")
-        out.usage_completion_tokens = usage.get("completion_tokens")
-        details = usage.get("prompt_tokens_details") or {}
-        out.cached_tokens = details.get("cached_tokens")
 
 
 async def send_request(client: httpx.AsyncClient, cfg: BenchConfig, model: str, out: RequestOutcome,
@@ -311,60 +258,6 @@ async def run_once(cfg: BenchConfig, workload: Workload, max_concurrency: int | 
     return metrics, state.outcomes, model
 
 
-# ----------------------------------------------------------------------------- metrics
-
-
-def latency_stats_ms(values_s: list[float]) -> dict:
-    """mean / median / p90 / p99 / min / max in ms of values given in seconds (None when empty)."""
-    if not values_s:
-        return {k: (0 if k == "count" else None) for k in STAT_FIELDS}
-    a = np.asarray(values_s, dtype=np.float64) * 1000.0
-    return {"mean": float(a.mean()), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "min": float(a.min()), "max": float(a.max()),
-            "count": int(a.size)}
-
-
-def _token_counts(ok: list[RequestOutcome]) -> dict:
-    with_usage = [o for o in ok if o.usage_completion_tokens is not None]
-    mismatches = sum(o.stream_tokens != o.usage_completion_tokens for o in with_usage)
-    prompt_bad = sum(o.usage_prompt_tokens is not None and o.usage_prompt_tokens != o.prompt_len for o in ok)
-    return {
-        "total_output_tokens_stream": sum(o.stream_tokens for o in ok),
-        "total_output_tokens_usage": sum(o.usage_completion_tokens for o in with_usage) if with_usage else None,
-        "usage_missing": len(ok) - len(with_usage),
-        "token_count_mismatches": mismatches,
-        "token_counts_consistent": mismatches == 0 and len(with_usage) == len(ok),
-        "output_len_mismatches": sum(o.output_tokens != o.output_len for o in ok),
-        "prompt_len_mismatches": prompt_bad,
-    }
-
-
-def summarize(outcomes: list[RequestOutcome], duration_s: float) -> dict:
-    """Run metrics (see RUN_FIELDS) from per-request outcomes; throughputs in tok/s and req/s."""
-    ok = [o for o in outcomes if o.ok]
-    failed = [o for o in outcomes if not o.ok]
-    input_tokens = sum(o.prompt_len for o in ok)
-    output_tokens = sum(o.output_tokens for o in ok)
-    cached = [o for o in ok if o.cached_tokens is not None and o.usage_prompt_tokens]
-    cached_tokens = sum(o.cached_tokens for o in cached)
-    per_s = 1.0 / duration_s if duration_s > 0 else 0.0
-    return {
-        "num_requests": len(outcomes), "completed": len(ok), "failed": len(failed),
-        "errors": [o.error for o in failed[:MAX_ERRORS_KEPT]], "duration_s": duration_s,
-        "request_throughput": len(ok) * per_s, "input_throughput": input_tokens * per_s,
-        "output_throughput": output_tokens * per_s,
-        "total_token_throughput": (input_tokens + output_tokens) * per_s,
-        "total_input_tokens": input_tokens, "total_output_tokens": output_tokens, **_token_counts(ok),
-        "cached_tokens": cached_tokens,
-        "cache_hit_rate": cached_tokens / sum(o.usage_prompt_tokens for o in cached) if cached else None,
-        "mean_concurrency": sum(o.e2e_s for o in ok) * per_s, "answer_ids_source": None,
-        "ttft_ms": latency_stats_ms([o.ttft_s for o in ok if o.ttft_s is not None]),
-        "tpot_ms": latency_stats_ms([o.tpot_s for o in ok if o.tpot_s is not None]),
-        "itl_ms": latency_stats_ms([g for o in ok for g in o.itl_s]),
-        "e2e_ms": latency_stats_ms([o.e2e_s for o in ok]),
-    }
-
-
 # ----------------------------------------------------------------------------- entry points
 
 
@@ -391,7 +284,8 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     for i, level in enumerate(levels):
         # Each sweep level gets fresh prompts (seed + i): a prefix cache must not serve one level's
         # prompts from the previous level's run.
-        workload = replace(cfg.workload, seed=cfg.workload.seed + i).build()
+        num_prompts = cfg.sweep_num_prompts[i] if cfg.sweep_num_prompts else cfg.workload.num_prompts
+        workload = replace(cfg.workload, seed=cfg.workload.seed + i, num_prompts=num_prompts).build()
         metrics, outcomes, model = asyncio.run(run_once(cfg, workload, level))
         metrics["workload_seed"] = workload.spec.seed
         runs.append(metrics)
@@ -413,33 +307,6 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     return report
 
 
-def format_report(report: dict) -> str:
-    """A human-readable table of every run (ms, tok/s)."""
-    lines = [f"workload {report['workload']['name']}: {report['workload']['num_requests']} requests, "
-             f"model {report['model']}"]
-    for r in report["runs"]:
-        hit = "n/a" if r["cache_hit_rate"] is None else f"{r['cache_hit_rate']:.1%}"
-        lines.append(
-            f"  concurrency {r['max_concurrency'] or 'inf'}: {r['completed']}/{r['num_requests']} ok in "
-            f"{r['duration_s']:.2f} s | {r['request_throughput']:.2f} req/s | in {r['input_throughput']:.0f} "
-            f"tok/s | out {r['output_throughput']:.0f} tok/s | cache hit {hit}")
-        lat = " | ".join(f"{k[:-3].upper()} mean {_fmt(r[k]['mean'])} p50 {_fmt(r[k]['median'])} "
-                         f"p99 {_fmt(r[k]['p99'])}" for k in LATENCY_KEYS)
-        lines.append(f"    {lat} (ms)")
-        if not r["token_counts_consistent"]:
-            lines.append(f"    WARNING: stream token count != usage.completion_tokens in "
-                         f"{r['token_count_mismatches']} requests ({r['usage_missing']} without usage)")
-        if r["output_len_mismatches"]:
-            lines.append(f"    WARNING: {r['output_len_mismatches']} requests did not produce their output_len")
-        for err in r["errors"]:
-            lines.append(f"    error: {err}")
-    return "\n".join(lines)
-
-
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="radixrt bench-serving", description=__doc__.split("\n")[0])
     p.add_argument("--base-url", default="http://127.0.0.1:30000")
@@ -447,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-rate", type=float, default=float("inf"), help="sessions/s, Poisson (default inf)")
     p.add_argument("--max-concurrency", type=int, default=None, help="max requests in flight")
     p.add_argument("--concurrency-sweep", default="", help='e.g. "1,4,16,64": one run per level')
+    p.add_argument("--sweep-num-prompts", default="",
+                   help='e.g. "8,64,128,512": --num-prompts of each sweep level (random, long-short)')
     p.add_argument("--warmup-requests", type=int, default=1)
     p.add_argument("--timeout-s", type=float, default=600.0, help="per request")
     p.add_argument("--api-key", default=None)
@@ -464,9 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(ns: argparse.Namespace) -> BenchConfig:
     """BenchConfig from parsed flags; raises ValueError on bad values."""
     sweep = [int(x) for x in ns.concurrency_sweep.split(",") if x.strip()]
+    sweep_prompts = [int(x) for x in ns.sweep_num_prompts.split(",") if x.strip()]
     return BenchConfig(base_url=ns.base_url, model=ns.model, workload=spec_from_args(ns),
                        request_rate=ns.request_rate, max_concurrency=ns.max_concurrency,
-                       concurrency_sweep=sweep, warmup_requests=ns.warmup_requests, timeout_s=ns.timeout_s,
+                       concurrency_sweep=sweep, sweep_num_prompts=sweep_prompts,
+                       warmup_requests=ns.warmup_requests, timeout_s=ns.timeout_s,
                        api_key=ns.api_key, flush_cache=ns.flush_cache, output_json=ns.output_json,
                        plot_dir=ns.plot_dir, disable_tqdm=ns.disable_tqdm, extra_body=json.loads(ns.extra_body),
                        request_token_ids=not ns.no_request_token_ids)

@@ -16,7 +16,6 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-
 from bench.kernels_import import import_kernels  # noqa: E402
 
 import_kernels()  # installed, or kernels/ mapped onto radixrt.kernels

@@ -11,11 +11,11 @@ import pytest
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.memory.req_kv import KVManager
+from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.scheduler import Scheduler
-from radixrt.sampling_params import SamplingParams
 from tests.scheduler.fake_worker import FakeWorker
 from tests.scheduler.test_scheduler import CONTEXT, EOS, VOCAB, gen, reference_output, run_to_idle
 
