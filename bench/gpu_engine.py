@@ -2,10 +2,14 @@
 
 Runs, in one process and one `radixrt.Engine` (dummy weights of a real shape):
   1. ceilings: device copy bandwidth and bf16 matmul rate, measured here;
-  2. batch-1 decode step (TPOT) with CUDA graphs, against the time to read the weights once;
-  3. `random` (input/output lengths), `shared-prefix` and `multi-turn` workloads, the radix cache
-     on and off (the same worker, a second scheduler built with the cache disabled), each with its
-     output tok/s, cache hit rate and fraction of the roofline (bench/roofline.py).
+  2. batch-1 decode step (TPOT) with CUDA graphs, against the time to read the weights once, with
+     the device time of a pass and the device idle time between passes (CUDA events);
+  3. device idle time between decode passes at batch 128, overlap scheduling on and off;
+  4. `random` (input/output lengths), `shared-prefix` and `multi-turn` workloads, the radix cache
+     on and off (the same worker, a second scheduler built with the cache disabled), and on
+     `shared-prefix` cascade attention off, each with its output tok/s, cache hit rate and
+     fraction of the roofline (bench/roofline.py); on `random`, the KV waste (slots allocated to
+     running requests but unused, summed over passes).
 Results are appended to --out (JSON) after each stage, so a run cut short keeps what it finished.
 
     python3 bench/gpu_engine.py --model-path bench/configs/qwen2.5-7b-instruct --out $OUT/engine.json
@@ -51,6 +55,47 @@ def measure_ceilings(device: str) -> Hardware:
                     matmul_flops_per_s=2 * 8192**3 / (mm_ms * 1e-3))
 
 
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
+def trace_summary(trace: list[dict[str, Any]], decode_only: bool = True) -> dict[str, Any]:
+    """Device busy and idle time over the traced passes (DECODE passes only by default)."""
+    rows = [t for t in trace if not decode_only or t["mode"] == 2]
+    busy = sum(t["busy_ms"] for t in rows)
+    gap = sum(t["gap_ms"] for t in rows if t["gap_ms"] >= 0)
+    alloc = sum(t["kv_slots_allocated"] for t in trace)
+    return {"passes": len(rows), "busy_ms_median": _median([t["busy_ms"] for t in rows]),
+            "gap_ms_median": _median([t["gap_ms"] for t in rows if t["gap_ms"] >= 0]),
+            "busy_ms_total": busy, "gap_ms_total": gap,
+            "idle_fraction": gap / (busy + gap) if busy + gap > 0 else None,
+            "cascade_passes": sum(t["cascade"] for t in trace),
+            "kv_waste_fraction": sum(t["kv_slots_unused"] for t in trace) / alloc if alloc else None}
+
+
+def idle_at_batch(engine: Engine, batch: int, small: bool) -> list[dict[str, Any]]:
+    """Decode at `batch` requests, overlap scheduling on then off: device idle between passes."""
+    prompts = [[1000 + 7 * i + j for j in range(32 if small else 128)] for i in range(batch)]
+    params = {"temperature": 0.0, "max_new_tokens": 16 if small else 256, "ignore_eos": True}
+    out = []
+    for overlap in (True, False):
+        engine.overlap = overlap
+        engine.generate(prompts[:2], {**params, "max_new_tokens": 4})  # warm-up
+        engine.scheduler.flush_cache()
+        engine.trace = []
+        t = time.perf_counter()
+        engine.generate(prompts, params)
+        wall = time.perf_counter() - t
+        summary = trace_summary(engine.trace)
+        engine.trace = None
+        engine.scheduler.flush_cache()
+        out.append({"overlap": overlap, "batch": batch, "wall_s": wall,
+                    "output_tok_s": batch * params["max_new_tokens"] / wall, **summary})
+    engine.overlap = True
+    return out
+
+
 def decode_step_ms(engine: Engine, prompt_len: int, steps: int) -> float:
     """Batch-1 time per output token after the first (ms), from two runs of different length."""
     prompt = [[1000 + i for i in range(prompt_len)]]
@@ -87,13 +132,17 @@ def workloads(small: bool, vocab: int) -> list[WorkloadSpec]:
 
 
 def bench_workload(engine: Engine, spec: WorkloadSpec, cache_on: bool, shape: ModelShape,
-                   hw: Hardware) -> dict[str, Any]:
-    args = dataclasses.replace(engine.args, disable_radix_cache=not cache_on)
+                   hw: Hardware, cascade: bool = True) -> dict[str, Any]:
+    args = dataclasses.replace(engine.args, disable_radix_cache=not cache_on,
+                               disable_cascade_attention=not cascade)
     engine.scheduler = build_scheduler(args, engine.info)  # same worker, fresh tree
+    engine.trace = []
     res = run_workload(engine, spec.build())
+    res["trace"] = trace_summary(engine.trace, decode_only=False)
+    engine.trace = None
     reuse = "compute" if cache_on else "none"
     bound = roofline(shape, hw, spec.build(), reuse)
-    res.update(cache_on=cache_on, roofline=bound,
+    res.update(cache_on=cache_on, cascade=cascade, roofline=bound,
                fraction_of_roofline=bound["total_s"] / res["wall_s"] if "total_s" in bound else None)
     res.pop("kv_stats", None)
     return res
@@ -105,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
-    p.add_argument("--only", default="random,shared-prefix,multi-turn")
+    p.add_argument("--only", default="idle,random,shared-prefix,multi-turn")
     p.add_argument("--out", default="engine.json")
     ns = p.parse_args(argv)
     report: dict[str, Any] = {"device": torch.cuda.get_device_name() if ns.device == "cuda" else "cpu",
@@ -126,23 +175,43 @@ def main(argv: list[str] | None = None) -> int:
     shape = ModelShape.from_config(Path(engine.model_dir) / "config.json")
     weight_bytes = sum(p.numel() * p.element_size() for n, p in engine.runner.model.named_parameters()
                        if "embed_tokens" not in n)
-    step = decode_step_ms(engine, 128, 16 if ns.small else 128)
-    report["decode_b1"] = {"ms_per_token": step, "weight_bytes": weight_bytes,
+    b1 = {}
+    for overlap in (True, False):
+        engine.overlap = overlap
+        engine.trace = []
+        step = decode_step_ms(engine, 128, 16 if ns.small else 128)
+        b1["overlap" if overlap else "no_overlap"] = {"ms_per_token": step, **trace_summary(engine.trace)}
+        engine.trace = None
+    engine.overlap = True
+    report["decode_b1"] = {**b1, "ms_per_token": b1["overlap"]["ms_per_token"], "weight_bytes": weight_bytes,
                            "weights_read_ms": weight_bytes / hw.copy_bytes_per_s * 1e3}
-    print(f"batch-1 decode: {step:.2f} ms/token; weights once at copy bandwidth: "
-          f"{report['decode_b1']['weights_read_ms']:.2f} ms", flush=True)
+    print(f"batch-1 decode: {b1['overlap']['ms_per_token']:.2f} ms/token (overlap off "
+          f"{b1['no_overlap']['ms_per_token']:.2f}); device busy per pass "
+          f"{b1['overlap']['busy_ms_median']:.2f} ms, idle between passes {b1['overlap']['gap_ms_median']:.3f} ms; "
+          f"weights once at copy bandwidth: {report['decode_b1']['weights_read_ms']:.2f} ms", flush=True)
     save()
+    if "idle" in ns.only.split(","):
+        report["idle_b128"] = idle_at_batch(engine, 8 if ns.small else 128, ns.small)
+        for r in report["idle_b128"]:
+            print(f"batch {r['batch']} overlap={'on ' if r['overlap'] else 'off'}: {r['output_tok_s']:8.0f} tok/s, "
+                  f"device idle {r['idle_fraction']:.1%} (median gap {r['gap_ms_median']:.3f} ms, "
+                  f"busy {r['busy_ms_median']:.2f} ms)", flush=True)
+        save()
     for spec in workloads(ns.small, int(engine.info["vocab_size"])):
         if spec.name not in ns.only.split(","):
             continue
-        for cache_on in (True, False) if spec.name != "random" else (True,):
-            r = bench_workload(engine, spec, cache_on, shape, hw)
+        variants = [(True, True)] if spec.name == "random" else [(True, True), (False, True)]
+        if spec.name == "shared-prefix":
+            variants.append((True, False))
+        for cache_on, cascade in variants:
+            r = bench_workload(engine, spec, cache_on, shape, hw, cascade)
             report["results"].append(r)
             save()
-            print(f"{spec.name:14s} cache={'on ' if cache_on else 'off'} {r['wall_s']:7.2f} s "
-                  f"{r['output_throughput']:9.0f} out tok/s  hit {r['cache_hit_rate']:.2f}  "
-                  f"roofline {r.get('fraction_of_roofline') or 0:.2f}  ok={r['token_counts_consistent']}",
-                  flush=True)
+            tr = r["trace"]
+            print(f"{spec.name:14s} cache={'on ' if cache_on else 'off'} cascade={'on ' if cascade else 'off'} "
+                  f"{r['wall_s']:7.2f} s {r['output_throughput']:9.0f} out tok/s  hit {r['cache_hit_rate']:.2f}  "
+                  f"roofline {r.get('fraction_of_roofline') or 0:.2f}  cascade passes {tr['cascade_passes']}  "
+                  f"kv waste {tr['kv_waste_fraction'] or 0:.2%}  ok={r['token_counts_consistent']}", flush=True)
     return 0
 
 

@@ -144,8 +144,11 @@ class Engine:
             self.gpu_gap_ms_total += res.gpu_gap_ms
         self.num_passes += 1
         if self.trace is not None:
+            s = self.scheduler.stats()
             self.trace.append({"batch_size": len(sb), "mode": int(build_mode(sb)), "busy_ms": res.gpu_busy_ms,
-                               "gap_ms": -1.0 if after_idle else res.gpu_gap_ms})
+                               "gap_ms": -1.0 if after_idle else res.gpu_gap_ms, "cascade": sb.cascade is not None,
+                               "kv_slots_allocated": s["running_kv_slots_allocated"],
+                               "kv_slots_unused": s["running_kv_slots_unused"]})
         self.scheduler.process_result(sb, res)
 
     def _stop_hit(self, ids: list[int], stop: str | list[str] | None) -> str | None:

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (the device tool): install the carried wheels, then run the named
+# stages, each under its own time limit, writing results under $OUT. Usage from the repo root:
+#   bash bench/h200_run.sh tests kernels engine         # stages: tests kernels engine peers serving
+# Wheels come from ../shared/tools/device-wheels.sh (.whl/, carried with the call).
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  >/dev/null 2>&1 || echo "wheel install failed"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+ln -sfn ../kernels radixrt/kernels
+ln -sfn ../tokenizer_proc radixrt/tokenizer_proc
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+stage() {  # stage NAME LIMIT_S CMD...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 40 "$OUT/$name.log"
+  echo "=== $name rc=$rc in $((SECONDS - t0)) s"
+}
+for s in "$@"; do
+  case $s in
+    tests) stage gpu-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
+    kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
+    engine) stage engine 250 python3 bench/gpu_engine.py --out "$OUT/engine.json" ;;
+    peers-random) stage peers-random 300 python3 bench/peers.py run --model-config qwen2.5-7b --workload random \
+        --num-prompts 256 --input-len 512 --output-len 256 --output-json "$OUT/peers-random.json" ;;
+    peers-shared) stage peers-shared 200 python3 bench/peers.py run --model-config qwen2.5-7b --workload shared-prefix \
+        --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 --output-len 64 \
+        --output-json "$OUT/peers-shared.json" ;;
+    serving) stage serving 420 python3 bench/gpu_serving.py --out-dir "$OUT/serving" ;;
+    *) echo "unknown stage $s" ;;
+  esac
+done
+rm -f radixrt/kernels radixrt/tokenizer_proc
