@@ -41,7 +41,7 @@ from .decode_attention import (
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_prefix_splits", "blocks_per_group", "stride_mo_b", "stride_mo_h", "stride_mo_s", "stride_ml_b", "stride_ml_h"])
 def _cascade_prefix_kernel(
     q, k_buf, v_buf, page_table, group_members, group_starts, group_prefix_lens, mid_o, mid_lse,
     qk_scale, num_prefix_splits, blocks_per_group,

@@ -30,7 +30,9 @@ LOG2E = 1.4426950408889634
 H200_NUM_SMS = 132
 
 
-@triton.jit
+# Ints that vary from pass to pass are not specialised (Triton would compile a variant per value
+# class: == 1, divisible by 16): the split counts and the workspace strides that follow them.
+@triton.jit(do_not_specialize=["num_splits", "stride_mo_b", "stride_mo_h", "stride_mo_s", "stride_ml_b", "stride_ml_h"])
 def _decode_split_kernel(
     q, k_buf, v_buf, page_table, seq_lens, kv_start, mid_o, mid_lse,
     qk_scale, num_splits,
@@ -98,7 +100,7 @@ def _decode_split_kernel(
     tl.store(mid_lse + b * stride_ml_b + heads * stride_ml_h + split, lse, mask=mask_h)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "num_prefix_splits", "stride_mo_b", "stride_mo_h", "stride_mo_s", "stride_ml_b", "stride_ml_h"])
 def _decode_merge_kernel(
     mid_o, mid_lse, o, kv_start, num_splits, num_prefix_splits,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
@@ -126,6 +128,13 @@ def _decode_merge_kernel(
     w_sum = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(w_sum > 0.0, w_sum, 1.0)
     tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, out.to(o.dtype.element_ty), mask=mask_d)
+
+
+def _merge_block_s(num_kv_splits: int, num_prefix_splits: int) -> int:
+    """Split slots the merge kernel reads at once (a compile-time size). Cascade passes use at least
+    32, so that their varying split counts reuse one compiled variant (warmed up at start)."""
+    n = next_pow2(num_kv_splits + num_prefix_splits)
+    return max(32, n) if num_prefix_splits else n
 
 
 def _pick_config(head_dim: int, group: int, device: torch.device) -> dict:
@@ -199,7 +208,7 @@ def run_merge_stage(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tenso
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim),
-        BLOCK_S=next_pow2(num_kv_splits + (num_prefix_splits if has_prefix else 0)), HAS_PREFIX=has_prefix,
+        BLOCK_S=_merge_block_s(num_kv_splits, num_prefix_splits if has_prefix else 0), HAS_PREFIX=has_prefix,
         num_warps=4,
     )
 

@@ -4,7 +4,7 @@ Per pass: `prepare(meta)` once, then `forward(q, k, v, layer_id, scale)` per lay
 new K/V into the pool at meta.out_cache_loc and then attends:
   DECODE         -> decode_attention (split-KV, Flash-Decoding), one query token per request;
                     with meta.cascade (groups sharing prefix pages): cascade_decode_attention,
-                    which reads each group's prefix once (eager only, never inside a CUDA graph)
+                    which reads each group's prefix once (graph-capturable: cuda_graph.py)
   EXTEND / MIXED -> extend_attention (prefix through the page table + causal over the new tokens)
 
 CUDA graphs (decode): forward does no host synchronisation, and its only allocation is the output,
@@ -65,6 +65,19 @@ class TritonAttnBackend:
         self._mid_lse: torch.Tensor | None = None
         if num_q_heads is not None:
             self._alloc_workspace(num_q_heads)
+            if self.device.type == "cuda":
+                self.warmup_cascade(num_q_heads)
+
+    def warmup_cascade(self, num_q_heads: int) -> None:
+        """Compile the cascade kernels now rather than in the first pass that groups requests
+        (a compile takes seconds). Reads page 0 (the sink) of layer 0 and writes only scratch."""
+        dev, dtype, ps = self.device, self.kv_pool.k_buffers[0].dtype, self.page_size
+        q = torch.zeros(2, num_q_heads, self.head_dim, dtype=dtype, device=dev)
+        i32 = {"dtype": torch.int32, "device": dev}
+        cascade_decode_attention(
+            q, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0], torch.zeros(2, 2, **i32),
+            torch.full((2,), ps + 1, **i32), torch.full((2,), ps, **i32), torch.arange(2, **i32),
+            torch.tensor([0, 2], **i32), torch.tensor([ps], **i32), ps, None, 2, 2, 2)
 
     def _splits(self, batch_size: int, max_seq_len: int) -> int:
         return choose_num_kv_splits(batch_size, self.num_kv_heads, max_seq_len, self.num_sms,
@@ -85,9 +98,12 @@ class TritonAttnBackend:
             if c is None:
                 self._num_kv_splits = self._splits(meta.batch_size, meta.max_seq_len)
             else:  # suffix splits over the longest [kv_start, seq_len) range, prefix splits per group
-                self._num_kv_splits = self._splits(meta.batch_size, c.max_suffix_len)
+                # at most 16 + 16 split slots: one compiled merge variant (see warmup_cascade)
+                self._num_kv_splits = min(16, self._splits(meta.batch_size, c.max_suffix_len))
+                # sized for one group (the common case, and what a graph padded with empty
+                # groups mostly runs); more groups only add parallelism
                 self._num_prefix_splits = choose_num_prefix_splits(
-                    int(c.starts.shape[0]) - 1, c.max_group_size, c.num_q_heads, self.num_kv_heads,
+                    1, c.max_group_size, c.num_q_heads, self.num_kv_heads,
                     c.max_prefix_len, self.num_sms, block_m=default_tile(self.head_dim, self.device).block_m)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,

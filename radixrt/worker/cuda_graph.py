@@ -14,6 +14,12 @@ The attention backend is prepared at capture time with max_seq_len = context len
 backend sizes its KV splits from it and clips per row on the device), so any shorter replay is
 exact. Only backends that do no host synchronisation in `forward` can be captured (Triton; the
 torch reference backend cannot).
+
+Cascade passes (decode groups sharing prefix pages, ForwardMeta.cascade) have their own graphs at
+the sizes in `cascade_batch_sizes`, captured with MAX_CASCADE_GROUPS groups of up to bs members and
+prefix/suffix lengths up to the context length; a replay fills the real groups and pads the rest
+as empty groups (start = end), and padding rows are in no group (kv_start 0). A cascade pass with
+more groups, or larger than the largest cascade graph, runs eagerly.
 """
 
 from __future__ import annotations
@@ -21,7 +27,19 @@ from __future__ import annotations
 import torch
 
 from radixrt.protocol import ForwardMode
-from radixrt.worker.forward_meta import ForwardMeta
+from radixrt.worker.forward_meta import CascadeMeta, ForwardMeta
+
+
+MAX_CASCADE_GROUPS = 8
+
+
+def cascade_batch_sizes(max_bs: int) -> list[int]:
+    """Batch sizes with a cascade graph: 16, 32, then every multiple of 32 up to max_bs (and max_bs).
+    Coarser than the plain sizes: cascade pays only at larger batches, where padding costs little."""
+    sizes = [b for b in (16, 32) if b <= max_bs] + list(range(64, max_bs + 1, 32))
+    if max_bs >= 16 and sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
@@ -39,11 +57,12 @@ class CudaGraphRunner:
         runner: the ModelRunner (uses model, backend, device, page_size, context_len,
             max_pages_per_req, config.vocab_size).
         max_bs: largest batch served by a graph; larger decode batches run eagerly.
+        cascade: also capture cascade graphs (the backend supports ForwardMeta.cascade).
 
     The logits returned by `replay` are a view of a static buffer, valid until the next replay.
     """
 
-    def __init__(self, runner, max_bs: int) -> None:
+    def __init__(self, runner, max_bs: int, cascade: bool = False) -> None:
         self.model = runner.model
         self.backend = runner.backend
         self.page_size = runner.page_size
@@ -60,27 +79,42 @@ class CudaGraphRunner:
         self.extend_start_loc = torch.arange(n, dtype=torch.int32, device=dev)
         self.page_table = torch.zeros(n, runner.max_pages_per_req, dtype=torch.int32, device=dev)
         self.logits = torch.zeros(n, runner.config.vocab_size, dtype=torch.float32, device=dev)
+        self.num_q_heads = runner.config.num_heads
+        self.kv_start = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.members = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.group_starts = torch.zeros(MAX_CASCADE_GROUPS + 1, dtype=torch.int32, device=dev)
+        self.group_prefix_lens = torch.zeros(MAX_CASCADE_GROUPS, dtype=torch.int32, device=dev)
         self.mem_pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.cascade_sizes = cascade_batch_sizes(self.max_bs) if cascade else []
+        self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         with torch.inference_mode():
             for bs in reversed(self.sizes):
                 self._capture(bs)
+            for bs in reversed(self.cascade_sizes):
+                self._capture(bs, cascade=True)
 
-    def _meta(self, bs: int) -> ForwardMeta:
+    def _meta(self, bs: int, cascade: bool = False) -> ForwardMeta:
+        groups = None
+        if cascade:
+            groups = CascadeMeta(members=self.members[:bs], starts=self.group_starts,
+                                 prefix_lens=self.group_prefix_lens, kv_start=self.kv_start[:bs],
+                                 max_group_size=bs, max_prefix_len=self.context_len,
+                                 max_suffix_len=self.context_len, num_q_heads=self.num_q_heads)
         return ForwardMeta(
             mode=ForwardMode.DECODE, page_size=self.page_size, page_table=self.page_table[:bs],
             seq_lens=self.seq_lens[:bs], extend_lens=self.extend_lens[:bs],
             prefix_lens=self.prefix_lens[:bs], extend_start_loc=self.extend_start_loc[:bs],
             out_cache_loc=self.out_cache_loc[:bs], positions=self.positions[:bs],
-            max_seq_len=self.context_len, max_extend_len=1)
+            max_seq_len=self.context_len, max_extend_len=1, cascade=groups)
 
     def _run(self, bs: int, meta: ForwardMeta) -> None:
         self.backend.prepare(meta)
         hidden = self.model(self.input_ids[:bs], self.positions[:bs], meta, self.backend)  # [bs, H]
         self.logits[:bs].copy_(self.model.compute_logits(hidden))
 
-    def _capture(self, bs: int) -> None:
-        meta = self._meta(bs)
+    def _capture(self, bs: int, cascade: bool = False) -> None:
+        meta = self._meta(bs, cascade)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: Triton compilation, cuBLAS workspaces
@@ -90,16 +124,21 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.mem_pool):
             self._run(bs, meta)
-        self.graphs[bs] = graph
+        (self.cascade_graphs if cascade else self.graphs)[bs] = graph
 
     def can_run(self, meta: ForwardMeta) -> bool:
-        return (meta.mode == ForwardMode.DECODE and 0 < meta.batch_size <= self.max_bs
-                and meta.page_table.shape[1] == self.page_table.shape[1])
+        if meta.mode != ForwardMode.DECODE or meta.page_table.shape[1] != self.page_table.shape[1]:
+            return False
+        if meta.cascade is not None:
+            return (bool(self.cascade_sizes) and 0 < meta.batch_size <= self.cascade_sizes[-1]
+                    and int(meta.cascade.starts.shape[0]) - 1 <= MAX_CASCADE_GROUPS)
+        return 0 < meta.batch_size <= self.max_bs
 
     def replay(self, meta: ForwardMeta, input_ids: torch.Tensor) -> torch.Tensor:
         """Run a DECODE batch of B <= max_bs requests; returns logits [B, V] float32 (a view)."""
         n = meta.batch_size
-        bs = next(b for b in self.sizes if b >= n)
+        c = meta.cascade
+        bs = next(b for b in (self.sizes if c is None else self.cascade_sizes) if b >= n)
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(meta.positions)
         self.out_cache_loc[:n].copy_(meta.out_cache_loc)
@@ -112,5 +151,16 @@ class CudaGraphRunner:
             self.seq_lens[n:bs].fill_(1)
             self.page_table[n:bs].zero_()
         torch.sub(self.seq_lens[:bs], 1, out=self.prefix_lens[:bs])
-        self.graphs[bs].replay()
+        if c is None:
+            self.graphs[bs].replay()
+            return self.logits[:n]
+        g, m = int(c.starts.shape[0]) - 1, int(c.members.shape[0])
+        self.kv_start[:n].copy_(c.kv_start)
+        self.kv_start[n:bs].zero_()
+        self.members[:m].copy_(c.members)
+        self.group_starts[:g + 1].copy_(c.starts)
+        self.group_starts[g + 1:].fill_(m)  # empty groups
+        self.group_prefix_lens[:g].copy_(c.prefix_lens)
+        self.group_prefix_lens[g:].zero_()
+        self.cascade_graphs[bs].replay()
         return self.logits[:n]

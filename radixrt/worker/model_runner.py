@@ -162,7 +162,8 @@ class ModelRunner:
         if self._use_cuda_graphs():
             from radixrt.worker.cuda_graph import CudaGraphRunner
 
-            self.graphs = CudaGraphRunner(self, self._graph_max_bs())
+            self.graphs = CudaGraphRunner(self, self._graph_max_bs(),
+                                          cascade=not args.disable_cascade_attention)
 
     def _make_backend(self, pool: PagedKVPool) -> Any:
         return make_backend(self.backend_name, pool, self.config.num_heads,
@@ -267,7 +268,7 @@ class ModelRunner:
         return self._logits(meta, input_ids)
 
     def _logits(self, meta: ForwardMeta, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.graphs is not None and meta.cascade is None and self.graphs.can_run(meta):
+        if self.graphs is not None and self.graphs.can_run(meta):
             return self.graphs.replay(meta, input_ids)
         self.backend.prepare(meta)
         hidden = self.model(input_ids, meta.positions, meta, self.backend)  # [T, H]

@@ -96,3 +96,25 @@ def test_pool_sized_by_mem_fraction(tiny_dir: Path) -> None:
     assert info["pool_gib"] * (1 << 30) <= 0.3 * total
     assert info["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 2  # K+V, 2 layers, 2 kv heads, dim 16, bf16
     assert runner.pool.num_pages == info["num_pages"] and info["cuda_graph"]
+
+
+def test_cascade_graphs_give_the_same_tokens(tiny_dir: Path) -> None:
+    """20 decoding requests sharing a 96-token prefix: with cascade grouping forced on, decode runs
+    from the cascade CUDA graphs (size 32, 12 padded rows) and gives the plain graphs' tokens."""
+    from radixrt.engine import Engine
+
+    g = torch.Generator().manual_seed(11)
+    system = torch.randint(3, 290, (96,), generator=g).tolist()
+    prompts = [system + torch.randint(3, 290, (1 + i % 7,), generator=g).tolist() for i in range(20)]
+    params = {"temperature": 0.0, "max_new_tokens": 10, "ignore_eos": True}
+    outs = {}
+    for cascade in (False, True):
+        eng = Engine(model_path=str(tiny_dir), device="cuda", dtype="float32", page_size=16,
+                     max_total_tokens=16384, max_running_requests=32, cuda_graph_max_bs=32,
+                     disable_cascade_attention=not cascade)
+        assert bool(eng.runner.graphs.cascade_graphs) == cascade
+        if cascade:
+            eng.scheduler.cascade_min_saved_tokens = 1
+        outs[cascade] = [o["output_ids"] for o in eng.generate(prompts, params)]
+        assert (eng.scheduler.num_cascade_passes > 0) == cascade
+    assert outs[True] == outs[False]
