@@ -96,6 +96,48 @@ def idle_at_batch(engine: Engine, batch: int, small: bool) -> list[dict[str, Any
     return out
 
 
+def profile_decode_b1(engine: Engine, prompt_len: int = 128) -> dict[str, Any]:
+    """Where a batch-1 decode pass spends device time: the CUDA-graph replay alone (events), and a
+    torch.profiler table of one eager pass's kernels (graphs off), grouped by kernel name."""
+    runner = engine.runner
+    prompt = [1000 + i for i in range(prompt_len)]
+    engine.generate([prompt], {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True})
+    out: dict[str, Any] = {}
+    if runner.graphs is not None and 1 in runner.graphs.graphs:
+        g = runner.graphs.graphs[1]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(30):
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        out["graph_replay_ms_median"] = _median(times)
+    graphs, runner.graphs = runner.graphs, None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        engine.generate([prompt], {"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": True})  # warm
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.generate([prompt], {"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": True})
+        torch.cuda.synchronize()
+        rows = []
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if t > 0:
+                rows.append({"name": e.key[:90], "calls": e.count, "device_us_total": t})
+        rows.sort(key=lambda r: -r["device_us_total"])
+        out["eager_kernels_top"] = rows[:30]
+        out["eager_kernel_us_total"] = sum(r["device_us_total"] for r in rows)
+        out["eager_kernel_calls"] = sum(r["calls"] for r in rows)
+        out["note"] = "eager profile covers 1 prefill + 2 decode passes of one request"
+    finally:
+        runner.graphs = graphs
+        engine.scheduler.flush_cache()
+    return out
+
+
 def decode_step_ms(engine: Engine, prompt_len: int, steps: int) -> float:
     """Batch-1 time per output token after the first (ms), from two runs of different length."""
     prompt = [[1000 + i for i in range(prompt_len)]]
@@ -154,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
-    p.add_argument("--only", default="idle,random,shared-prefix,multi-turn")
+    p.add_argument("--only", default="profile,idle,random,shared-prefix,multi-turn")
     p.add_argument("--out", default="engine.json")
     ns = p.parse_args(argv)
     report: dict[str, Any] = {"device": torch.cuda.get_device_name() if ns.device == "cuda" else "cpu",
@@ -190,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{b1['overlap']['busy_ms_median']:.2f} ms, idle between passes {b1['overlap']['gap_ms_median']:.3f} ms; "
           f"weights once at copy bandwidth: {report['decode_b1']['weights_read_ms']:.2f} ms", flush=True)
     save()
+    if "profile" in ns.only.split(",") and ns.device == "cuda":
+        report["profile_b1"] = prof = profile_decode_b1(engine)
+        print(f"graph replay alone (batch 1): {prof.get('graph_replay_ms_median')} ms; eager kernels "
+              f"{prof['eager_kernel_calls']} calls, {prof['eager_kernel_us_total'] / 1e3:.2f} ms device", flush=True)
+        for r in prof["eager_kernels_top"][:25]:
+            print(f"  {r['device_us_total'] / 1e3:8.3f} ms {r['calls']:6d}x  {r['name']}", flush=True)
+        save()
     if "idle" in ns.only.split(","):
         report["idle_b128"] = idle_at_batch(engine, 8 if ns.small else 128, ns.small)
         for r in report["idle_b128"]:
