@@ -71,6 +71,8 @@ def trace_summary(trace: list[dict[str, Any]], decode_only: bool = True) -> dict
             "busy_ms_total": busy, "gap_ms_total": gap,
             "idle_fraction": gap / (busy + gap) if busy + gap > 0 else None,
             "cascade_passes": sum(t["cascade"] for t in trace),
+            "paths": {p: sum(t["path"] == p for t in trace) for p in sorted({t["path"] for t in trace})},
+            "decode_busy_ms_median": _median([t["busy_ms"] for t in trace if t["mode"] == 2]),
             "kv_waste_fraction": sum(t["kv_slots_unused"] for t in trace) / alloc if alloc else None}
 
 
@@ -260,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{spec.name:14s} cache={'on ' if cache_on else 'off'} cascade={'on ' if cascade else 'off'} "
                   f"{r['wall_s']:7.2f} s {r['output_throughput']:9.0f} out tok/s  hit {r['cache_hit_rate']:.2f}  "
                   f"roofline {r.get('fraction_of_roofline') or 0:.2f}  cascade passes {tr['cascade_passes']}  "
-                  f"kv waste {tr['kv_waste_fraction'] or 0:.2%}  ok={r['token_counts_consistent']}", flush=True)
+                  f"kv waste {tr['kv_waste_fraction'] or 0:.2%}  ok={r['token_counts_consistent']}  "
+                  f"decode pass {tr['decode_busy_ms_median'] or 0:.2f} ms  paths {tr['paths']}", flush=True)
     return 0
 
 

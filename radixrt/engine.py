@@ -138,7 +138,7 @@ class Engine:
         return busy
 
     def _complete(self, sb: Any, pending: Any, after_idle: bool) -> None:
-        res = self.runner.finish(pending)
+        res = self.runner.finish(pending)  # (pending.path stays readable after finish)
         self.gpu_busy_ms_total += res.gpu_busy_ms
         if not after_idle and res.gpu_gap_ms >= 0:
             self.gpu_gap_ms_total += res.gpu_gap_ms
@@ -147,6 +147,7 @@ class Engine:
             s = self.scheduler.stats()
             self.trace.append({"batch_size": len(sb), "mode": int(build_mode(sb)), "busy_ms": res.gpu_busy_ms,
                                "gap_ms": -1.0 if after_idle else res.gpu_gap_ms, "cascade": sb.cascade is not None,
+                               "path": pending.path,
                                "kv_slots_allocated": s["running_kv_slots_allocated"],
                                "kv_slots_unused": s["running_kv_slots_unused"]})
         self.scheduler.process_result(sb, res)

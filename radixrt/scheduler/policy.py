@@ -38,5 +38,11 @@ def defer_for_shared_prefix(candidate: Req, cached_len: int, admitted: Sequence[
     ids = candidate.all_ids
     if len(ids) < n:
         return False
-    head = ids[:n]
-    return any(other.all_ids[:n] == head for other in admitted)  # list compare runs in C
+    first_new, last = ids[cached_len], ids[n - 1]
+    for other in admitted:
+        o = other.all_ids
+        # two cheap probes before the full compare (a slice copy each: O(n)); with many requests
+        # sharing a cached prefix, the first uncached token already tells them apart
+        if len(o) >= n and o[cached_len] == first_new and o[n - 1] == last and o[:n] == ids[:n]:
+            return True
+    return False

@@ -29,7 +29,6 @@ import torch
 from radixrt.protocol import ForwardMode
 from radixrt.worker.forward_meta import CascadeMeta, ForwardMeta
 
-
 MAX_CASCADE_GROUPS = 8
 
 

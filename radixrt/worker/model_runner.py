@@ -94,6 +94,7 @@ class PendingPass:
     t0: float
     timing: TimedSpan
     host: list[torch.Tensor] = field(default_factory=list)
+    path: str = "idle"  # how it ran (ModelRunner.last_path)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -154,6 +155,7 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self.last_next_ids: torch.Tensor | None = None  # [B] int64: tokens sampled by the last pass
         self._last_timing: TimedSpan | None = None  # device timing of the last finished pass
+        self.last_path = "eager"  # how the last pass ran: eager, graph, cascade-eager, cascade-graph
         # before the pool, so that CUDA pool sizing counts it: rows x vocab x 5 bytes
         self.penalties = PenaltyState(self.max_req_rows, self.config.vocab_size, self.device)
         self.pool = PagedKVPool(self._num_pages(), self.page_size, cfg.num_layers, cfg.num_kv_heads,
@@ -269,7 +271,9 @@ class ModelRunner:
 
     def _logits(self, meta: ForwardMeta, input_ids: torch.Tensor) -> torch.Tensor:
         if self.graphs is not None and self.graphs.can_run(meta):
+            self.last_path = "cascade-graph" if meta.cascade is not None else "graph"
             return self.graphs.replay(meta, input_ids)
+        self.last_path = "cascade-eager" if meta.cascade is not None else "eager"
         self.backend.prepare(meta)
         hidden = self.model(input_ids, meta.positions, meta, self.backend)  # [T, H]
         last = (meta.extend_start_loc + meta.extend_lens - 1).long()  # [B]
@@ -311,6 +315,7 @@ class ModelRunner:
             chosen, top_ids, top_vals = sampler.logprobs_of(logits, next_ids, batch.top_logprobs_num)
             outs += [chosen, top_ids.reshape(-1).to(torch.int32), top_vals.reshape(-1)]
         pending.host = [self._to_host(t) for t in outs]
+        pending.path = self.last_path
         timing.stop()
         return pending
 

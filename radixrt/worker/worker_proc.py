@@ -101,6 +101,9 @@ def _serve(runner, inbox: Receiver, results: Sender) -> None:
                 log.info("worker shutting down")
                 return
             continue  # "flush": nothing cached on the worker side today
+        if pending is not None and runner.poll(pending):  # already done (always so on CPU): send first
+            results.send(runner.finish(pending))
+            pending = None
         try:
             launched = runner.launch(msg)
         except Exception:

@@ -70,3 +70,11 @@ def test_a_pass_alone_is_finished_when_the_device_is_done() -> None:
     inbox = Inbox([batch(0), None, None, None, batch(1), None, protocol.WorkerControl("shutdown")])
     _serve(FakeRunner(log, done_after_polls=2), inbox, Results(log))
     assert log == ["launch 0", "finish 0", "send 0", "launch 1", "finish 1", "send 1"]
+
+
+def test_a_finished_pass_is_sent_before_the_next_launch() -> None:
+    """On CPU a pass is done when launch returns: its tokens go out before the next pass runs."""
+    log: list[str] = []
+    inbox = Inbox([batch(0), batch(1), protocol.WorkerControl("shutdown")])
+    _serve(FakeRunner(log, done_after_polls=0), inbox, Results(log))
+    assert log == ["launch 0", "finish 0", "send 0", "launch 1", "finish 1", "send 1"]
