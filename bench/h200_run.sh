@@ -32,7 +32,7 @@ for s in "$@"; do
     peers-shared) stage peers-shared 200 python3 bench/peers.py run --model-config qwen2.5-7b --workload shared-prefix \
         --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 --output-len 64 \
         --output-json "$OUT/peers-shared.json" ;;
-    serving) stage serving 420 python3 bench/gpu_serving.py --out-dir "$OUT/serving" ;;
+    serving) stage serving 560 python3 bench/gpu_serving.py --out-dir "$OUT/serving" --budget-s 530 ;;
     *) echo "unknown stage $s" ;;
   esac
 done
