@@ -29,6 +29,7 @@ from radixrt.scheduler.policy import defer_for_shared_prefix, order_waiting
 from radixrt.scheduler.req import Req, ReqState
 
 log = logging.getLogger("radixrt.scheduler")
+UNCHUNKED = 1 << 30  # chunk size standing for "chunked prefill off"
 
 
 class Scheduler:
@@ -40,6 +41,8 @@ class Scheduler:
         chunk_size: max new prompt tokens per pass (chunked prefill); <= 0 means unlimited.
         context_len: max prompt + output tokens. vocab_size: token ids must be below it.
         eos_token_ids: tokens that end a request (unless ignore_eos).
+        max_prefill_tokens: new prompt tokens admitted per pass (--max-prefill-tokens); without
+            chunking a longer prompt still runs, alone.
         cascade_min_saved_tokens: > 0 turns on cascade grouping of DECODE passes (scheduler/cascade.py)
             when it saves at least this many KV token reads; 0 = off (e.g. a backend without it).
     """
@@ -47,11 +50,12 @@ class Scheduler:
     def __init__(self, kv: KVManager, *, page_size: int, max_running_requests: int, chunk_size: int,
                  context_len: int, vocab_size: int, eos_token_ids: list[int], schedule_policy: str = "lpm",
                  max_queued_requests: int = 4096, random_seed: int = 0,
-                 cascade_min_saved_tokens: int = 0) -> None:
+                 cascade_min_saved_tokens: int = 0, max_prefill_tokens: int = UNCHUNKED) -> None:
         self.kv = kv
         self.page_size = page_size
         self.max_running = max_running_requests
-        self.chunk_size = chunk_size if chunk_size > 0 else 1 << 30
+        self.chunk_size = chunk_size if chunk_size > 0 else UNCHUNKED
+        self.max_prefill_tokens = max_prefill_tokens
         self.context_len = context_len
         self.vocab_size = vocab_size
         self.eos_token_ids = set(eos_token_ids)
@@ -130,11 +134,12 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         """Decide the next pass; None when there is nothing to run."""
         sb = ScheduledBatch(batch_id=self.next_batch_id)
-        budget = self.chunk_size
-        # A long prompt in progress leaves a quarter of the chunk to waiting requests, so a short
-        # request arriving during a long prefill starts at the next step instead of after it
-        # (the idea of vLLM's long-prefill threshold).
-        prefill_cap = self.chunk_size if not self.waiting else max(self.page_size, self.chunk_size * 3 // 4)
+        # new prompt tokens in this pass: a chunk, at most --max-prefill-tokens (unchunked: see _admit)
+        budget = self.chunk_size if self.chunk_size >= UNCHUNKED else min(self.chunk_size, self.max_prefill_tokens)
+        # A long prompt in progress leaves half of the chunk to waiting requests, so a short
+        # request arriving during a long prefill starts at the next step instead of after it, in
+        # a pass that is not much longer than a chunk (the idea of vLLM's long-prefill threshold).
+        prefill_cap = self.chunk_size if not self.waiting else max(self.page_size, self.chunk_size // 2)
         for req in list(self.running):
             if req.state is not ReqState.RUNNING:  # retracted while making room for another
                 continue
@@ -201,8 +206,9 @@ class Scheduler:
         # still prefilling, or prefilled by a pass in flight (overlap): its prompt is not published yet
         admitted: list[Req] = [r for r in self.running
                                if not r.output_ids or (len(r.output_ids) == 1 and r.output_ids[0] < 0)]
+        prefill_left = self.max_prefill_tokens  # new prompt tokens admitted in this pass
         for req in order_waiting(self.waiting, self.policy, self.kv.cache):
-            if budget <= 0 or len(self.running) >= self.max_running or not self.free_rows:
+            if budget <= 0 or prefill_left <= 0 or len(self.running) >= self.max_running or not self.free_rows:
                 break
             if req.has_pending_output:  # retracted while its last token was in flight
                 continue
@@ -213,7 +219,12 @@ class Scheduler:
             if defer_for_shared_prefix(req, kv.cached_len, admitted):
                 self.kv.release(kv)
                 continue
-            take = min(req.seq_len - kv.kv_len, budget)
+            take = min(req.seq_len - kv.kv_len, budget, prefill_left)
+            if take < req.seq_len - kv.kv_len and self.chunk_size >= UNCHUNKED:
+                if prefill_left < self.max_prefill_tokens:  # unchunked: whole prompts only, but
+                    self.kv.release(kv)  # a prompt longer than the cap may run alone
+                    break
+                take = req.seq_len - kv.kv_len
             headroom = len(self.running) + 1
             need_pages = (kv.kv_len + take + self.page_size - 1) // self.page_size - len(kv.pages)
             if self.kv.num_available_pages() < need_pages + headroom and self.running:
@@ -236,6 +247,7 @@ class Scheduler:
                                           completes=start + take == req.seq_len,
                                           is_prefill=not req.output_ids))
             budget -= take
+            prefill_left -= take
 
     # ------------------------------------------------------------------ results
     def process_result(self, sb: ScheduledBatch, res: ForwardResult) -> None:

@@ -38,6 +38,11 @@ from radixrt.scheduler.scheduler import Scheduler
 log = logging.getLogger("radixrt.scheduler")
 
 IDLE_POLL_MS = 50
+# A pass with at least this many prompt tokens runs long (tens to hundreds of ms on a GPU), so the
+# next pass is built after it ends rather than during it: requests that arrive meanwhile join the
+# very next pass (lower TTFT), and the few ms of scheduling that overlap would hide are small
+# next to such a pass. Shorter passes (decode, small prefills) keep overlap scheduling.
+LATE_BINDING_PREFILL_TOKENS = 1024
 LOG_INTERVAL_S = 10.0
 
 
@@ -52,7 +57,7 @@ def build_scheduler(args: ServerArgs, worker_info: dict[str, Any]) -> Scheduler:
         chunk_size=args.resolved_chunked_prefill_size(), context_len=int(worker_info["context_length"]),
         vocab_size=int(worker_info["vocab_size"]), eos_token_ids=list(worker_info["eos_token_ids"]),
         schedule_policy=args.schedule_policy, max_queued_requests=args.max_queued_requests,
-        random_seed=args.random_seed,
+        random_seed=args.random_seed, max_prefill_tokens=args.max_prefill_tokens,
         cascade_min_saved_tokens=0 if (args.disable_cascade_attention
                                        or worker_info.get("attention_backend") != "triton")
         else DEFAULT_MIN_SAVED_TOKENS)
@@ -76,6 +81,7 @@ class SchedulerLoop:
         self.steps = 0
         self.overlap = not args.disable_overlap_schedule
         self.in_flight = None  # the pass sent but not yet processed (overlap scheduling)
+        self.in_flight_long = False  # it carries >= LATE_BINDING_PREFILL_TOKENS prompt tokens
         self.wait_ms_total = 0.0  # time spent waiting for results: the scheduler idle, the worker busy
         self.schedule_ms_total = 0.0  # time building and sending passes
         # GPU time in passes, and GPU idle time between consecutive passes while there was work
@@ -156,6 +162,8 @@ class SchedulerLoop:
             self._complete(sb)
             sb = None
         self.in_flight = sb
+        self.in_flight_long = sb is not None and sum(
+            it.extend_len for it in sb.items if it.extend_len > 1) >= LATE_BINDING_PREFILL_TOKENS
         return busy
 
     def _complete(self, sb) -> None:
@@ -196,6 +204,10 @@ class SchedulerLoop:
     def run(self) -> None:
         self.launcher.send(Ready("scheduler", PROTOCOL_VERSION, os.getpid(), {}))
         while True:
+            if self.in_flight is not None and self.in_flight_long:  # late binding after a long pass
+                self._complete(self.in_flight)
+                self.in_flight = None
+                self.flush_outputs()
             timeout = 0 if not self.sched.is_idle or self.in_flight is not None else IDLE_POLL_MS
             msg = self.rx_tok.recv(timeout_ms=timeout)
             if msg is not None:

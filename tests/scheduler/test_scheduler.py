@@ -234,3 +234,22 @@ def test_short_request_is_not_stuck_behind_a_long_prefill() -> None:
     rids = {it.req.rid: it.extend_len for it in sb.items}
     assert rids.get("short") == 3
     assert 0 < rids["long"] < 64  # the long prompt still advances, with a smaller share
+
+
+def test_max_prefill_tokens_caps_admission_per_pass() -> None:
+    """--max-prefill-tokens: unchunked, whole prompts are admitted while they fit (a longer one runs
+    alone); chunked, a prompt is fed at most that many tokens per pass."""
+    for chunk, lens, want in ((-1, [60, 60, 300], [[60], [60], [300]]), (1000, [250], [[100], [100], [50]])):
+        alloc = PageAllocator(512)
+        sched = Scheduler(KVManager(alloc, RadixCache(alloc, 16), 16), page_size=16, max_running_requests=8,
+                          chunk_size=chunk, context_len=CONTEXT, vocab_size=VOCAB, eos_token_ids=[EOS],
+                          max_prefill_tokens=100)
+        worker = FakeWorker(512, 16, 8, CONTEXT // 16 + 2, VOCAB)
+        rng = random.Random(len(lens))
+        for i, n in enumerate(lens):
+            sched.add_request(gen(f"r{i}", [rng.randrange(1, EOS) for _ in range(n)], max_new=1))
+        prefill_sizes = []
+        while (sb := sched.schedule()) is not None:
+            prefill_sizes.append([it.extend_len for it in sb.items if it.is_prefill])
+            sched.process_result(sb, worker.forward(build_forward_batch(sb)))
+        assert prefill_sizes == want

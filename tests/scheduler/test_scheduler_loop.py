@@ -1,0 +1,53 @@
+"""The scheduler process's loop over real ZeroMQ sockets, with the worker played by the test:
+overlap scheduling sends pass N+1 before pass N's result for short passes, and late binding waits
+for a long prefill pass to end before building the next (so arrivals join the very next pass)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import zmq
+
+from radixrt import protocol
+from radixrt.config import ServerArgs
+from radixrt.ipc import IpcAddresses, Receiver, Sender
+from radixrt.scheduler.scheduler_proc import LATE_BINDING_PREFILL_TOKENS, SchedulerLoop
+
+INFO = {"num_pages": 1024, "page_size": 16, "max_req_rows": 8, "context_length": 4096, "vocab_size": 1000,
+        "eos_token_ids": [999], "attention_backend": "torch"}
+
+
+def _result(fb: protocol.ForwardBatch) -> protocol.ForwardResult:
+    return protocol.ForwardResult(batch_id=fb.batch_id, next_token_ids=np.full(len(fb.req_rows), 5, np.int32))
+
+
+def test_overlap_for_short_passes_and_late_binding_after_a_long_prefill() -> None:
+    addrs = IpcAddresses.create()
+    ctx = zmq.Context.instance()
+    try:
+        worker_in = Receiver(ctx, addrs.worker_in, protocol.SCHEDULER_TO_WORKER)
+        Receiver(ctx, addrs.tokenizer_in, protocol.SCHEDULER_TO_TOKENIZER)
+        Receiver(ctx, addrs.launcher_in, protocol.CHILD_TO_LAUNCHER)
+        loop = SchedulerLoop(ServerArgs(device="cpu", chunked_prefill_size=2048), addrs, INFO)
+        threading.Thread(target=loop.run, daemon=True).start()
+        to_sched = Sender(ctx, addrs.scheduler_in)
+        results = Sender(ctx, addrs.scheduler_results)
+        long_prompt = np.arange(1, LATE_BINDING_PREFILL_TOKENS + 200, dtype=np.int32) % 900 + 1
+        to_sched.send(protocol.GenerateReq(rid="long", input_ids=long_prompt,
+                                           sampling={"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}))
+        first = worker_in.recv(timeout_ms=5000)
+        assert first is not None and int(first.extend_lens.sum()) == len(long_prompt)
+        # a long pass: nothing more is sent until its result is back
+        assert worker_in.recv(timeout_ms=300) is None
+        results.send(_result(first))
+        second = worker_in.recv(timeout_ms=5000)
+        assert second is not None and second.mode == int(protocol.ForwardMode.DECODE)
+        # a short pass: the next one comes before its result (overlap scheduling)
+        third = worker_in.recv(timeout_ms=5000)
+        assert third is not None and third.batch_id == second.batch_id + 1
+        assert int(third.input_ids[0]) < 0  # the token of `second`, still a placeholder
+        results.send(_result(second))
+        results.send(_result(third))
+    finally:
+        addrs.cleanup()
