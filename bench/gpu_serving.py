@@ -63,6 +63,7 @@ CONFIGS: dict[str, tuple[list[str], tuple[str, ...], str]] = {
     "B": (["--chunked-prefill-size", "2048"], ("long_short",), "chunked prefill 2048"),
     "C": (["--chunked-prefill-size", "-1"], ("long_short",), "chunked prefill off"),
     "D": (["--disable-overlap-schedule"], ("overlap",), "overlap scheduling off"),
+    "E": (["--chunked-prefill-size", "1024"], ("long_short",), "chunked prefill 1024"),
 }
 SMALL_FLAGS = {"B": (["--chunked-prefill-size", "128"], "chunked prefill 128 (CPU default: 512)")}
 PHASE_ALIASES = {"a": "long_short", "b": "overlap", "c": "throughput"}
