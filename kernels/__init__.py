@@ -7,12 +7,15 @@ from .activation import silu_and_mul
 from .cascade_attention import CascadeTile, cascade_decode_attention, choose_num_prefix_splits
 from .decode_attention import choose_num_kv_splits, decode_attention
 from .extend_attention import extend_attention
+from .gemv import SkinnyConfig, SkinnyWorkspace, skinny_linear, skinny_linear_supported
 from .norm import rms_norm
 from .rotary import apply_rotary, build_rope_cache
 from .store_kv import store_kv
 
 __all__ = [
     "CascadeTile",
+    "SkinnyConfig",
+    "SkinnyWorkspace",
     "apply_rotary",
     "build_rope_cache",
     "cascade_decode_attention",
@@ -22,5 +25,7 @@ __all__ = [
     "extend_attention",
     "rms_norm",
     "silu_and_mul",
+    "skinny_linear",
+    "skinny_linear_supported",
     "store_kv",
 ]

@@ -131,3 +131,11 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     inter = x.shape[-1] // 2
     xf = x.float()
     return (torch.nn.functional.silu(xf[..., :inter]) * xf[..., inter:]).to(x.dtype)
+
+
+def skinny_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias) in fp32 from the (rounded) inputs, cast to x's dtype; as kernels.skinny_linear."""
+    y = x.float() @ weight.float().t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
