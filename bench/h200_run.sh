@@ -32,6 +32,14 @@ for s in "$@"; do
     peers-shared) stage peers-shared 200 python3 bench/peers.py run --model-config qwen2.5-7b --workload shared-prefix \
         --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 --output-len 64 \
         --output-json "$OUT/peers-shared.json" ;;
+    gemv) stage gemv-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
+        tests/worker/test_gpu_model.py
+      stage gemv 150 python3 bench/kernels/bench_gemv.py --out "$OUT/gemv.json" ;;
+    engine-b1) stage engine-b1-torch 120 python3 bench/gpu_engine.py --only profile --out "$OUT/engine-b1-torch.json"
+      RADIXRT_SKINNY_GEMM=1 stage engine-b1-skinny 120 python3 bench/gpu_engine.py --only profile \
+        --out "$OUT/engine-b1-skinny.json" ;;
+    serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
+        --out-dir "$OUT/serving-ls" --budget-s 280 ;;
     serving) stage serving 560 python3 bench/gpu_serving.py --out-dir "$OUT/serving" --budget-s 530 ;;
     *) echo "unknown stage $s" ;;
   esac
