@@ -35,8 +35,10 @@ for s in "$@"; do
     gemv) stage gemv-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
         tests/worker/test_gpu_model.py
       stage gemv 150 python3 bench/kernels/bench_gemv.py --out "$OUT/gemv.json" ;;
-    engine-b1) stage engine-b1-torch 120 python3 bench/gpu_engine.py --only profile --out "$OUT/engine-b1-torch.json"
+    engine-b1) RADIXRT_SKINNY_GEMM=0 stage engine-b1-torch 120 python3 bench/gpu_engine.py --only profile --out "$OUT/engine-b1-torch.json"
       RADIXRT_SKINNY_GEMM=1 stage engine-b1-skinny 120 python3 bench/gpu_engine.py --only profile \
+        --out "$OUT/engine-b1-skinny.json" ;;
+    engine-b1-skinny) stage engine-b1-skinny 120 python3 bench/gpu_engine.py --only profile \
         --out "$OUT/engine-b1-skinny.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;

@@ -67,7 +67,19 @@ class SkinnyConfig:
 # Tuned configs, keyed by (m_bucket, N, K) with m_bucket = next_pow2(M): edit from the bench's
 # "best config" column (bench/kernels/bench_gemv.py prints these lines ready to paste). Shapes not
 # listed fall back to default_config's rules. Empty until measured on the H200.
-TUNED: dict[tuple[int, int, int], SkinnyConfig] = {}
+# Best configs per (m bucket, N, K), from bench/kernels/bench_gemv.py on an H200 (2026-11-30,
+# docs/benchmarks.md): the Qwen2.5-7B decode linears.
+TUNED: dict[tuple[int, int, int], SkinnyConfig] = {
+    (1, 4608, 3584): SkinnyConfig(8, 512, 1, 4, 1, use_dot=False),
+    (1, 3584, 3584): SkinnyConfig(8, 512, 1, 4, 1, use_dot=False),
+    (1, 37888, 3584): SkinnyConfig(16, 256, 1, 4, 1, use_dot=False),
+    (1, 3584, 18944): SkinnyConfig(8, 512, 2, 4, 1, use_dot=False),
+    (1, 152064, 3584): SkinnyConfig(8, 512, 1, 4, 1, use_dot=False),
+    (4, 37888, 3584): SkinnyConfig(64, 128, 1, 4, 4, use_dot=True),
+    (4, 3584, 18944): SkinnyConfig(64, 128, 4, 4, 4, use_dot=True),
+    (8, 37888, 3584): SkinnyConfig(64, 128, 1, 4, 4, use_dot=True),
+    (8, 3584, 18944): SkinnyConfig(64, 128, 4, 4, 4, use_dot=True),
+}
 
 
 def default_config(m: int, n: int, k: int, num_sms: int = 132) -> SkinnyConfig:
