@@ -145,6 +145,7 @@ class Env:
 
     cache_dir: Path
     debug_invariants: bool
+    skinny_gemm: bool = True  # RADIXRT_SKINNY_GEMM=0: decode linears on cuBLAS (models/linear.py)
 
     @classmethod
     def read(cls) -> Env:
@@ -152,4 +153,5 @@ class Env:
         return cls(
             cache_dir=Path(cache),
             debug_invariants=os.environ.get("RADIXRT_DEBUG_INVARIANTS", "0") not in ("", "0", "false"),
+            skinny_gemm=os.environ.get("RADIXRT_SKINNY_GEMM", "1") not in ("0", "false"),
         )

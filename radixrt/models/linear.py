@@ -10,8 +10,6 @@ small ones. Calls with at most SKINNY_MAX_ROWS rows on CUDA go to `radixrt.kerne
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -21,7 +19,9 @@ SKINNY_MAX_ROWS = 16
 
 
 def skinny_enabled() -> bool:
-    return os.environ.get("RADIXRT_SKINNY_GEMM", "1") != "0"
+    from radixrt.config import Env
+
+    return Env.read().skinny_gemm
 
 
 class Linear(nn.Linear):
