@@ -77,7 +77,7 @@ class Scheduler:
     # ------------------------------------------------------------------ arrivals and aborts
     def add_request(self, msg: GenerateReq, internal: bool = False) -> Req:
         """Queue a request, or finish it at once with an error the client can act on."""
-        prompt = [int(t) for t in msg.input_ids]
+        prompt = np.asarray(msg.input_ids).astype(np.int64, copy=False).tolist()  # ~10x a Python loop
         error = None
         try:
             sp = SamplingParams.from_dict(msg.sampling)
