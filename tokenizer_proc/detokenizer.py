@@ -17,7 +17,7 @@ retried with the next token; `flush` emits whatever is left at the end of the re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -27,6 +27,39 @@ def decode(tokenizer: Any, ids: Sequence[int], skip_special_tokens: bool = True)
     """The one decode call used everywhere, so incremental and full decodes agree."""
     return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens,
                             clean_up_tokenization_spaces=False)
+
+
+def _backend_decode_is_equivalent(tokenizer: Any) -> bool:
+    """True when `decode(..., clean_up_tokenization_spaces=False)` is exactly the Rust tokenizer's
+    decode: transformers' TokenizersBackend (or PreTrainedTokenizerFast) with its own decode/_decode."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not callable(getattr(backend, "decode", None)):
+        return False
+    try:
+        from transformers import tokenization_utils_base as base
+        from transformers import tokenization_utils_tokenizers as fast
+    except ImportError:
+        return False
+    fast_cls = getattr(fast, "TokenizersBackend", None) or getattr(fast, "PreTrainedTokenizerFast", None)
+    cls = type(tokenizer)
+    return (fast_cls is not None and isinstance(tokenizer, fast_cls)
+            and getattr(cls, "_decode", None) is getattr(fast_cls, "_decode", None)
+            and getattr(cls, "decode", None) is getattr(base.PreTrainedTokenizerBase, "decode", None))
+
+
+def make_decoder(tokenizer: Any, skip_special_tokens: bool = True) -> Callable[[list[int]], str]:
+    """`ids -> text`, equal to `decode(tokenizer, ids, skip_special_tokens)` but without transformers'
+    per-call Python overhead when that is provably the Rust tokenizer's decode (about 3x cheaper)."""
+    if _backend_decode_is_equivalent(tokenizer):
+        backend_decode = tokenizer._tokenizer.decode
+
+        def fast(ids: list[int]) -> str:
+            return backend_decode(ids, skip_special_tokens=skip_special_tokens)
+        return fast
+
+    def slow(ids: list[int]) -> str:
+        return decode(tokenizer, ids, skip_special_tokens)
+    return slow
 
 
 class IncrementalDetokenizer:
@@ -43,14 +76,22 @@ class IncrementalDetokenizer:
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
+        self._decode = make_decoder(tokenizer, skip_special_tokens)
+        self._prefix_key = (-1, -1)
+        self._prefix_text = ""
 
-    def _decode(self, ids: Sequence[int]) -> str:
-        return decode(self.tokenizer, ids, self.skip_special_tokens)
+    def _prefix(self) -> str:
+        """decode(ids[prefix_offset:read_offset]), cached while the offsets stay (text held back)."""
+        key = (self.prefix_offset, self.read_offset)
+        if key != self._prefix_key:
+            self._prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+            self._prefix_key = key
+        return self._prefix_text
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append new token ids; return the text that is now complete ("" while a character is partial)."""
-        self.ids.extend(int(t) for t in token_ids)
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        self.ids.extend(token_ids if isinstance(token_ids, list) else [int(t) for t in token_ids])
+        prefix_text = self._prefix()
         new_text = self._decode(self.ids[self.prefix_offset:])
         if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR):
             return ""
@@ -63,7 +104,7 @@ class IncrementalDetokenizer:
         """Text still held back (possibly ending in U+FFFD if the model emitted invalid UTF-8)."""
         if self.read_offset == len(self.ids):
             return ""
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        prefix_text = self._prefix()
         new_text = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)

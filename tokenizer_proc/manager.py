@@ -2,7 +2,13 @@
 
 Owns the two ZeroMQ sockets (PUSH to `addrs.scheduler_in`, PULL bound on `addrs.tokenizer_in`), the
 table of live request ids, and the receive loop that splits each `TokenOutBatch` into per-request
-`TokenChunk`s and puts them on that request's asyncio queue. Per-request text state (detokenizer,
+`TokenChunk`s and puts them in that request's `Inbox`.
+
+Throughput: the receive loop drains every batch already queued on the socket before it yields to the
+event loop, and an `Inbox` hands its reader all chunks that arrived since the last read, so a request
+whose task runs late (the process is behind) handles several passes' tokens in one wake-up and one
+socket write, instead of one per token. The per-batch split works on Python lists (one `tolist()`
+per array per batch), not per-request numpy slices. Per-request text state (detokenizer,
 stop strings) lives in request_state.py; HTTP shapes live in the serving modules.
 
 Threading: everything runs on the one event loop of the process. The PUSH socket is a plain
@@ -29,15 +35,20 @@ from radixrt.ipc import IpcAddresses, Sender
 logger = logging.getLogger(__name__)
 
 
+SHUTDOWN_ERROR = "503 server is shutting down"  # TokenChunk.error for every in-flight sample on shutdown
+_DRAIN_MAX = 256  # batches handled per wake-up of the receive loop before it yields to the event loop
+
+
 @dataclass(slots=True)
 class TokenChunk:
     """One request's slice of a TokenOutBatch.
 
-    ids int32 [m]; logprobs float32 [m] or None; top_ids int32 [m, k] / top_logprobs float32 [m, k] or None.
+    ids: the new token ids; logprobs float32 [m] or None; top_ids int32 [m, k] / top_logprobs float32 [m, k]
+    or None.
     """
 
     rid: str
-    ids: np.ndarray
+    ids: list[int]
     logprobs: np.ndarray | None
     top_ids: np.ndarray | None
     top_logprobs: np.ndarray | None
@@ -53,6 +64,46 @@ def _item(lst: list[Any], i: int) -> Any:
     return lst[i] if i < len(lst) else None
 
 
+class Inbox:
+    """What the receive loop delivered to one request and its reader has not taken yet.
+
+    Cheaper than an asyncio.Queue, and `take` returns everything pending at once (one task wake-up for
+    any number of chunks). One reader at a time.
+    """
+
+    __slots__ = ("items", "_waiter")
+
+    def __init__(self) -> None:
+        self.items: list[TokenChunk] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, chunk: TokenChunk) -> None:
+        self.items.append(chunk)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def get_nowait(self) -> TokenChunk:
+        """The oldest pending chunk. Raises asyncio.QueueEmpty when there is none."""
+        if not self.items:
+            raise asyncio.QueueEmpty
+        return self.items.pop(0)
+
+    def empty(self) -> bool:
+        return not self.items
+
+    async def take(self) -> list[TokenChunk]:
+        """Every pending chunk, oldest first; waits while there is none."""
+        while not self.items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self.items = self.items, []
+        return items
+
+
 class TokenizerManager:
     """Sends GenerateReq/AbortReq/ControlReq and routes TokenOutBatch/ControlResp back to waiters."""
 
@@ -65,7 +116,7 @@ class TokenizerManager:
         self._actx = zmq.asyncio.Context()
         self._sender: Sender | None = None
         self._pull: zmq.asyncio.Socket | None = None
-        self._queues: dict[str, asyncio.Queue[TokenChunk]] = {}
+        self._queues: dict[str, Inbox] = {}
         self._topk: OrderedDict[str, int] = OrderedDict()
         self._controls: dict[str, asyncio.Future[protocol.ControlResp]] = {}
         self._recv_task: asyncio.Task[None] | None = None
@@ -115,7 +166,7 @@ class TokenizerManager:
     def has_capacity(self, num_new: int) -> bool:
         return len(self._queues) + num_new <= self.max_inflight
 
-    def submit(self, req: protocol.GenerateReq, queue: asyncio.Queue[TokenChunk]) -> None:
+    def submit(self, req: protocol.GenerateReq, queue: Inbox) -> None:
         """Register `req.rid` -> queue, then send the request to the scheduler."""
         assert self._sender is not None, "manager not bound"
         self._queues[req.rid] = queue
@@ -140,6 +191,18 @@ class TokenizerManager:
         while len(self._topk) > self._RECENT_TOPK + len(self._queues):
             self._topk.popitem(last=False)
 
+    def fail_all(self, error: str = SHUTDOWN_ERROR) -> int:
+        """End every in-flight sample with `error` (as if the scheduler had rejected it); returns how many.
+
+        Used on shutdown: each waiting handler raises the matching APIError, so a stream ends with an SSE
+        error event and `[DONE]` and a non-streamed request gets its status, instead of a cut connection.
+        """
+        for rid, inbox in list(self._queues.items()):
+            inbox.put_nowait(TokenChunk(rid=rid, ids=[], logprobs=None, top_ids=None, top_logprobs=None,
+                                        finish_reason="abort", matched_stop=None, prompt_tokens=None,
+                                        completion_tokens=None, cached_tokens=None, error=error))
+        return len(self._queues)
+
     async def control(self, kind: str, timeout_s: float = 10.0) -> protocol.ControlResp:
         """Send a ControlReq and wait for its ControlResp.
 
@@ -158,23 +221,34 @@ class TokenizerManager:
 
     # ----------------------------------------------------------------- receive loop
     async def _recv_loop(self) -> None:
-        assert self._pull is not None
+        pull = self._pull
+        assert pull is not None
         while True:
-            frames = await self._pull.recv_multipart()
-            try:
-                msg = protocol.decode(frames, protocol.SCHEDULER_TO_TOKENIZER)
-            except protocol.ProtocolError as e:
-                logger.error("dropping malformed message from scheduler: %s", e)
-                continue
-            try:
-                if isinstance(msg, protocol.ControlResp):
-                    fut = self._controls.get(msg.req_id)
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
-                else:
-                    self._dispatch(msg)
-            except Exception:  # a bug here must not kill the loop for every other request
-                logger.exception("error dispatching %s", type(msg).__name__)
+            self._handle(await pull.recv_multipart())
+            # Everything already queued is handled before any request task runs: a request that is
+            # behind then gets several passes' tokens in one wake-up (and one SSE write).
+            for _ in range(_DRAIN_MAX):
+                try:
+                    frames = await pull.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._handle(frames)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        try:
+            msg = protocol.decode(frames, protocol.SCHEDULER_TO_TOKENIZER)
+        except protocol.ProtocolError as e:
+            logger.error("dropping malformed message from scheduler: %s", e)
+            return
+        try:
+            if isinstance(msg, protocol.ControlResp):
+                fut = self._controls.get(msg.req_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            else:
+                self._dispatch(msg)
+        except Exception:  # a bug here must not kill the loop for every other request
+            logger.exception("error dispatching %s", type(msg).__name__)
 
     def _dispatch(self, batch: protocol.TokenOutBatch) -> None:
         """Split a batch per rid and enqueue each slice on its request's queue.
@@ -182,9 +256,29 @@ class TokenizerManager:
         Logprobs are used only when laid out as TokenOutBatch documents (one per output token; top
         rows of the request's own k); a batch that does not add up loses its logprobs, not its tokens.
         """
-        offsets = batch.offsets
-        lens = [int(offsets[i + 1]) - int(offsets[i]) for i in range(len(batch.rids))]
-        ks = [self._topk.get(rid, 0) for rid in batch.rids]
+        offsets = batch.offsets.tolist()
+        rids = batch.rids
+        out_ids = batch.output_ids.tolist()
+        queues = self._queues
+        n = len(rids)
+        if not batch.logprobs.size and not batch.top_logprob_ids.size:  # the common case: no logprobs
+            fr, ms, pt, ct, cached, errs = (batch.finish_reasons, batch.matched_stop, batch.prompt_tokens,
+                                            batch.completion_tokens, batch.cached_tokens, batch.errors)
+            full = len(fr) == len(ms) == len(pt) == len(ct) == len(cached) == len(errs) == n
+            for i, rid in enumerate(rids):
+                queue = queues.get(rid)
+                if queue is None:
+                    continue
+                if full:
+                    queue.put_nowait(TokenChunk(rid, out_ids[offsets[i]:offsets[i + 1]], None, None, None,
+                                                fr[i], ms[i], pt[i], ct[i], cached[i], errs[i]))
+                else:
+                    queue.put_nowait(TokenChunk(
+                        rid, out_ids[offsets[i]:offsets[i + 1]], None, None, None, _item(fr, i), _item(ms, i),
+                        _item(pt, i), _item(ct, i), _item(cached, i), _item(errs, i)))
+            return
+        lens = [offsets[i + 1] - offsets[i] for i in range(n)]
+        ks = [self._topk.get(rid, 0) for rid in rids]
         has_lp = batch.logprobs.size == batch.output_ids.size and batch.logprobs.size > 0
         top_ok = sum(m * k for m, k in zip(lens, ks, strict=True)) == batch.top_logprob_ids.size
         if not top_ok or (batch.logprobs.size and not has_lp):
@@ -193,18 +287,18 @@ class TokenizerManager:
                 "TokenOutBatch logprob layout does not match the requests' top_logprobs_num; dropping "
                 "the logprobs that do not add up (%d batches so far)", self._num_layout_errors)
         top_pos = 0
-        for i, rid in enumerate(batch.rids):
-            start, m, k = int(offsets[i]), lens[i], ks[i]
+        for i, rid in enumerate(rids):
+            start, m, k = offsets[i], lens[i], ks[i]
             top_ids = top_lps = None
             if k > 0 and top_ok:
                 top_ids = batch.top_logprob_ids[top_pos:top_pos + m * k].reshape(m, k)
                 top_lps = batch.top_logprobs[top_pos:top_pos + m * k].reshape(m, k)
             top_pos += m * k
-            queue = self._queues.get(rid)
+            queue = queues.get(rid)
             if queue is None:
                 continue
             queue.put_nowait(TokenChunk(
-                rid=rid, ids=batch.output_ids[start:start + m],
+                rid=rid, ids=out_ids[start:start + m],
                 logprobs=batch.logprobs[start:start + m] if has_lp else None,
                 top_ids=top_ids, top_logprobs=top_lps,
                 finish_reason=_item(batch.finish_reasons, i), matched_stop=_item(batch.matched_stop, i),

@@ -1,15 +1,17 @@
 """Per-request state on the tokenizer side: one HTTP request = one RequestHandle = one or more samples.
 
 Each sample (one choice: one prompt x one of n) is one GenerateReq with its own rid; all samples of a
-request share one asyncio queue fed by TokenizerManager. A sample turns token chunks into text with an
-IncrementalDetokenizer and a StopMatcher; a stop-string match finishes the sample ("stop") and sends
-AbortReq so that the scheduler frees its pages. Leaving the handle (normally, on error, or because the
-client went away and the task was cancelled) aborts every sample that has not finished.
+request share one `Inbox` fed by TokenizerManager. The handle reads everything pending at once and
+yields one batch of events per wake-up, with one merged event per sample (text, token ids and logprobs
+of all its new tokens), so that a request that is behind catches up with one SSE write, not one per
+token. A sample turns token chunks into text with an IncrementalDetokenizer and a StopMatcher; a
+stop-string match finishes the sample ("stop") and sends AbortReq so that the scheduler frees its pages.
+Leaving the handle (normally, on error, or because the client went away and the task was cancelled)
+aborts every sample that has not finished.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +24,7 @@ from radixrt import protocol
 
 from .detokenizer import IncrementalDetokenizer
 from .errors import APIError, from_scheduler_error
-from .manager import TokenChunk, TokenizerManager
+from .manager import Inbox, TokenChunk, TokenizerManager
 from .stop import StopMatcher
 
 
@@ -88,8 +90,20 @@ class SampleState:
             raise from_scheduler_error(chunk.error)
         if chunk.cached_tokens is not None:
             self.cached_tokens = int(chunk.cached_tokens)
+        ids_new = chunk.ids
+        if not self.stop.stops and chunk.logprobs is None:  # fast path: the whole chunk at once
+            self.pending_ids.extend(ids_new)
+            self.completion_tokens += len(ids_new)
+            text = self.detok.add(ids_new) if ids_new else ""
+            if chunk.finish_reason is not None:
+                text += self.detok.flush()
+                self.finish_reason, self.matched_stop = chunk.finish_reason, chunk.matched_stop
+                self.finished = True
+            elif not text:
+                return None
+            return self._event(text)
         text_parts: list[str] = []
-        for j, tok in enumerate(chunk.ids.tolist()):
+        for j, tok in enumerate(ids_new):
             self.pending_ids.append(tok)
             self.completion_tokens += 1
             if chunk.logprobs is not None:
@@ -111,6 +125,9 @@ class SampleState:
         text = "".join(text_parts)
         if not text and not self.finished:
             return None
+        return self._event(text)
+
+    def _event(self, text: str) -> SampleEvent:
         lps, self.pending_lp = self.pending_lp, []
         ids, self.pending_ids = self.pending_ids, []
         return SampleEvent(index=self.spec.index, text=text, token_ids=ids, logprobs=lps,
@@ -125,6 +142,14 @@ def _token_logprob(chunk: TokenChunk, j: int, tok: int) -> TokenLogprob:
     if chunk.top_ids is not None and chunk.top_logprobs is not None:
         top = list(zip(chunk.top_ids[j].tolist(), chunk.top_logprobs[j].tolist(), strict=True))
     return TokenLogprob(token_id=tok, logprob=float(chunk.logprobs[j]), top=top)
+
+
+def _merge(a: SampleEvent, b: SampleEvent) -> SampleEvent:
+    """One event for two consecutive events of the same sample."""
+    return SampleEvent(index=b.index, text=a.text + b.text, token_ids=a.token_ids + b.token_ids,
+                       logprobs=a.logprobs + b.logprobs, finish_reason=b.finish_reason,
+                       matched_stop=b.matched_stop, prompt_tokens=b.prompt_tokens,
+                       completion_tokens=b.completion_tokens, cached_tokens=b.cached_tokens)
 
 
 @dataclass(slots=True)
@@ -154,7 +179,8 @@ class RequestHandle:
         for rid, st in self.samples.items():
             st.rid = rid
         self.group = group
-        self.queue: asyncio.Queue[TokenChunk] = asyncio.Queue()
+        self.queue = Inbox()
+        self._unfinished = len(self.samples)
         self.timing = Timing()
         self.outcome = "aborted"
         self.on_done = on_done
@@ -198,20 +224,47 @@ class RequestHandle:
         Raises:
             APIError: a sample was rejected by the scheduler.
         """
-        while not all(s.finished for s in self.samples.values()):
-            chunk = await self.queue.get()
-            st = self.samples.get(chunk.rid)
-            if st is None or st.finished:
-                continue
-            self._mark_tokens(len(chunk.ids))
-            ev = st.consume(chunk)
-            if st.finished:
-                if st.finish_reason == "stop" and chunk.finish_reason is None:
-                    self.manager.abort(chunk.rid, reason="stop")
-                else:
-                    self.manager.release(chunk.rid)
-            if ev is not None:
+        async for batch in self.event_batches():
+            for ev in batch:
                 yield ev
+
+    @property
+    def all_finished(self) -> bool:
+        return self._unfinished == 0
+
+    async def event_batches(self) -> AsyncIterator[list[SampleEvent]]:
+        """Per wake-up, the new events: at most one per sample (its pending chunks merged), in the
+        order the samples' first chunks arrived; until every sample has finished.
+
+        Raises:
+            APIError: a sample was rejected by the scheduler.
+        """
+        samples = self.samples
+        while self._unfinished:
+            chunks = await self.queue.take()
+            merged: dict[str, SampleEvent] = {}
+            num_tokens = 0
+            for chunk in chunks:
+                st = samples.get(chunk.rid)
+                if st is None or st.finished:
+                    continue
+                num_tokens += len(chunk.ids)
+                try:
+                    ev = st.consume(chunk)
+                finally:
+                    if st.finished:
+                        self._unfinished -= 1
+                if st.finished and chunk.error is None:
+                    if st.finish_reason == "stop" and chunk.finish_reason is None:
+                        self.manager.abort(chunk.rid, reason="stop")
+                    else:
+                        self.manager.release(chunk.rid)
+                if ev is not None:
+                    prev = merged.get(chunk.rid)
+                    merged[chunk.rid] = ev if prev is None else _merge(prev, ev)
+            self._mark_tokens(num_tokens)
+            if merged:
+                yield list(merged.values())
 
     def _mark_tokens(self, num_tokens: int) -> None:
         if num_tokens <= 0:

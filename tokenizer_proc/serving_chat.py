@@ -15,6 +15,7 @@ from .openai_protocol import ChatCompletionRequest
 from .request_state import RequestHandle, SampleEvent
 from .serving_common import (
     SSE_DONE,
+    ChunkEncoder,
     ServingContext,
     build_sampling,
     check_model,
@@ -92,30 +93,47 @@ async def chat_completions(ctx: ServingContext, request: Request) -> Response:
 
 
 async def _stream(ctx: ServingContext, body: ChatCompletionRequest, handle: RequestHandle,
-                  events: AsyncIterator[SampleEvent], meta: dict[str, Any]) -> AsyncIterator[bytes]:
-    """SSE chunks: a role delta per choice, content deltas, a finish chunk per choice, usage, [DONE]."""
+                  batches: AsyncIterator[list[SampleEvent]], meta: dict[str, Any]) -> AsyncIterator[bytes]:
+    """SSE chunks: a role delta per choice, content deltas, a finish chunk per choice, usage, [DONE].
+
+    One bytes object (one socket write) per wake-up, as in serving_completions._stream.
+    """
     with_usage = body.include_usage()
     base = {**meta, "object": "chat.completion.chunk"}
     extra = {"usage": None} if with_usage else {}
+    enc = ChunkEncoder(base, extra)
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, lps: Any = None) -> bytes:
-        choice = {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
-        return sse({**base, "choices": [choice], **extra})
+        return enc({"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish})
+
+    def tail() -> list[bytes]:
+        out = []
+        if with_usage:
+            u = usage_of(last, body.n or 1) if last else usage(0, 0, 0)
+            out.append(sse({**base, "choices": [], "usage": u}))
+        out.append(SSE_DONE)
+        return out
 
     last: dict[int, SampleEvent] = {}
     try:
-        for st in sorted(handle.samples.values(), key=lambda s: s.spec.index):
-            yield chunk(st.spec.index, {"role": "assistant", "content": ""})
-        async for ev in events:
-            last[ev.index] = ev
-            if ev.text or ev.logprobs:
-                lps = {"content": chat_logprobs(ctx.texts, ev.logprobs)} if body.logprobs else None
-                yield chunk(ev.index, {"content": ev.text}, None, lps)
-            if ev.finish_reason is not None:
-                yield chunk(ev.index, {}, ev.finish_reason)
-        if with_usage:
-            u = usage_of(last, body.n or 1) if last else usage(0, 0, 0)
-            yield sse({**base, "choices": [], "usage": u})
-        yield SSE_DONE
+        yield b"".join(chunk(st.spec.index, {"role": "assistant", "content": ""})
+                       for st in sorted(handle.samples.values(), key=lambda s: s.spec.index))
+        done = False
+        async for batch in batches:
+            parts = []
+            for ev in batch:
+                last[ev.index] = ev
+                if ev.text or ev.logprobs:
+                    lps = {"content": chat_logprobs(ctx.texts, ev.logprobs)} if body.logprobs else None
+                    parts.append(chunk(ev.index, {"content": ev.text}, None, lps))
+                if ev.finish_reason is not None:
+                    parts.append(chunk(ev.index, {}, ev.finish_reason))
+            if handle.all_finished:
+                parts.extend(tail())
+                done = True
+            if parts:
+                yield parts[0] if len(parts) == 1 else b"".join(parts)
+        if not done:
+            yield b"".join(tail())
     finally:
         handle.finish(sys.exc_info()[1])

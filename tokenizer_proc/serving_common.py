@@ -80,6 +80,80 @@ def parse_body(model: type[M], obj: Any) -> M:
         raise from_validation_error(e) from None
 
 
+def _kind(x: Any) -> str:
+    """A JSON value's kind, for messages: "a string", "a token id", "a list", "a float 1.5", ..."""
+    if isinstance(x, bool):
+        return f"the boolean {str(x).lower()}"
+    if isinstance(x, int):
+        return "an integer"
+    if isinstance(x, str):
+        return "a string"
+    if isinstance(x, list):
+        return "a list"
+    if isinstance(x, float):
+        return f"the number {x!r}"
+    return "null" if x is None else "an object"
+
+
+def _token_id_error(x: Any, where: str) -> str | None:
+    if isinstance(x, int) and not isinstance(x, bool):
+        return None if x >= 0 else f"{where}: token id {x} is negative"
+    if isinstance(x, list):
+        return (f"{where}: a list inside a token-id list; token ids nest at most two levels "
+                "(a list of token-id lists)")
+    return f"{where}: expected a token id (an integer >= 0), got {_kind(x)}"
+
+
+def check_prompt_shape(value: Any, param: str, allow_text: bool = True) -> None:
+    """Name the problem of a malformed prompt before generic validation does.
+
+    Accepted shapes: a string, a non-empty list of strings, a non-empty list of token ids (integers
+    >= 0), or a non-empty list of non-empty token-id lists (without text when `allow_text` is false).
+    Token ids beyond the vocabulary are checked later (check_prompt).
+
+    Raises:
+        APIError: 400 with `param` set and the offending element named, e.g. `prompt[1][0]`.
+    """
+    what = ("a string, a list of strings, a list of token ids, or a list of token-id lists" if allow_text
+            else "a list of token ids or a list of token-id lists")
+    if isinstance(value, str) and allow_text:
+        return
+    if not isinstance(value, list):
+        raise bad_request(f"{param} must be {what}; got {_kind(value)}", param=param)
+    if not value:
+        raise bad_request(f"{param} must not be an empty list", param=param)
+    first = value[0]
+    if isinstance(first, str) and allow_text:
+        for i, x in enumerate(value):
+            if not isinstance(x, str):
+                raise bad_request(f"{param}[{i}]: expected a string like {param}[0] (a list of prompts "
+                                  f"cannot mix text and token ids), got {_kind(x)}", param=param)
+        return
+    if isinstance(first, list):
+        for i, x in enumerate(value):
+            if not isinstance(x, list):
+                raise bad_request(f"{param}[{i}]: expected a token-id list like {param}[0] (prompts cannot "
+                                  f"mix token ids and token-id lists), got {_kind(x)}", param=param)
+            if not x:
+                raise bad_request(f"{param}[{i}]: empty token-id list", param=param)
+            for j, t in enumerate(x):
+                err = _token_id_error(t, f"{param}[{i}][{j}]")
+                if err:
+                    raise bad_request(err, param=param)
+        return
+    for i, x in enumerate(value):
+        if isinstance(x, list) and i > 0:
+            raise bad_request(f"{param}[{i}]: expected a token id like {param}[0] (prompts cannot mix "
+                              "token ids and token-id lists), got a list", param=param)
+        if isinstance(x, str):
+            raise bad_request(f"{param}[{i}]: expected a token id, got a string "
+                              f"({'a list of prompts cannot mix text and token ids' if allow_text else 'no text here'})",
+                              param=param)
+        err = _token_id_error(x, f"{param}[{i}]")
+        if err:
+            raise bad_request(err, param=param)
+
+
 def check_model(ctx: ServingContext, name: str) -> None:
     if name != ctx.served_model:
         raise APIError(404, f"The model `{name}` does not exist. This server serves: {ctx.served_model}.",
@@ -176,6 +250,23 @@ def sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+class ChunkEncoder:
+    """SSE events `{**meta, "choices": [choice], **extra}` with the constant parts serialized once.
+
+    `meta` and `extra` are fixed for a response (id, object, created, model; `"usage": null`), so each
+    event costs one orjson.dumps of the choice. The bytes equal `sse({**meta, "choices": [choice], **extra})`.
+    """
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, meta: dict[str, Any], extra: dict[str, Any]) -> None:
+        self.head = b"data: " + orjson.dumps(meta)[:-1] + (b',"choices":[' if meta else b'"choices":[')
+        self.tail = b"]" + (b"," + orjson.dumps(extra)[1:] if extra else b"}") + b"\n\n"
+
+    def __call__(self, choice: dict[str, Any]) -> bytes:
+        return self.head + orjson.dumps(choice) + self.tail
+
+
 SSE_DONE = b"data: [DONE]\n\n"
 
 
@@ -260,29 +351,30 @@ def json_response(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
-async def open_stream(handle: RequestHandle) -> AsyncIterator[SampleEvent]:
-    """Submit `handle` and wait for its first event, so that a rejection still gets a proper HTTP status.
+async def open_stream(handle: RequestHandle) -> AsyncIterator[list[SampleEvent]]:
+    """Submit `handle` and wait for its first events, so that a rejection still gets a proper HTTP status.
 
-    Returns an iterator over all events (the first one included). The caller must call
-    `handle.finish(...)` when done with it (the streaming generator does, in `finally`).
+    Returns an iterator over all event batches (see RequestHandle.event_batches; the first one
+    included). The caller must call `handle.finish(...)` when done with it (the streaming generator
+    does, in `finally`).
 
     Raises:
         APIError: the scheduler rejected the request before producing output.
     """
     await handle.__aenter__()
-    events = handle.events()
+    batches = handle.event_batches()
     try:
-        first = await anext(events)
+        first = await anext(batches)
     except StopAsyncIteration:
         first = None
     except BaseException as e:
         handle.finish(e)
         raise
 
-    async def chain() -> AsyncIterator[SampleEvent]:
+    async def chain() -> AsyncIterator[list[SampleEvent]]:
         if first is not None:
             yield first
-        async for ev in events:
-            yield ev
+        async for batch in batches:
+            yield batch
 
     return chain()

@@ -15,10 +15,12 @@ from .openai_protocol import CompletionRequest
 from .request_state import RequestHandle, SampleEvent
 from .serving_common import (
     SSE_DONE,
+    ChunkEncoder,
     ServingContext,
     build_sampling,
     check_model,
     check_prompt,
+    check_prompt_shape,
     collect,
     guard_stream,
     json_response,
@@ -55,7 +57,10 @@ async def prompt_ids(ctx: ServingContext, req: CompletionRequest) -> list[list[i
 
 
 async def completions(ctx: ServingContext, request: Request) -> Response:
-    body = parse_body(CompletionRequest, await read_json(request, ctx.args.max_request_body_bytes))
+    raw = await read_json(request, ctx.args.max_request_body_bytes)
+    if isinstance(raw, dict) and "prompt" in raw:
+        check_prompt_shape(raw["prompt"], "prompt")
+    body = parse_body(CompletionRequest, raw)
     check_model(ctx, body.model)
     prompts = await prompt_ids(ctx, body)
     max_new = body.max_tokens if body.max_tokens is not None else DEFAULT_MAX_TOKENS
@@ -101,20 +106,37 @@ def _echo_text(ctx: ServingContext, body: CompletionRequest, handle: RequestHand
     return decode(ctx.tokenizer, _prompt_of(handle, index), body.skip_special_tokens is not False)
 
 
+def _tail(body: CompletionRequest, meta: dict[str, Any], extra: dict[str, Any],
+          last: dict[int, SampleEvent]) -> list[bytes]:
+    """The usage chunk (if asked) and [DONE]."""
+    out = []
+    if extra:
+        u = usage_of(last, body.n or 1) if last else usage(0, 0, 0)
+        out.append(sse({**meta, "choices": [], "usage": u}))
+    out.append(SSE_DONE)
+    return out
+
+
 async def _stream(ctx: ServingContext, body: CompletionRequest, handle: RequestHandle,
-                  events: AsyncIterator[SampleEvent], meta: dict[str, Any]) -> AsyncIterator[bytes]:
-    """SSE chunks: (echo), text deltas, a finish chunk per choice, optional usage chunk, [DONE]."""
+                  batches: AsyncIterator[list[SampleEvent]], meta: dict[str, Any]) -> AsyncIterator[bytes]:
+    """SSE chunks: (echo), text deltas, a finish chunk per choice, optional usage chunk, [DONE].
+
+    One bytes object (one socket write) per wake-up: the events of all tokens that arrived since the
+    last one; the last one also carries the usage chunk and [DONE].
+    """
     want_lp = body.logprobs is not None
+    want_ids = bool(body.return_token_ids)
     extra = {"usage": None} if body.include_usage() else {}
+    enc = ChunkEncoder(meta, extra)
     accs: dict[int, CompletionLogprobs] = {}
     last: dict[int, SampleEvent] = {}
 
     def chunk(index: int, text: str, finish: str | None = None, lps: Any = None,
               ids: list[int] | None = None) -> bytes:
         choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
-        if body.return_token_ids:
+        if want_ids:
             choice["token_ids"] = ids or []
-        return sse({**meta, "choices": [choice], **extra})
+        return enc(choice)
 
     try:
         for st in sorted(handle.samples.values(), key=lambda s: s.spec.index):
@@ -123,17 +145,25 @@ async def _stream(ctx: ServingContext, body: CompletionRequest, handle: RequestH
             if body.echo:
                 accs[i].add_prompt(st.spec.input_ids)
                 yield chunk(i, _echo_text(ctx, body, handle, i), None, accs[i].take() if want_lp else None)
-        async for ev in events:
-            last[ev.index] = ev
-            if ev.text or ev.logprobs or (body.return_token_ids and ev.token_ids):
-                accs[ev.index].add(ev.logprobs)
-                yield chunk(ev.index, ev.text, None, accs[ev.index].take() if want_lp else None,
-                            ev.token_ids)
-            if ev.finish_reason is not None:
-                yield chunk(ev.index, "", ev.finish_reason)
-        if extra:
-            u = usage_of(last, body.n or 1) if last else usage(0, 0, 0)
-            yield sse({**meta, "choices": [], "usage": u})
-        yield SSE_DONE
+        done = False
+        async for batch in batches:
+            parts = []
+            for ev in batch:
+                last[ev.index] = ev
+                if ev.text or ev.logprobs or (want_ids and ev.token_ids):
+                    lps = None
+                    if want_lp:
+                        accs[ev.index].add(ev.logprobs)
+                        lps = accs[ev.index].take()
+                    parts.append(chunk(ev.index, ev.text, None, lps, ev.token_ids))
+                if ev.finish_reason is not None:
+                    parts.append(chunk(ev.index, "", ev.finish_reason))
+            if handle.all_finished:  # the last write also carries the usage chunk and [DONE]
+                parts.extend(_tail(body, meta, extra, last))
+                done = True
+            if parts:
+                yield parts[0] if len(parts) == 1 else b"".join(parts)
+        if not done:
+            yield b"".join(_tail(body, meta, extra, last))
     finally:
         handle.finish(sys.exc_info()[1])

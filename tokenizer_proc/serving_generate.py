@@ -28,6 +28,7 @@ from .serving_common import (
     Collected,
     ServingContext,
     check_prompt,
+    check_prompt_shape,
     collect,
     guard_stream,
     json_response,
@@ -93,7 +94,10 @@ def _result(ctx: ServingContext, handle: RequestHandle, index: int, c: Collected
 
 
 async def generate(ctx: ServingContext, request: Request) -> Response:
-    body = parse_body(GenerateRequest, await read_json(request, ctx.args.max_request_body_bytes))
+    raw = await read_json(request, ctx.args.max_request_body_bytes)
+    if isinstance(raw, dict) and raw.get("input_ids") is not None:
+        check_prompt_shape(raw["input_ids"], "input_ids", allow_text=False)
+    body = parse_body(GenerateRequest, raw)
     sampling = generate_sampling(body.sampling_params)
     prompts, batch = await _prompts(ctx, body)
     for ids in prompts:
@@ -111,21 +115,25 @@ async def generate(ctx: ServingContext, request: Request) -> Response:
     return json_response(results if batch else results[0])
 
 
-async def _stream(ctx: ServingContext, handle: RequestHandle, events: AsyncIterator[Any],
+async def _stream(ctx: ServingContext, handle: RequestHandle, batches: AsyncIterator[list[Any]],
                   want_lp: bool) -> AsyncIterator[bytes]:
     acc: dict[int, Collected] = {}
     texts: dict[int, list[str]] = {}
     try:
-        async for ev in events:
-            c = acc.setdefault(ev.index, Collected())
-            texts.setdefault(ev.index, []).append(ev.text)
-            c.token_ids.extend(ev.token_ids)
-            c.logprobs.extend(ev.logprobs)
-            c.finish_reason, c.matched_stop = ev.finish_reason, ev.matched_stop
-            c.prompt_tokens, c.completion_tokens = ev.prompt_tokens, ev.completion_tokens
-            c.cached_tokens = ev.cached_tokens
-            out = _result(ctx, handle, ev.index, c, want_lp, text="".join(texts[ev.index]))
-            yield sse({"index": ev.index, **out})
+        async for batch in batches:
+            parts = []
+            for ev in batch:
+                c = acc.setdefault(ev.index, Collected())
+                texts.setdefault(ev.index, []).append(ev.text)
+                c.token_ids.extend(ev.token_ids)
+                c.logprobs.extend(ev.logprobs)
+                c.finish_reason, c.matched_stop = ev.finish_reason, ev.matched_stop
+                c.prompt_tokens, c.completion_tokens = ev.prompt_tokens, ev.completion_tokens
+                c.cached_tokens = ev.cached_tokens
+                out = _result(ctx, handle, ev.index, c, want_lp, text="".join(texts[ev.index]))
+                parts.append(sse({"index": ev.index, **out}))
+            if parts:
+                yield b"".join(parts)
         yield SSE_DONE
     finally:
         handle.finish(sys.exc_info()[1])

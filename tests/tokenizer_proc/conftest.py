@@ -77,6 +77,7 @@ def fr(front: Front, front_scripts: Scripts) -> Iterator[Front]:
     front.sched.interval_s = 0.0
     front.sched.error = None
     front.sched.batch_rids = False
+    front.sched.burst = False
     front.sched.received.clear()
     front.sched.aborted.clear()
     yield front

@@ -45,6 +45,7 @@ class FakeScheduler:
     aborted: list[str] = field(default_factory=list)
     controls: list[str] = field(default_factory=list)
     batch_rids: bool = False  # send all live requests in one batch (exercises the per-rid split)
+    burst: bool = False  # send each request's whole script at once, one TokenOutBatch per token
 
     def start(self) -> FakeScheduler:
         self._stop = threading.Event()
@@ -84,6 +85,10 @@ class FakeScheduler:
                 return
             ids, finish = self.script(msg)
             live[msg.rid] = _Live(msg, list(ids), finish)
+            if self.burst:
+                lv = {msg.rid: live.pop(msg.rid)}
+                while lv:
+                    self._emit(lv, tx)
         elif isinstance(msg, protocol.AbortReq):
             self.aborted.append(msg.rid)
             live.pop(msg.rid, None)

@@ -68,3 +68,30 @@ def test_joined_increments_equal_full_decode(tokenizer: Any, parts: list[str], s
     deltas = _deltas(tokenizer, ids, step)
     assert "".join(deltas) == decode(tokenizer, ids)
     assert all("\ufffd" not in d for d in deltas)
+
+
+def test_fast_decoder_equals_the_transformers_decode(tokenizer: Any) -> None:
+    import random
+
+    from radixrt.tokenizer_proc.detokenizer import _backend_decode_is_equivalent, make_decoder
+
+    assert _backend_decode_is_equivalent(tokenizer)  # the default model takes the fast path
+    rng = random.Random(0)
+    specials = list(tokenizer.all_special_ids)
+    for skip in (True, False):
+        fast = make_decoder(tokenizer, skip)
+        for _ in range(200):
+            ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(0, 6))]
+            ids += rng.sample(specials, k=min(1, len(specials)))
+            assert fast(ids) == decode(tokenizer, ids, skip)
+
+
+def test_other_tokenizers_take_the_generic_path() -> None:
+    from radixrt.tokenizer_proc.detokenizer import make_decoder
+
+    class Tok:
+        def decode(self, ids: list[int], skip_special_tokens: bool = True,
+                   clean_up_tokenization_spaces: bool = False) -> str:
+            return "".join(chr(97 + i) for i in ids)
+
+    assert make_decoder(Tok())([0, 1, 2]) == "abc"

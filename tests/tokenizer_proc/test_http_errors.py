@@ -137,3 +137,23 @@ def test_api_key(keyed: Front) -> None:
     assert httpx.get(url + "/health").status_code == 200
     info = httpx.get(url + "/get_server_info", headers={"Authorization": "Bearer sekret"}).json()
     assert info["api_key"] == "***" and "sekret" not in str(info)
+
+
+@pytest.mark.parametrize(("prompt", "where"), [
+    ([[1, 2], 3], "prompt[1]"), ([1, [2]], "prompt[1]"), ([-1, 2], "negative"), ([[1, -2]], "prompt[0][1]"),
+    ([[[1]]], "nest at most two levels"), ([1.5, 2], "1.5"), ([[1.0]], "prompt[0][0]"), ([], "empty"),
+    ([[]], "prompt[0]: empty"), ([1, "a"], "prompt[1]"), (["a", 1], "prompt[1]"), ([True, 2], "boolean"),
+    (None, "got null"), ({"a": 1}, "object"), ([1, None], "prompt[1]"),
+])
+def test_malformed_token_prompt_names_the_problem(fr: Front, prompt: Any, where: str) -> None:
+    body = {"model": fr.served_model, "prompt": prompt, "max_tokens": 2}
+    err = _err(httpx.post(fr.base_url + "/v1/completions", json=body), 400, param="prompt")
+    assert where in err["message"], err
+
+
+def test_malformed_input_ids_in_generate(fr: Front) -> None:
+    r = httpx.post(fr.base_url + "/generate", json={"input_ids": [[1, 2], [3, "x"]]})
+    err = _err(r, 400, param="input_ids")
+    assert "input_ids[1][1]" in err["message"], err
+    err = _err(httpx.post(fr.base_url + "/generate", json={"input_ids": [5, -7]}), 400, param="input_ids")
+    assert "-7" in err["message"], err

@@ -38,9 +38,9 @@ def test_dispatch_splits_per_rid_with_top_logprobs() -> None:
     m, qa, qb = _manager()
     m._dispatch(_batch([1, 2, 3, 4, 9], [-1.0, -2.0, -3.0, -4.0]))
     a, b = qa.get_nowait(), qb.get_nowait()
-    assert a.ids.tolist() == [10, 11] and a.logprobs.tolist() == [-1.0, -2.0]
+    assert a.ids == [10, 11] and a.logprobs.tolist() == [-1.0, -2.0]
     assert a.top_ids.tolist() == [[1, 2], [3, 4]] and a.top_logprobs.tolist() == [[-1, -2], [-3, -4]]
-    assert b.ids.tolist() == [13] and b.finish_reason == "length" and b.cached_tokens == 4
+    assert b.ids == [13] and b.finish_reason == "length" and b.cached_tokens == 4
     assert b.top_ids is None and b.logprobs.tolist() == [-4.0]
     assert qa.empty() and qb.empty()
 
@@ -49,8 +49,8 @@ def test_dispatch_with_a_bad_top_layout_keeps_tokens() -> None:
     m, qa, qb = _manager()
     m._dispatch(_batch([1, 2, 3], []))
     a, b = qa.get_nowait(), qb.get_nowait()
-    assert a.ids.tolist() == [10, 11] and a.top_ids is None and a.logprobs is None
-    assert b.ids.tolist() == [13]
+    assert a.ids == [10, 11] and a.top_ids is None and a.logprobs is None
+    assert b.ids == [13]
 
 
 @pytest.mark.parametrize(("msg", "status"), [("429 busy", 429), ("too many queued requests", 429),

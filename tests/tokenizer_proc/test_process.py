@@ -16,7 +16,7 @@ from radixrt import protocol
 from radixrt.config import ServerArgs
 from radixrt.ipc import IpcAddresses, Receiver
 
-from .fakes import FakeScheduler, free_port
+from .fakes import FakeScheduler, free_port, wait_for
 
 
 def _spawn(args: ServerArgs, addrs: IpcAddresses, model_dir: Path, log: Path) -> subprocess.Popen:
@@ -77,6 +77,57 @@ def test_port_in_use_is_a_fatal_start_up_error(tok_model_dir: Path, tmp_path: Pa
             proc.kill()
             proc.wait()
         busy.close()
+        launcher.sock.close()
+        ctx.term()
+        addrs.cleanup()
+
+
+def test_sigterm_ends_in_flight_requests_with_an_error(tok_model_dir: Path, tmp_path: Path) -> None:
+    """Shutdown: a stream in flight gets an SSE error event and [DONE]; a non-streamed request a 503."""
+    import threading
+    import time
+
+    addrs = IpcAddresses.create()
+    ctx = zmq.Context()
+    launcher = Receiver(ctx, addrs.launcher_in, protocol.CHILD_TO_LAUNCHER)
+    sched = FakeScheduler(addrs, lambda req: ([42, 43], None)).start()  # never finishes on its own
+    args = ServerArgs(port=free_port())
+    proc = _spawn(args, addrs, tok_model_dir, tmp_path / "tok.log")
+    base = f"http://127.0.0.1:{args.port}"
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 100}
+    lines: list[str] = []
+    plain: list[httpx.Response] = []
+    streaming = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, timeout=30) as r:
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+                    streaming.set()
+
+    threads = [threading.Thread(target=stream), threading.Thread(
+        target=lambda: plain.append(httpx.post(base + "/v1/completions", json=body, timeout=30)))]
+    try:
+        assert isinstance(launcher.recv(timeout_ms=60_000), protocol.Ready), (tmp_path / "tok.log").read_text()
+        for t in threads:
+            t.start()
+        assert streaming.wait(20) and wait_for(lambda: len(sched.received) == 2, 20)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(20)
+        assert proc.wait(timeout=20) == 0, (tmp_path / "tok.log").read_text()
+        assert time.monotonic() - t0 < 4  # no waiting out the graceful-shutdown period
+        assert lines[-1] == "data: [DONE]", lines
+        err = orjson.loads(lines[-2].removeprefix("data: "))["error"]
+        assert err["message"] == "server is shutting down" and err["type"] == "service_unavailable", err
+        assert plain[0].status_code == 503 and plain[0].json()["error"]["message"] == "server is shutting down"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        sched.stop()
         launcher.sock.close()
         ctx.term()
         addrs.cleanup()

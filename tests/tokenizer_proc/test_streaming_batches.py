@@ -1,0 +1,126 @@
+"""Hot-path pieces of streaming: Inbox, merged events per wake-up, the SSE chunk encoder, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from radixrt.tokenizer_proc.manager import SHUTDOWN_ERROR, Inbox, TokenChunk
+from radixrt.tokenizer_proc.request_state import RequestHandle, SampleSpec
+from radixrt.tokenizer_proc.serving_common import ChunkEncoder, sse
+
+from .conftest import Scripts
+from .fakes import Front
+
+
+def _chunk(rid: str, ids: list[int], finish: str | None = None, error: str | None = None) -> TokenChunk:
+    return TokenChunk(rid, ids, None, None, None, finish, None, 3, None, 0, error)
+
+
+class _Manager:
+    """Just what RequestHandle calls."""
+
+    closing = False
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+        self.aborted: list[str] = []
+
+    def submit(self, req: Any, queue: Any) -> None:
+        pass
+
+    def abort(self, rid: str, reason: str = "abort") -> None:
+        self.aborted.append(rid)
+
+    def release(self, rid: str) -> None:
+        self.released.append(rid)
+
+
+def test_inbox_hands_over_everything_pending_at_once() -> None:
+    async def run() -> list[list[int]]:
+        box = Inbox()
+        got: list[list[int]] = []
+
+        async def reader() -> None:
+            for _ in range(2):
+                got.append([c.ids[0] for c in await box.take()])
+
+        task = asyncio.ensure_future(reader())
+        await asyncio.sleep(0)
+        box.put_nowait(_chunk("a", [1]))
+        box.put_nowait(_chunk("a", [2]))  # both before the reader runs: one wake-up
+        await asyncio.sleep(0)
+        box.put_nowait(_chunk("a", [3]))
+        await asyncio.wait_for(task, 1)
+        return got
+
+    assert asyncio.run(run()) == [[1, 2], [3]]
+
+
+def test_chunks_of_one_wake_up_become_one_event_per_sample(tokenizer: Any) -> None:
+    hi = list(tokenizer.encode("Hello world", add_special_tokens=False))
+    specs = [SampleSpec(index=i, input_ids=[1, 2, 3], sampling={}, stop=[]) for i in range(2)]
+
+    async def run() -> tuple[list[list[tuple[int, str, list[int], Any]]], RequestHandle]:
+        h = RequestHandle(_Manager(), tokenizer, specs, stream=True)  # type: ignore[arg-type]
+        r0, r1 = list(h.samples)
+        for t in hi:
+            h.queue.put_nowait(_chunk(r0, [t]))
+        h.queue.put_nowait(_chunk(r1, hi[:1]))
+        out = []
+        batches = h.event_batches()
+        out.append([(e.index, e.text, e.token_ids, e.finish_reason) for e in await anext(batches)])
+        h.queue.put_nowait(_chunk(r0, [], "length"))
+        h.queue.put_nowait(_chunk(r1, hi[1:], "stop"))
+        async for b in batches:
+            out.append([(e.index, e.text, e.token_ids, e.finish_reason) for e in b])
+        return out, h
+
+    out, h = asyncio.run(run())
+    first = tokenizer.decode(hi[:1])
+    assert out == [[(0, "Hello world", hi, None), (1, first, hi[:1], None)],
+                   [(0, "", [], "length"), (1, "Hello world"[len(first):], hi[1:], "stop")]]
+    assert h.all_finished and sorted(h.manager.released) == sorted(h.samples)  # type: ignore[attr-defined]
+
+
+def test_shutdown_error_reaches_the_reader(tokenizer: Any) -> None:
+    from radixrt.tokenizer_proc.errors import APIError
+
+    async def run() -> APIError:
+        h = RequestHandle(_Manager(), tokenizer, [SampleSpec(0, [1], {}, [])], stream=True)  # type: ignore[arg-type]
+        h.queue.put_nowait(_chunk(next(iter(h.samples)), [], "abort", SHUTDOWN_ERROR))
+        with pytest.raises(APIError) as e:
+            async for _ in h.event_batches():
+                pass
+        return e.value
+
+    err = asyncio.run(run())
+    assert err.status == 503 and err.message == "server is shutting down"
+
+
+@pytest.mark.parametrize(("meta", "extra"), [
+    ({"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m"}, {}),
+    ({"id": "c", "object": "chat.completion.chunk", "created": 5, "model": "m"}, {"usage": None}),
+])
+def test_chunk_encoder_matches_sse(meta: dict[str, Any], extra: dict[str, Any]) -> None:
+    choice = {"index": 0, "text": 'é"\n😀', "logprobs": None, "finish_reason": None, "token_ids": [1, 2]}
+    assert ChunkEncoder(meta, extra)(choice) == sse({**meta, "choices": [choice], **extra})
+
+
+def test_a_stream_that_falls_behind_catches_up_in_fewer_events(fr: Front, front_scripts: Scripts) -> None:
+    """Many TokenOutBatches queued at once for a request: far fewer SSE events than tokens, same output."""
+    front_scripts.text = "one two three four five six seven eight nine ten " * 3
+    ids = front_scripts.ids()
+    fr.sched.burst = True
+    body = {"model": fr.served_model, "prompt": "x", "max_tokens": 500, "stream": True, "return_token_ids": True}
+    with httpx.stream("POST", fr.base_url + "/v1/completions", json=body, timeout=30) as r:
+        events = [orjson.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    with_tokens = [e for e in events if e["choices"][0]["token_ids"]]
+    toks = [t for e in events for t in e["choices"][0]["token_ids"]]
+    assert toks == ids and "".join(e["choices"][0]["text"] for e in events) == front_scripts.text
+    assert len(with_tokens) < len(ids) / 2, len(with_tokens)
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
