@@ -278,12 +278,29 @@ def _write_plots(cfg: BenchConfig, runs: list[dict], samples: dict[str, list[Req
     return [str(p) for p in paths]
 
 
+def _fit_vocab(cfg: BenchConfig) -> BenchConfig:
+    """Token ids are drawn below --vocab-size; a radixrt server reports its vocabulary in
+    /get_server_info, and a smaller one caps the draw (other servers: the flag stands)."""
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    try:
+        r = httpx.get(cfg.base_url.rstrip("/") + "/get_server_info", headers=headers, timeout=10, trust_env=False)
+        vocab = int(r.json()["worker"]["vocab_size"]) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        vocab = None
+    if vocab is None or vocab >= cfg.workload.vocab_size:
+        return cfg
+    print(f"bench-serving: the server's vocabulary has {vocab} tokens: drawing token ids below it", file=sys.stderr)
+    low = min(cfg.workload.min_token_id, vocab // 2)
+    return replace(cfg, workload=replace(cfg.workload, vocab_size=vocab, min_token_id=low))
+
+
 def run_benchmark(cfg: BenchConfig) -> dict:
     """Run the workload (once, or once per sweep level); write JSON / plots if asked; return the report.
 
     Report: schema_version, tool, created_at, base_url, model, workload (spec + counts), config,
     runs (one dict of RUN_FIELDS per run), plots (PNG paths). Raises RuntimeError if warm-up fails.
     """
+    cfg = _fit_vocab(cfg)
     levels = cfg.concurrency_sweep or [cfg.max_concurrency]
     runs, samples, model = [], {}, cfg.model
     for i, level in enumerate(levels):

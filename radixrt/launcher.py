@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -121,6 +122,22 @@ def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop()
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raises ValueError if (host, port) cannot be bound now (in use, or not a local address).
+    The tokenizer process binds it for real later; this only makes a busy port fail fast."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: {e.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
 def check_args_against_model(args: ServerArgs, model_dir: Path) -> None:
     """Flags that only the model or the machine can refute, checked before any process starts.
 
@@ -145,6 +162,7 @@ def launch_server(args: ServerArgs) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s launcher] %(message)s",
                         datefmt="%H:%M:%S")
     try:
+        check_port_free(args.host, args.port)  # before the model is converted or loaded
         model_dir = resolve_model_dir(args.model_path, Env.read().cache_dir, args.load_format)
         check_args_against_model(args, model_dir)
     except (ModelLoadError, ValueError) as e:

@@ -109,9 +109,15 @@ def parse_config_safe(cfg: dict, model_dir: Path) -> tuple[ModelConfig, dict | N
 
 
 def _gguf_cache_dir(path: Path, cache_dir: Path) -> Path:
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_dir / f"{path.stem}-{key}"
+    """Keyed by the file's content (size + its first and last MiB), not its path: every clone or
+    virtualenv that ships the same GGUF shares one converted copy."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return cache_dir / f"{path.stem}-{h.hexdigest()[:12]}"
 
 
 def _log(msg: str) -> None:

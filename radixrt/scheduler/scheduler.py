@@ -214,6 +214,9 @@ class Scheduler:
                 continue
             got = self.kv.admit(req.all_ids)
             if got is None:
+                if not self.running:  # alone, with every evictable page available: it never fits
+                    self._finish_unfittable(req)
+                    continue
                 break
             kv, cow = got
             if defer_for_shared_prefix(req, kv.cached_len, admitted):
@@ -233,6 +236,9 @@ class Scheduler:
             slots = self.kv.reserve(kv, kv.kv_len + take)
             if slots is None:
                 self.kv.release(kv)
+                if not self.running:
+                    self._finish_unfittable(req)
+                    continue
                 break
             start = kv.kv_len - take
             self.waiting.remove(req)
@@ -312,6 +318,19 @@ class Scheduler:
         self.reqs.pop(req.rid, None)
         self.finished_out.append(req)
         self.num_finished += 1
+
+    def _finish_unfittable(self, req: Req) -> None:
+        """A waiting request that cannot be admitted even with nothing else running: waiting would
+        spin forever. With output so far it ends as `length` (the KV pool is its limit, like the
+        context length); a prompt that cannot fit ends with an error."""
+        pool_tokens = (self.kv.allocator.num_pages - 1) * self.page_size  # page 0 is reserved
+        log.warning("%s (%d tokens) cannot fit in the KV pool (%d tokens) even alone; finishing it",
+                    req.rid, req.seq_len, pool_tokens)
+        if any(t >= 0 for t in req.output_ids):
+            self._finish(req, "length")
+        else:
+            self._finish(req, "abort", error=f"the KV cache ({pool_tokens} tokens) cannot hold this "
+                         f"request's {req.seq_len} tokens; raise --max-total-tokens or --mem-fraction-static")
 
     def _release_row(self, req: Req) -> None:
         if req.req_row >= 0:

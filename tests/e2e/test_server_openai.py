@@ -134,6 +134,25 @@ def test_missing_model_exits_2(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
+def test_busy_port_fails_fast_with_one_line(tmp_path: Path) -> None:
+    """A port in use is reported before the model is loaded: exit 2, one line, no traceback."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "radixrt.cli", "launch-server", "--port", str(port),
+                            "--model-path", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and time.monotonic() - t0 < 30
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and f"127.0.0.1:{port}" in err[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("bad", [{"messages": []}, {"messages": "hi"}, {"max_tokens": -1}])
 def test_bad_chat_requests_get_400(server: Server, bad: dict) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **bad}

@@ -253,3 +253,29 @@ def test_max_prefill_tokens_caps_admission_per_pass() -> None:
             prefill_sizes.append([it.extend_len for it in sb.items if it.is_prefill])
             sched.process_result(sb, worker.forward(build_forward_batch(sb)))
         assert prefill_sizes == want
+
+
+def test_a_request_that_never_fits_is_finished_not_requeued_forever() -> None:
+    """A pool no bigger than the context: a long decode sharing a cached prefix that ends inside a
+    page (copy-on-write holds one more page) runs out of pages alone. It must end ("length") rather
+    than wait forever for room it can never get, and the server goes on; a prompt that cannot fit
+    even alone ends with an error."""
+    ps, pages = 16, 17  # 256 usable tokens = the context length
+    sched, worker = make(ps, num_pages=pages, chunk=512, max_running=8)
+    sched.context_len = 256
+    base = list(range(5, 15))
+    for i in range(4):
+        sched.add_request(gen(f"r{i}", base + [100 + i, 20, 21, 22, 23, 24], max_new=100))
+    run_to_idle(sched, worker, overlap=True)
+    long = sched.add_request(gen("long", base + [199, 20, 21, 22, 23, 24], max_new=100_000))
+    res = run_to_idle(sched, worker, overlap=True, max_steps=5000)
+    assert res["reasons"]["long"] == "length" and len(res["outputs"]["long"]) > 100
+    assert long.num_retractions >= 1
+    after = sched.add_request(gen("after", [7, 8, 9], max_new=3))
+    assert run_to_idle(sched, worker)["reasons"]["after"] == "length" and after.error is None
+    sched.context_len = 1000  # a prompt longer than the whole pool (bypassing the context clamp)
+    big = sched.add_request(gen("big", list(range(1, 300)), max_new=1))
+    run_to_idle(sched, worker)
+    assert big.finish_reason == "abort" and "KV cache" in big.error
+    sched.check_invariants()
+    assert sched.kv.cache.protected_size() == 0
