@@ -54,7 +54,7 @@ class ServerArgs:
     context_length: int | None = _flag("Max prompt + output tokens per request. Default: the model's.")
     chunked_prefill_size: int | None = _flag(
         "Max new prompt tokens per forward pass (-1: no chunking). Default: 8192 on cuda, 512 on cpu "
-        "(a CPU pass of 512 tokens takes about a second, so streams keep flowing during long prompts).")
+        "(a CPU pass of 512 tokens takes about a second after a short prefix, longer after a long one).")
     max_prefill_tokens: int = _flag("Max new prompt tokens admitted per step.", default=8192)
     max_queued_requests: int = _flag("Waiting requests beyond which new ones get 429.", default=4096)
     schedule_policy: str = _flag("lpm (longest prefix match first) or fcfs.", default="lpm",
