@@ -43,6 +43,8 @@ IDLE_POLL_MS = 50
 # very next pass (lower TTFT), and the few ms of scheduling that overlap would hide are small
 # next to such a pass. Shorter passes (decode, small prefills) keep overlap scheduling.
 LATE_BINDING_PREFILL_TOKENS = 1024
+WAIT_POLL_MS = 200  # while waiting for a pass's result, look at the tokenizer channel this often
+BUSY_HEALTHY_S = 120.0  # a pass running for less than this answers /health as alive
 LOG_INTERVAL_S = 10.0
 
 
@@ -168,7 +170,8 @@ class SchedulerLoop:
 
     def _complete(self, sb) -> None:
         t0 = time.perf_counter()
-        res = self.rx_worker.recv()
+        while (res := self.rx_worker.recv(timeout_ms=WAIT_POLL_MS)) is None:
+            self._serve_while_waiting(t0)
         self.wait_ms_total += (time.perf_counter() - t0) * 1e3
         self.forward_ms_total += res.forward_ms
         self.gpu_busy_ms_total += res.gpu_busy_ms
@@ -178,6 +181,18 @@ class SchedulerLoop:
             self.gpu_gap_ms_total += res.gpu_gap_ms
         self.steps += 1
         self.sched.process_result(sb, res)
+
+    def _serve_while_waiting(self, pass_wait_start: float) -> None:
+        """While a pass runs (a long CPU prefill can take tens of seconds), keep answering: new
+        requests and aborts are queued as usual; /get_server_info is answered; /health is answered
+        at once while the pass has run under BUSY_HEALTHY_S - the worker is busy computing, which is
+        as good a sign of life as the one-token probe that would otherwise wait behind it."""
+        for msg in self.rx_tok.recv_all():
+            if isinstance(msg, ControlReq) and msg.kind == "health":
+                if time.perf_counter() - pass_wait_start < BUSY_HEALTHY_S:
+                    self.tx_tok.send(ControlResp(msg.req_id, True, {"busy": True}))
+                    continue
+            self.handle(msg)
 
     def flush_outputs(self) -> None:
         out, internal = self.sched.take_outputs()

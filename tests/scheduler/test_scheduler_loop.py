@@ -27,7 +27,7 @@ def test_overlap_for_short_passes_and_late_binding_after_a_long_prefill() -> Non
     ctx = zmq.Context.instance()
     try:
         worker_in = Receiver(ctx, addrs.worker_in, protocol.SCHEDULER_TO_WORKER)
-        Receiver(ctx, addrs.tokenizer_in, protocol.SCHEDULER_TO_TOKENIZER)
+        tok_in = Receiver(ctx, addrs.tokenizer_in, protocol.SCHEDULER_TO_TOKENIZER)
         Receiver(ctx, addrs.launcher_in, protocol.CHILD_TO_LAUNCHER)
         loop = SchedulerLoop(ServerArgs(device="cpu", chunked_prefill_size=2048), addrs, INFO)
         threading.Thread(target=loop.run, daemon=True).start()
@@ -40,6 +40,13 @@ def test_overlap_for_short_passes_and_late_binding_after_a_long_prefill() -> Non
         assert first is not None and int(first.extend_lens.sum()) == len(long_prompt)
         # a long pass: nothing more is sent until its result is back
         assert worker_in.recv(timeout_ms=300) is None
+        # while it runs, /health and /get_server_info are still answered (a CPU prefill pass can
+        # take longer than the tokenizer's 10 s control timeout)
+        to_sched.send(protocol.ControlReq(req_id="h1", kind="health"))
+        to_sched.send(protocol.ControlReq(req_id="i1", kind="get_server_info"))
+        answers = {m.req_id: m for m in (tok_in.recv(timeout_ms=2000), tok_in.recv(timeout_ms=2000)) if m}
+        assert answers["h1"].ok and answers["i1"].ok
+        assert answers["i1"].data["scheduler"]["num_running_reqs"] == 1
         results.send(_result(first))
         second = worker_in.recv(timeout_ms=5000)
         assert second is not None and second.mode == int(protocol.ForwardMode.DECODE)
