@@ -230,9 +230,14 @@ def make_specs(prompts: list[list[int]], n: int, sampling: dict[str, Any], stop:
 
 def new_handle(ctx: ServingContext, specs: list[SampleSpec], *, stream: bool, return_logprob: bool = False,
                top_logprobs_num: int = 0) -> RequestHandle:
-    """A handle for `specs`, or 429 when the server already tracks too many samples."""
+    """A handle for `specs`; 400 when they alone exceed what the server tracks at once, 429 when
+    the server already tracks too many samples."""
     if ctx.manager.closing:
         raise APIError(503, "server is shutting down")
+    if len(specs) > ctx.manager.max_inflight:  # could never be admitted: not worth a retry
+        raise APIError(400, f"the request has {len(specs)} samples (prompts x n); this server takes at "
+                       f"most {ctx.manager.max_inflight} at once (--max-running-requests + "
+                       "--max-queued-requests)", param="n")
     if not ctx.manager.has_capacity(len(specs)):
         raise APIError(429, "too many requests in flight; retry later")
     return RequestHandle(ctx.manager, ctx.tokenizer, specs, stream=stream, return_logprob=return_logprob,

@@ -157,3 +157,11 @@ def test_malformed_input_ids_in_generate(fr: Front) -> None:
     assert "input_ids[1][1]" in err["message"], err
     err = _err(httpx.post(fr.base_url + "/generate", json={"input_ids": [5, -7]}), 400, param="input_ids")
     assert "-7" in err["message"], err
+
+
+def test_more_samples_than_the_server_ever_takes_is_400_not_429(fr: Front) -> None:
+    """prompts x n above --max-running-requests + --max-queued-requests can never be admitted:
+    a 400 naming the limit, not a 429 inviting a retry."""
+    body = {"model": fr.served_model, "prompt": [[5]] * 5000, "max_tokens": 1}
+    _err(httpx.post(fr.base_url + "/v1/completions", json=body), 400, param="n")
+    assert not fr.sched.received
