@@ -91,18 +91,18 @@ def _pid_alive(pid: int) -> bool:
 
 def test_killing_the_worker_stops_the_server(model_dir: Path, tmp_path: Path) -> None:
     s = start_server(model_dir, tmp_path, "--max-total-tokens", "4096")
-    deadline = time.monotonic() + 10  # the launcher may log the last "ready" line just after /health answers
-    while True:
-        log = s.log()
-        pids = {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+) process ready \(pid (\d+)\)", log)}
-        if len(pids) == 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    ipc_dir = re.search(r"ipc dir (\S+)", log).group(1)
-    assert set(pids) == {"worker", "scheduler", "tokenizer"}
-    assert Path(ipc_dir).is_dir()
-    os.kill(pids["worker"], signal.SIGKILL)
-    try:
+    try:  # a failed assertion must not leave the server running
+        deadline = time.monotonic() + 10  # the launcher may log the last "ready" line just after /health
+        while True:
+            log = s.log()
+            pids = {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+) process ready \(pid (\d+)\)", log)}
+            if len(pids) == 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        ipc_dir = re.search(r"ipc dir (\S+)", log).group(1)
+        assert set(pids) == {"worker", "scheduler", "tokenizer"}
+        assert Path(ipc_dir).is_dir()
+        os.kill(pids["worker"], signal.SIGKILL)
         code = s.proc.wait(timeout=20)
     finally:
         s.stop()
