@@ -76,6 +76,48 @@ def trace_summary(trace: list[dict[str, Any]], decode_only: bool = True) -> dict
             "kv_waste_fraction": sum(t["kv_slots_unused"] for t in trace) / alloc if alloc else None}
 
 
+def pass_rows(trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The per-pass trace, times rounded, `t_s` made relative to the first pass's schedule call."""
+    t0 = min((t["t_s"] for t in trace if "t_s" in t), default=0.0)
+    return [{k: round(v - t0 if k == "t_s" else v, 4) if isinstance(v, float) else v for k, v in t.items()}
+            for t in trace]
+
+
+def print_passes(rows: list[dict[str, Any]], limit: int = 12) -> None:
+    """The first passes and every pass with device idle before it above 0.5 ms."""
+    keys = ("t_s", "mode", "batch_size", "num_tokens", "path", "busy_ms", "gap_ms", "schedule_ms", "build_ms",
+            "launch_ms", "wait_ms", "process_ms")
+    print("  " + " ".join(f"{k:>11s}" for k in keys), flush=True)
+    for i, r in enumerate(rows):
+        if i < limit or r.get("gap_ms", 0) > 0.5:
+            print(f"  {i:3d} " + " ".join(f"{r.get(k, ''):>11}" if not isinstance(r.get(k), float)
+                                          else f"{r[k]:11.3f}" for k in keys), flush=True)
+
+
+def profile_kernels(engine: Engine, spec: WorkloadSpec, cascade: bool, top: int = 18) -> list[dict[str, Any]]:
+    """Device time per kernel name over one run of `spec` (cache on), under torch.profiler
+    (kernels replayed inside CUDA graphs included). The run is extra: it is not a measured result."""
+    from torch.profiler import ProfilerActivity, profile
+
+    args = dataclasses.replace(engine.args, disable_radix_cache=False, enable_cascade_attention=cascade)
+    engine.scheduler = build_scheduler(args, engine.info)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_workload(engine, spec.build())
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append({"name": e.key[:100], "calls": e.count, "device_us_total": t})
+    rows.sort(key=lambda r: -r["device_us_total"])
+    print(f"kernels, {spec.name} cascade={'on' if cascade else 'off'}: "
+          f"{sum(r['device_us_total'] for r in rows) / 1e3:.1f} ms device in all", flush=True)
+    for r in rows[:top]:
+        print(f"  {r['device_us_total'] / 1e3:9.3f} ms {r['calls']:7d}x {r['device_us_total'] / r['calls']:9.1f} us"
+              f"  {r['name']}", flush=True)
+    return rows[:40]
+
+
 def idle_at_batch(engine: Engine, batch: int, small: bool) -> list[dict[str, Any]]:
     """Decode at `batch` requests, overlap scheduling on then off: device idle between passes."""
     prompts = [[1000 + 7 * i + j for j in range(32 if small else 128)] for i in range(batch)]
@@ -183,6 +225,7 @@ def bench_workload(engine: Engine, spec: WorkloadSpec, cache_on: bool, shape: Mo
     engine.trace = []
     res = run_workload(engine, spec.build())
     res["trace"] = trace_summary(engine.trace, decode_only=False)
+    res["passes"] = pass_rows(engine.trace)
     engine.trace = None
     reuse = "compute" if cache_on else "none"
     bound = roofline(shape, hw, spec.build(), reuse)
@@ -198,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
-    p.add_argument("--only", default="profile,idle,random,shared-prefix,multi-turn")
+    p.add_argument("--only", default="profile,idle,random,shared-prefix,multi-turn",
+                   help="stages, comma-separated; add `kernels` for a profiler table of shared-prefix")
     p.add_argument("--out", default="engine.json")
     ns = p.parse_args(argv)
     report: dict[str, Any] = {"device": torch.cuda.get_device_name() if ns.device == "cuda" else "cpu",
@@ -252,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     for spec in workloads(ns.small, int(engine.info["vocab_size"])):
         if spec.name not in ns.only.split(","):
             continue
+        # warm-up at the same shapes, fewer requests: kernels first used by this workload compile here
+        run_workload(engine, dataclasses.replace(spec, num_prompts=min(spec.num_prompts, 4), prompts_per_group=4,
+                                                 num_clients=1, output_len=2).build())
+        engine.scheduler.flush_cache()
         variants = [(True, False)] if spec.name == "random" else [(True, False), (False, False)]
         if spec.name == "shared-prefix":
             variants.append((True, True))
@@ -265,6 +313,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"roofline {r.get('fraction_of_roofline') or 0:.2f}  cascade passes {tr['cascade_passes']}  "
                   f"kv waste {tr['kv_waste_fraction'] or 0:.2%}  ok={r['token_counts_consistent']}  "
                   f"decode pass {tr['decode_busy_ms_median'] or 0:.2f} ms  paths {tr['paths']}", flush=True)
+            if spec.name == "shared-prefix" and cache_on:
+                print_passes(r["passes"])
+        if spec.name == "shared-prefix" and "kernels" in ns.only.split(",") and ns.device == "cuda":
+            report[f"kernels_{spec.name}"] = {c: profile_kernels(engine, spec, c == "cascade")
+                                              for c in ("plain", "cascade")}
+            save()
     return 0
 
 

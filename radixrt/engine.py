@@ -13,6 +13,7 @@ measurements skip the ZeroMQ hops.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ class Engine:
         self.gpu_gap_ms_total = 0.0  # device idle between consecutive passes while there was work (ms)
         self.num_passes = 0
         self.trace: list[dict[str, Any]] | None = None  # set to [] to record every pass (benchmarks)
+        self._host_ms: dict[int, dict[str, float]] = {}  # per in-flight pass, while tracing
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -123,10 +125,18 @@ class Engine:
         pass to the next without waiting for this loop; off with disable_overlap_schedule=True.
         """
         sched, runner = self.scheduler, self.runner
+        t0 = time.perf_counter()
         sb = sched.schedule()
         launched = None
         if sb is not None:
-            launched = (sb, runner.launch(build_forward_batch(sb)), not self._prev_busy and self._in_flight is None)
+            t1 = time.perf_counter()
+            fb = build_forward_batch(sb)
+            t2 = time.perf_counter()
+            launched = (sb, runner.launch(fb), not self._prev_busy and self._in_flight is None)
+            if self.trace is not None:  # host time of this pass: schedule, build, launch (ms)
+                self._host_ms[sb.batch_id] = {"t_s": t0, "num_tokens": len(fb.input_ids),
+                                              "schedule_ms": (t1 - t0) * 1e3, "build_ms": (t2 - t1) * 1e3,
+                                              "launch_ms": (time.perf_counter() - t2) * 1e3}
         busy = sb is not None or self._in_flight is not None
         self._prev_busy = busy
         if self._in_flight is not None:
@@ -138,7 +148,9 @@ class Engine:
         return busy
 
     def _complete(self, sb: Any, pending: Any, after_idle: bool) -> None:
+        t0 = time.perf_counter()
         res = self.runner.finish(pending)  # (pending.path stays readable after finish)
+        t1 = time.perf_counter()
         self.gpu_busy_ms_total += res.gpu_busy_ms
         if not after_idle and res.gpu_gap_ms >= 0:
             self.gpu_gap_ms_total += res.gpu_gap_ms
@@ -149,8 +161,11 @@ class Engine:
                                "gap_ms": -1.0 if after_idle else res.gpu_gap_ms, "cascade": sb.cascade is not None,
                                "path": pending.path,
                                "kv_slots_allocated": s["running_kv_slots_allocated"],
-                               "kv_slots_unused": s["running_kv_slots_unused"]})
+                               "kv_slots_unused": s["running_kv_slots_unused"],
+                               "wait_ms": (t1 - t0) * 1e3, **self._host_ms.pop(sb.batch_id, {})})
         self.scheduler.process_result(sb, res)
+        if self.trace is not None:
+            self.trace[-1]["process_ms"] = (time.perf_counter() - t1) * 1e3
 
     def _stop_hit(self, ids: list[int], stop: str | list[str] | None) -> str | None:
         if not stop or self.tokenizer is None:

@@ -155,6 +155,7 @@ class Scheduler:
         self._admit(sb, budget)
         if not sb.items:
             return None
+        self._publish_prompt_chunks(sb)
         for j, it in enumerate(sb.items):  # placeholders for the tokens this pass will sample
             if it.completes:
                 it.out_pos = len(it.req.output_ids)
@@ -164,6 +165,20 @@ class Scheduler:
             self.num_cascade_passes += sb.cascade is not None
         self.next_batch_id += 1
         return sb
+
+    def _publish_prompt_chunks(self, sb: ScheduledBatch) -> None:
+        """Publish the prompt chunks of this pass to the radix tree now, before the pass runs.
+
+        Passes run in launch order on one device stream and a pass writes its KV before any later
+        pass reads it, so a pass scheduled while this one is in flight (overlap scheduling) may
+        already reuse these pages: requests deferred behind a shared prefix then start in the very
+        next pass instead of one pass later. Only whole pages are published (cache_unfinished_req),
+        and only after every admission of this pass, so no request of this pass matches a page this
+        pass writes (a copy-on-write copy runs before the model, so it must never read such a page).
+        """
+        for it in sb.items:
+            if it.req.kv is not None and (not it.completes or it.is_prefill):
+                self.kv.cache_unfinished_req(it.req.kv, it.req.all_ids[:it.req.kv.kv_len])
 
     def _final_token_pending(self, req: Req) -> bool:
         return req.has_pending_output and (len(req.output_ids) >= req.max_new_tokens

@@ -60,9 +60,11 @@ def run_to_idle(sched: Scheduler, worker: FakeWorker, on_step=None, max_steps: i
         sb = sched.schedule()
         done = None
         if sb is not None:
-            for it in sb.items:  # copy-on-write: no new token may be written into a shared page
-                for slot in it.slots:
-                    assert sched.kv.allocator.refcount(slot // sched.page_size) == 1
+            for it in sb.items:  # copy-on-write: no new token may be written into a shared page,
+                for j, slot in enumerate(it.slots):  # unless this request itself published it (the
+                    pos, page = it.start + j, slot // sched.page_size  # pass writes what it published)
+                    own = pos < it.req.kv.published_len and it.req.kv.pages[pos // sched.page_size] == page
+                    assert sched.kv.allocator.refcount(page) == 1 or own
             expected = {it.req.req_row: list(it.req.all_ids) for it in sb.items}
             done = (sb, worker.forward(build_forward_batch(sb), expected))
         if in_flight is not None:
@@ -220,6 +222,36 @@ def test_overlap_schedule_gives_the_same_tokens(page_size: int) -> None:
         assert ovl["outputs"][f"r{i}"] == sync["outputs"][f"r{i}"]
         assert sync["outputs"][f"r{i}"] == reference_output(worker, p, len(sync["outputs"][f"r{i}"])) \
             or i % 2 == 0
+
+
+def test_followers_of_a_shared_prefix_start_in_the_pass_queued_behind_the_leader() -> None:
+    """Requests sharing an uncached prefix wait for the first one's pass, but under overlap they
+    join the very next pass, scheduled while the leader's pass is still in flight: its prompt pages
+    are published when the pass is scheduled. They read the leader's KV (the fake worker checks
+    every read) and report the prefix as cached."""
+    rng = random.Random(5)
+    system = [rng.randrange(1, EOS) for _ in range(64)]
+    prompts = [system + [rng.randrange(1, EOS) for _ in range(8 + i)] for i in range(6)]
+    sched, worker = make(16, num_pages=64, chunk=512)
+    for i, p in enumerate(prompts):
+        sched.add_request(gen(f"r{i}", p, 4))
+    first = sched.schedule()
+    assert [it.req.rid for it in first.items] == ["r0"]  # the others share its uncached prefix
+    expected = {it.req.req_row: list(it.req.all_ids) for it in first.items}
+    res0 = worker.forward(build_forward_batch(first), expected)
+    second = sched.schedule()  # before the first pass's result is processed (overlap)
+    assert second is not None
+    followers = [it for it in second.items if it.req.rid != "r0"]
+    assert sorted(it.req.rid for it in followers) == [f"r{i}" for i in range(1, 6)]
+    assert all(it.start == 64 and it.req.cached_tokens == 64 for it in followers)
+    expected = {it.req.req_row: list(it.req.all_ids) for it in second.items}
+    res1 = worker.forward(build_forward_batch(second), expected)
+    sched.process_result(first, res0)
+    sched.process_result(second, res1)
+    res = run_to_idle(sched, worker)  # (its first take_outputs also returns the tokens above)
+    for i, p in enumerate(prompts):
+        assert res["outputs"][f"r{i}"] == reference_output(worker, p, 4)
+    assert sched.kv.cache.protected_size() == 0
 
 
 def test_short_request_is_not_stuck_behind_a_long_prefill() -> None:
