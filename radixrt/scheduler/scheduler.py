@@ -77,14 +77,15 @@ class Scheduler:
     # ------------------------------------------------------------------ arrivals and aborts
     def add_request(self, msg: GenerateReq, internal: bool = False) -> Req:
         """Queue a request, or finish it at once with an error the client can act on."""
-        prompt = np.asarray(msg.input_ids).astype(np.int64, copy=False).tolist()  # ~10x a Python loop
+        ids = np.asarray(msg.input_ids).astype(np.int64, copy=False).reshape(-1)
+        prompt = ids.tolist()  # ~10x a Python loop
         error = None
         try:
             sp = SamplingParams.from_dict(msg.sampling)
         except (ValueError, TypeError) as e:
             sp, error = SamplingParams(), str(e)
         if error is None:
-            error = self._validate(prompt) or self._validate_logit_bias(sp.logit_bias)
+            error = self._validate(ids) or self._validate_logit_bias(sp.logit_bias)
         budget = self.context_len - len(prompt)
         max_new = budget if sp.max_new_tokens is None else min(sp.max_new_tokens, budget)
         seed = sp.seed if sp.seed is not None else self.rng.randrange(1 << 31)
@@ -103,13 +104,13 @@ class Scheduler:
         self.waiting.append(req)
         return req
 
-    def _validate(self, prompt: list[int]) -> str | None:
-        if not prompt:
+    def _validate(self, prompt: np.ndarray) -> str | None:
+        if not len(prompt):
             return "the prompt is empty"
         if len(prompt) >= self.context_len:
             return (f"context_length_exceeded: the prompt has {len(prompt)} tokens; this model's "
                     f"context length is {self.context_len}")
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+        if int(prompt.min()) < 0 or int(prompt.max()) >= self.vocab_size:
             return f"token ids must be in [0, {self.vocab_size})"
         return None
 

@@ -55,3 +55,21 @@ def test_engine_overlap_on_and_off_give_the_same_tokens(model_dir: Path, prompts
     assert [o["output_ids"] for o in eng.generate(prompts[:3], seeded)] == on_seeded
     eng.scheduler.check_invariants()
     assert eng.scheduler.kv.cache.protected_size() == 0
+
+
+def test_engine_starts_the_device_before_every_prompt_is_queued(model_dir: Path, prompts, unchunked) -> None:
+    """generate() launches the first pass once a chunk's worth of prompt tokens is queued and
+    submits the rest while it runs; the tokens are those of the unchunked run. A malformed prompt
+    anywhere in the list is refused before anything is queued."""
+    eng = Engine(model_path=str(model_dir), chunked_prefill_size=48, max_total_tokens=8192, device="cpu")
+    events: list[str] = []
+    add, launch = eng.scheduler.add_request, eng.runner.launch
+    eng.scheduler.add_request = lambda *a, **k: (events.append("add"), add(*a, **k))[1]
+    eng.runner.launch = lambda *a, **k: (events.append("launch"), launch(*a, **k))[1]
+    assert [o["output_ids"] for o in eng.generate(prompts, GREEDY)] == unchunked
+    assert events.index("launch") < len(prompts) - 1 and events.count("add") == len(prompts)
+    events.clear()
+    for bad in ([1, 2.5], [[1, 2]], ["a"]):
+        with pytest.raises(ValueError, match="prompt"):
+            eng.generate([prompts[0], bad], GREEDY)
+    assert events == [] and eng.scheduler.is_idle
