@@ -118,6 +118,29 @@ def profile_kernels(engine: Engine, spec: WorkloadSpec, cascade: bool, top: int 
     return rows[:40]
 
 
+def cprofile_host(engine: Engine, spec: WorkloadSpec, top: int = 30) -> list[dict[str, Any]]:
+    """Host time by Python function over one extra run of `spec` (cache on), under cProfile: where
+    the scheduler, the batch build and the launches spend their time (cProfile slows Python ~1.5-2x)."""
+    import cProfile
+    import pstats
+
+    engine.scheduler = build_scheduler(dataclasses.replace(engine.args, disable_radix_cache=False,
+                                                           enable_cascade_attention=False), engine.info)
+    prof = cProfile.Profile()
+    prof.enable()
+    run_workload(engine, spec.build())
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows = [{"function": f"{Path(f).name}:{line}({fn})", "calls": nc, "tottime_ms": tt * 1e3, "cumtime_ms": ct * 1e3}
+            for (f, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items()]  # type: ignore[attr-defined]
+    rows.sort(key=lambda r: -r["tottime_ms"])
+    print(f"host profile, {spec.name}: top functions by own time", flush=True)
+    for r in rows[:top]:
+        print(f"  {r['tottime_ms']:9.1f} ms own {r['cumtime_ms']:9.1f} ms cum {r['calls']:8d}x  {r['function']}",
+              flush=True)
+    return rows[:60]
+
+
 def idle_at_batch(engine: Engine, batch: int, small: bool) -> list[dict[str, Any]]:
     """Decode at `batch` requests, overlap scheduling on then off: device idle between passes."""
     prompts = [[1000 + 7 * i + j for j in range(32 if small else 128)] for i in range(batch)]
@@ -318,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         if spec.name == "shared-prefix" and "kernels" in ns.only.split(",") and ns.device == "cuda":
             report[f"kernels_{spec.name}"] = {c: profile_kernels(engine, spec, c == "cascade")
                                               for c in ("plain", "cascade")}
+            report[f"host_profile_{spec.name}"] = cprofile_host(engine, spec)
             save()
     return 0
 
