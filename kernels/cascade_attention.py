@@ -8,7 +8,7 @@ Inference: memory bandwidth efficient shared prefix batch decoding") and Hydrage
 a group attend to the prefix together, as one matrix product, and the per-request suffix attention
 is merged in by log-sum-exp. Three launches:
 
-  A. prefix (this module): grid (block of rows, KV head, group x prefix split). Rows are
+  A. prefix (this module): grid (block of rows, KV head, prefix split). Rows are
      (member, query head) pairs of one KV head, member-major, packed densely: row r of group g is
      member r // G, query head kvh * G + r % G (G = Hq // Hkv). A program streams its split of the
      group's prefix once, through the FIRST member's page-table row, with tl.dot scores and the
@@ -44,23 +44,36 @@ from .decode_attention import (
 # Integer arguments that change from pass to pass are not specialised (each new value class would
 # compile a variant mid-serving); the mid_o strides are multiples of HEAD_DIM, so their
 # specialisation is stable, and it matters: unspecialised they made this stage ~1.8x slower (H200).
-@triton.jit(do_not_specialize=["num_prefix_splits", "stride_ml_b", "stride_ml_h"])
+@triton.jit(do_not_specialize=["num_groups", "num_prefix_splits", "stride_ml_b", "stride_ml_h"])
 def _cascade_prefix_kernel(
     q, k_buf, v_buf, page_table, group_members, group_starts, group_prefix_lens, mid_o, mid_lse,
-    qk_scale, num_prefix_splits,
+    qk_scale, num_groups, num_prefix_splits,
     stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_pt_b,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # grid (row block, KV head, group x split): the group is the slowest axis, so the programs of
-    # the first (real) groups are dispatched before those of empty padding groups (CUDA graphs)
-    row0 = tl.program_id(0) * BLOCK_M
+    # grid (row block, KV head, split). Row blocks are numbered group after group: group g owns
+    # cdiv(members_g * GROUP, BLOCK_M) consecutive blocks; this program finds its group by walking
+    # the (few) groups. Programs past the last block, and empty (padding) groups, do no work, so a
+    # CUDA graph padded with empty groups costs only the blocks of its real groups.
+    pid = tl.program_id(0)
     kvh = tl.program_id(1)
-    g = tl.program_id(2) // num_prefix_splits
-    split = tl.program_id(2) % num_prefix_splits
+    split = tl.program_id(2)
+    g = -1
+    blk = 0
+    first_block = 0
+    for gi in range(0, num_groups):
+        n_blocks = tl.cdiv((tl.load(group_starts + gi + 1) - tl.load(group_starts + gi)) * GROUP, BLOCK_M)
+        inside = (pid >= first_block) & (pid < first_block + n_blocks)
+        g = tl.where(inside, gi, g)
+        blk = tl.where(inside, pid - first_block, blk)
+        first_block += n_blocks
+    has_group = g >= 0
+    g = tl.maximum(g, 0)
+    row0 = blk * BLOCK_M
     member0 = tl.load(group_starts + g)
-    num_members = tl.load(group_starts + g + 1) - member0
+    num_members = tl.where(has_group, tl.load(group_starts + g + 1) - member0, 0)
     # this block's rows: (member, query head) pairs; rows past the group's end are padding
     rows = row0 + tl.arange(0, BLOCK_M)
     mask_m = rows < num_members * GROUP
@@ -68,7 +81,7 @@ def _cascade_prefix_kernel(
     heads = kvh * GROUP + rows % GROUP
     # the prefix is read through the first member's page-table row
     first_b = tl.load(group_members + member0, mask=num_members > 0, other=0).to(tl.int64)
-    # this split's token range of the prefix (empty for an all-padding block or an empty group)
+    # this split's token range of the prefix (empty for a program with no rows)
     prefix_len = tl.load(group_prefix_lens + g)
     split_len = tl.cdiv(tl.cdiv(prefix_len, num_prefix_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
@@ -204,7 +217,8 @@ def cascade_decode_attention(
     num_kv_splits     : host int >= 1, splits of the suffix pass (choose_num_kv_splits on the longest
                         [kv_start, seq_len) range)
     num_prefix_splits : host int >= 1, splits of each prefix (choose_num_prefix_splits)
-    max_group_size    : host int >= every group's member count (larger groups lose rows silently)
+    max_group_size    : host int >= every group's member count (checked on the host only; the grid
+                        is sized from group_members' length, so every member is covered)
     mid_o, mid_lse    : optional fp32 workspaces [B, Hq, num_kv_splits + num_prefix_splits, D] and
                         [B, Hq, num_kv_splits + num_prefix_splits]; i.e. 4 * B * Hq * (S + Sp) * (D + 1) bytes
     tile              : optional stage-A CascadeTile (default: default_tile)
@@ -228,11 +242,12 @@ def cascade_decode_attention(
     num_groups = group_starts.shape[0] - 1
     if num_groups > 0:
         group = num_q_heads // num_kv_heads
-        blocks_per_group = triton.cdiv(max_group_size * group, tile.block_m)
+        # an upper bound on the row blocks of all groups (see the kernel), from shapes only
+        num_blocks = triton.cdiv(group_members.shape[0] * group, tile.block_m) + num_groups
         prefix_o, prefix_lse = mid_o[:, :, num_kv_splits:], mid_lse[:, :, num_kv_splits:]
-        _cascade_prefix_kernel[(blocks_per_group, num_kv_heads, num_groups * num_prefix_splits)](
+        _cascade_prefix_kernel[(num_blocks, num_kv_heads, num_prefix_splits)](
             q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens, prefix_o, prefix_lse,
-            qk_scale, num_prefix_splits,
+            qk_scale, num_groups, num_prefix_splits,
             q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
             v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
             prefix_o.stride(0), prefix_o.stride(1), prefix_o.stride(2), prefix_lse.stride(0), prefix_lse.stride(1),

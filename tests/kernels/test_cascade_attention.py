@@ -89,6 +89,8 @@ CASES = [
                  id="page64-gqa7-d80-empty-suffix-zero-row"),
     pytest.param([(20, [1, 4]), (0, [5]), (50, [])], [], 16, 4, 1, 64, torch.float32, 2, 4, None,
                  id="page16-unaligned-prefix-empty-groups-4-prefix-splits"),
+    pytest.param([(16, []), (32, [1, 2, 3, 4, 5, 6, 7, 8, 9]), (16, [2, 3]), (32, [])], [11], 16, 8, 2, 64,
+                 torch.float32, 2, 3, None, id="page16-leading-empty-group-multi-block-group"),
 ]
 
 
