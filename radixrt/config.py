@@ -63,10 +63,10 @@ class ServerArgs:
     disable_cuda_graph: bool = _flag("Do not capture CUDA graphs for decode.", default=False)
     cuda_graph_max_bs: int = _flag("Largest decode batch captured in a CUDA graph.", default=256)
     disable_overlap_schedule: bool = _flag("Do not prepare batch N+1 while batch N runs.", default=False)
-    enable_cascade_attention: bool = _flag(
-        "Group decode requests that share prefix pages and read the prefix once per group (cascade "
-        "attention, triton backend). Off by default: slower end to end on the H200 so far "
-        "(docs/benchmarks.md).", default=False)
+    disable_cascade_attention: bool = _flag(
+        "Do not group decode requests that share prefix pages (cascade attention reads a shared "
+        "prefix once per group per step; triton backend only, where it is on by default).",
+        default=False)
     api_key: str | None = _flag("Require `Authorization: Bearer <key>` on every route but /health.")
     random_seed: int = _flag("Seed for weights in dummy mode and for unseeded sampling.", default=0)
     tp_size: int = _flag("Tensor parallel size (only 1 is supported).", default=1)

@@ -60,7 +60,7 @@ def build_scheduler(args: ServerArgs, worker_info: dict[str, Any]) -> Scheduler:
         vocab_size=int(worker_info["vocab_size"]), eos_token_ids=list(worker_info["eos_token_ids"]),
         schedule_policy=args.schedule_policy, max_queued_requests=args.max_queued_requests,
         random_seed=args.random_seed, max_prefill_tokens=args.max_prefill_tokens,
-        cascade_min_saved_tokens=0 if (not args.enable_cascade_attention
+        cascade_min_saved_tokens=0 if (args.disable_cascade_attention
                                        or worker_info.get("attention_backend") != "triton")
         else DEFAULT_MIN_SAVED_TOKENS)
 

@@ -165,7 +165,7 @@ class ModelRunner:
             from radixrt.worker.cuda_graph import CudaGraphRunner
 
             self.graphs = CudaGraphRunner(self, self._graph_max_bs(),
-                                          cascade=args.enable_cascade_attention)
+                                          cascade=not args.disable_cascade_attention)
 
     def _make_backend(self, pool: PagedKVPool) -> Any:
         return make_backend(self.backend_name, pool, self.config.num_heads,

@@ -23,7 +23,7 @@ def test_cascade_decode_gives_the_same_tokens(tmp_path: Path) -> None:
     outs = {}
     for cascade in (False, True):
         eng = Engine(model_path=str(model_dir), device="cpu", attention_backend="triton", page_size=4,
-                     max_total_tokens=2048, max_running_requests=8, enable_cascade_attention=cascade)
+                     max_total_tokens=2048, max_running_requests=8, disable_cascade_attention=not cascade)
         if cascade:
             eng.scheduler.cascade_min_saved_tokens = 1  # group even these short prefixes
         outs[cascade] = [o["output_ids"] for o in eng.generate(prompts, GREEDY)]

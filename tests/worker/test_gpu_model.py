@@ -111,7 +111,7 @@ def test_cascade_graphs_give_the_same_tokens(tiny_dir: Path) -> None:
     for cascade in (False, True):
         eng = Engine(model_path=str(tiny_dir), device="cuda", dtype="float32", page_size=16,
                      max_total_tokens=16384, max_running_requests=32, cuda_graph_max_bs=32,
-                     enable_cascade_attention=cascade)
+                     disable_cascade_attention=not cascade)
         assert bool(eng.runner.graphs.cascade_graphs) == cascade
         if cascade:
             eng.scheduler.cascade_min_saved_tokens = 1
