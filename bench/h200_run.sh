@@ -28,7 +28,8 @@ for s in "$@"; do
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     cascade-probe) stage cascade-probe 150 python3 bench/kernels/cascade_probe.py --out "$OUT/cascade-probe.json" ;;
     engine-sp) stage engine-sp 200 python3 bench/gpu_engine.py --only shared-prefix,kernels --out "$OUT/engine-sp.json" ;;
-    engine) stage engine 250 python3 bench/gpu_engine.py --out "$OUT/engine.json" ;;
+    engine) stage engine 250 python3 bench/gpu_engine.py --only profile,idle,random,shared-prefix,multi-turn,kernels \
+        --out "$OUT/engine.json" ;;
     peers-random) stage peers-random 300 python3 bench/peers.py run --model-config qwen2.5-7b --workload random \
         --num-prompts 256 --input-len 512 --output-len 256 --output-json "$OUT/peers-random.json" ;;
     peers-shared) stage peers-shared 200 python3 bench/peers.py run --model-config qwen2.5-7b --workload shared-prefix \
