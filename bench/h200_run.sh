@@ -45,6 +45,8 @@ for s in "$@"; do
         --out "$OUT/engine-b1-skinny.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;
+    serving-tp) stage serving-tp 420 python3 bench/gpu_serving.py --configs A,D --phases overlap,throughput \
+        --out-dir "$OUT/serving-tp" --budget-s 400 ;;
     serving) stage serving 560 python3 bench/gpu_serving.py --out-dir "$OUT/serving" --budget-s 530 ;;
     *) echo "unknown stage $s" ;;
   esac
