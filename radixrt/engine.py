@@ -89,27 +89,34 @@ class Engine:
         """Generate for every prompt (text or token ids) and return, in order, dicts with
         `text`, `output_ids` and `meta_info` (prompt_tokens, completion_tokens, cached_tokens,
         finish_reason). Stop strings in `stop` end a request and are trimmed from `text`."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, np.ndarray):  # one prompt [T], or prompts [N, T]
+            prompts = [prompts] if prompts.ndim == 1 else list(prompts)
+        elif isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int | np.integer)):
             prompts = [prompts]  # type: ignore[list-item]
         n = len(prompts)
         params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params or {}] * n
         if len(params) != n:
             raise ValueError("sampling_params: need one dict per prompt")
-        encoded = [self._encode(p) for p in prompts]  # all errors before anything is queued
+        # every error before anything is queued (a pass may start while the rest are queued)
+        try:
+            params = [dict(sp) for sp in params]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"sampling_params: each entry must be a dict ({e})") from None
+        encoded = [self._encode(p) for p in prompts]
         rids = []
         queued = 0
         start_at = min(self.scheduler.chunk_size, START_TOKENS)
         for ids, sp in zip(encoded, params, strict=True):
             rid = f"engine-{next(self._ids)}"
             rids.append(rid)
-            self.scheduler.add_request(GenerateReq(rid=rid, input_ids=ids, sampling=dict(sp)))
-            queued += len(ids)
+            req = self.scheduler.add_request(GenerateReq(rid=rid, input_ids=ids, sampling=sp))
+            queued += 0 if req.is_finished else len(ids)  # a refused prompt starts nothing
             if queued >= start_at and self._in_flight is None and len(rids) < n:
                 # A pass's worth of prompt tokens is queued: start the device on it and submit the
                 # rest (host work: ~0.1 ms per 1,000 prompt tokens) while it runs.
                 self.step()
                 queued = -(1 << 62)
-        results = self._run({rid: dict(sp) for rid, sp in zip(rids, params, strict=True)})
+        results = self._run(dict(zip(rids, params, strict=True)))
         return [results[rid] for rid in rids]
 
     def _run(self, params: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -177,6 +184,7 @@ class Engine:
         if not after_idle and res.gpu_gap_ms >= 0:
             self.gpu_gap_ms_total += res.gpu_gap_ms
         self.num_passes += 1
+        host = self._host_ms.pop(sb.batch_id, {})
         if self.trace is not None:
             s = self.scheduler.stats()
             self.trace.append({"batch_size": len(sb), "mode": int(build_mode(sb)), "busy_ms": res.gpu_busy_ms,
@@ -184,7 +192,7 @@ class Engine:
                                "path": pending.path,
                                "kv_slots_allocated": s["running_kv_slots_allocated"],
                                "kv_slots_unused": s["running_kv_slots_unused"],
-                               "wait_ms": (t1 - t0) * 1e3, **self._host_ms.pop(sb.batch_id, {})})
+                               "wait_ms": (t1 - t0) * 1e3, **host})
         self.scheduler.process_result(sb, res)
         if self.trace is not None:
             self.trace[-1]["process_ms"] = (time.perf_counter() - t1) * 1e3

@@ -21,8 +21,9 @@ import numpy as np
 
 from radixrt.scheduler.batch import ScheduledItem
 
-# A cascade pass runs eagerly (not from a CUDA graph) and launches two more kernels per layer, so
-# it pays only when it saves reading a fair amount of KV: 16K tokens are ~0.9 GB for a 7B model.
+# A cascade pass launches two more kernels per layer (and runs eagerly beyond the cascade CUDA
+# graphs' sizes and group count), so it pays only when it saves reading a fair amount of KV: 16K
+# tokens are ~0.9 GB for a 7B model.
 DEFAULT_MIN_SAVED_TOKENS = 16384
 
 

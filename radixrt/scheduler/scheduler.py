@@ -219,7 +219,8 @@ class Scheduler:
         log.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
 
     def _admit(self, sb: ScheduledBatch, budget: int) -> None:
-        # still prefilling, or prefilled by a pass in flight (overlap): its prompt is not published yet
+        # still prefilling, or prefilled by a pass in flight (overlap): their whole prompt pages are
+        # published (_publish_prompt_chunks) but a prompt sharing more than that must still wait
         admitted: list[Req] = [r for r in self.running
                                if not r.output_ids or (len(r.output_ids) == 1 and r.output_ids[0] < 0)]
         prefill_left = self.max_prefill_tokens  # new prompt tokens admitted in this pass
@@ -288,7 +289,8 @@ class Scheduler:
             if it.completes:
                 req.resolve_output(it.out_pos, tok)
             if req.kv is not None and (not it.completes or it.is_prefill):
-                # a prompt chunk, or a whole prompt: publish it so others can share it
+                # mostly done when the pass was scheduled (_publish_prompt_chunks); this adds a page
+                # completed since, when a later pass's reserve has moved kv_len past a page edge
                 self.kv.cache_unfinished_req(req.kv, req.all_ids[:req.kv.kv_len])
             if not it.completes:
                 continue

@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from radixrt.engine import Engine
+from radixrt.protocol import GenerateReq
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 48, "ignore_eos": True}
 
@@ -73,3 +75,27 @@ def test_engine_starts_the_device_before_every_prompt_is_queued(model_dir: Path,
         with pytest.raises(ValueError, match="prompt"):
             eng.generate([prompts[0], bad], GREEDY)
     assert events == [] and eng.scheduler.is_idle
+
+
+def test_engine_prompt_forms_and_bad_sampling_params(model_dir: Path, prompts, unchunked) -> None:
+    """numpy prompts (one [T] array, an [N, T] array, numpy ints) are token ids; a bad sampling entry
+    for a later prompt is refused before anything is queued or launched; per-pass host times do not
+    outlive the pass when tracing is switched off mid-pass."""
+    eng = Engine(model_path=str(model_dir), chunked_prefill_size=48, max_total_tokens=8192, device="cpu")
+    one = {**GREEDY, "max_new_tokens": 4}
+    want = [o[:4] for o in unchunked]
+    assert [o["output_ids"] for o in eng.generate(np.array(prompts[0]), one)] == want[:1]
+    assert [o["output_ids"] for o in eng.generate([np.int64(t) for t in prompts[0]], one)] == want[:1]
+    same_len = [p[:30] for p in prompts[:3]]
+    assert len(eng.generate(np.array(same_len), one)) == 3
+    for bad in (None, "ab", 3):
+        with pytest.raises(ValueError, match="sampling_params"):
+            eng.generate(prompts[:3], [one, one, bad])
+        assert eng.scheduler.is_idle and eng._in_flight is None
+    eng.trace = []
+    eng.scheduler.add_request(GenerateReq(rid="t", input_ids=np.array(prompts[1]), sampling=one))
+    eng.step()
+    eng.trace = None
+    while eng.step():
+        pass
+    assert eng._host_ms == {} and eng.scheduler.is_idle

@@ -60,11 +60,16 @@ def run_to_idle(sched: Scheduler, worker: FakeWorker, on_step=None, max_steps: i
         sb = sched.schedule()
         done = None
         if sb is not None:
+            written: dict[int, object] = {}
             for it in sb.items:  # copy-on-write: no new token may be written into a shared page,
                 for j, slot in enumerate(it.slots):  # unless this request itself published it (the
                     pos, page = it.start + j, slot // sched.page_size  # pass writes what it published)
                     own = pos < it.req.kv.published_len and it.req.kv.pages[pos // sched.page_size] == page
                     assert sched.kv.allocator.refcount(page) == 1 or own
+                    written[page] = it.req
+            for req in sched.running:  # and no other request maps a page this pass writes
+                for page in req.kv.pages if req.kv is not None else ():
+                    assert written.get(page, req) is req, f"page {page} is written in this pass and mapped by {req.rid}"
             expected = {it.req.req_row: list(it.req.all_ids) for it in sb.items}
             done = (sb, worker.forward(build_forward_batch(sb), expected))
         if in_flight is not None:
