@@ -1,6 +1,6 @@
 """Block-size sweep for the attention kernels on one CUDA GPU (used to pick `_pick_config`).
 
-    python3 bench/kernels/tune_attention.py [--part extend|decode|splits ...]
+    python3 bench/kernels/tune_attention.py [--part extend|extend-shared|decode|splits ...]
 
 Times extend attention (8192 new; 4096 cached + 4096 new) and decode attention (several batch x
 context shapes) at Qwen2.5-7B shapes for a handful of block/warp/stage choices, by swapping each
@@ -34,6 +34,8 @@ def main() -> None:
     pool = bk.Pool(256 * 2048 + 8192)
     if "extend" in parts:
         tune_extend(pool)
+    if "extend-shared" in parts:
+        tune_extend_shared(pool)
     if "decode" in parts:
         tune_decode(pool)
     if "splits" in parts:
@@ -54,6 +56,42 @@ def tune_extend(pool: bk.Pool) -> None:
                 print(f"extend {prefix}+{new} {(bm, bn, w, s)} failed: {type(e).__name__}: {str(e)[:80]}")
         for flops, cfg in sorted(rows, reverse=True):
             print(f"extend prefix={prefix} new={new} BM,BN,warps,stages={cfg}: {flops / 1e12:.0f} TFLOP/s", flush=True)
+
+
+def shared_prefix_extend_case(pool: bk.Pool, batch: int = 64, prefix: int = 2048, new: int = 128) -> dict:
+    """The second prefill pass of the `shared-prefix` workload: `batch` requests of `new` tokens each
+    over one `prefix`-token prefix (the same pages), as the engine runs it."""
+    table = pool.page_table([prefix + new] * batch)
+    table[:, : prefix // bk.PAGE] = table[0, : prefix // bk.PAGE]
+    t = batch * new
+    q = torch.randn(t, bk.HQ, bk.D, device=bk.DEV, dtype=bk.BF16)
+    k = torch.randn(t, bk.HKV, bk.D, device=bk.DEV, dtype=bk.BF16)
+    v = torch.randn(t, bk.HKV, bk.D, device=bk.DEV, dtype=bk.BF16)
+    ints = {"dtype": torch.int32, "device": bk.DEV}
+    meta = (torch.full((batch,), prefix, **ints), torch.full((batch,), new, **ints),
+            torch.arange(0, t, new, **ints))
+    out = torch.empty_like(q)
+    ms = bk.bench_ms(lambda: bk.K.extend_attention(q, k, v, pool.k, pool.v, table, *meta, bk.PAGE, None, new,
+                                                   out=out))
+    pairs = batch * (prefix * new + new * (new + 1) // 2)
+    return {"ms": ms, "flops_per_s": 4 * bk.HQ * bk.D * pairs / (ms * 1e-3)}
+
+
+def tune_extend_shared(pool: bk.Pool) -> None:
+    base = ext_mod._pick_config
+    rows = []
+    for bm, bn, w, s in EXTEND_CONFIGS:
+        ext_mod._pick_config = lambda head_dim, device, c=(bm, bn, w, s): {
+            "BLOCK_M": c[0], "BLOCK_N": c[1], "BLOCK_D": 128, "num_warps": c[2], "num_stages": c[3]}
+        try:
+            r = shared_prefix_extend_case(pool)
+            rows.append((r["flops_per_s"], r["ms"], (bm, bn, w, s)))
+        except Exception as e:  # e.g. out of shared memory
+            print(f"extend-shared {(bm, bn, w, s)} failed: {type(e).__name__}: {str(e)[:80]}")
+    ext_mod._pick_config = base
+    for flops, ms, cfg in sorted(rows, reverse=True):
+        print(f"extend-shared 64 x 128 new over 2048 shared BM,BN,warps,stages={cfg}: {ms * 1e3:.0f} us "
+              f"{flops / 1e12:.0f} TFLOP/s", flush=True)
 
 
 def tune_decode(pool: bk.Pool) -> None:
