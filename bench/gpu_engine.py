@@ -94,6 +94,16 @@ def print_passes(rows: list[dict[str, Any]], limit: int = 12) -> None:
                                           else f"{r[k]:11.3f}" for k in keys), flush=True)
 
 
+def kernel_rows(prof: Any, name_len: int) -> list[dict[str, Any]]:
+    """A torch.profiler run's kernels with device time: name, calls, device_us_total; longest first."""
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append({"name": e.key[:name_len], "calls": e.count, "device_us_total": t})
+    return sorted(rows, key=lambda r: -r["device_us_total"])
+
+
 def profile_kernels(engine: Engine, spec: WorkloadSpec, cascade: bool, top: int = 18) -> list[dict[str, Any]]:
     """Device time per kernel name over one run of `spec` (cache on), under torch.profiler
     (kernels replayed inside CUDA graphs included). The run is extra: it is not a measured result."""
@@ -104,12 +114,7 @@ def profile_kernels(engine: Engine, spec: WorkloadSpec, cascade: bool, top: int 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run_workload(engine, spec.build())
         torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t > 0:
-            rows.append({"name": e.key[:100], "calls": e.count, "device_us_total": t})
-    rows.sort(key=lambda r: -r["device_us_total"])
+    rows = kernel_rows(prof, 100)
     print(f"kernels, {spec.name} cascade={'on' if cascade else 'off'}: "
           f"{sum(r['device_us_total'] for r in rows) / 1e3:.1f} ms device in all", flush=True)
     for r in rows[:top]:
@@ -189,12 +194,7 @@ def profile_decode_b1(engine: Engine, prompt_len: int = 128) -> dict[str, Any]:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             engine.generate([prompt], {"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": True})
         torch.cuda.synchronize()
-        rows = []
-        for e in prof.key_averages():
-            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-            if t > 0:
-                rows.append({"name": e.key[:90], "calls": e.count, "device_us_total": t})
-        rows.sort(key=lambda r: -r["device_us_total"])
+        rows = kernel_rows(prof, 90)
         out["eager_kernels_top"] = rows[:30]
         out["eager_kernel_us_total"] = sum(r["device_us_total"] for r in rows)
         out["eager_kernel_calls"] = sum(r["calls"] for r in rows)
