@@ -48,9 +48,10 @@ def reference_output(worker: FakeWorker, prompt: list[int], max_new: int) -> lis
 
 
 def run_to_idle(sched: Scheduler, worker: FakeWorker, on_step=None, max_steps: int = 20000,
-                overlap: bool = False) -> dict:
+                overlap: bool = False, min_steps: int = 0) -> dict:
     """Drive the scheduler like scheduler_proc does. With `overlap`, pass N+1 is scheduled and run
-    before the result of pass N is processed (the worker runs passes in order)."""
+    before the result of pass N is processed (the worker runs passes in order). `on_step(step)` runs
+    before each step (arrivals, aborts); the run does not end before `min_steps` steps."""
     outputs: dict[str, list[int]] = {}
     reasons: dict[str, str] = {}
     in_flight = None
@@ -88,7 +89,9 @@ def run_to_idle(sched: Scheduler, worker: FakeWorker, on_step=None, max_steps: i
                     reasons[rid] = out.finish_reasons[i]
                     assert out.completion_tokens[i] == len(outputs[rid])
         sched.check_invariants()
-        if sb is None and in_flight is None and sched.is_idle:
+        assert not any(t < 0 for node in sched.kv.cache.iter_nodes() for t in node.key), \
+            "a placeholder reached the radix tree"
+        if sb is None and in_flight is None and sched.is_idle and step >= min_steps:
             break
     else:
         raise AssertionError("scheduler did not become idle")

@@ -2,10 +2,10 @@
 prompts, aborts (also of requests whose pass is in flight), eviction and retraction, page sizes 1 to
 16, the radix cache on and off, both policies.
 
-Every step checks what schedule-time publication of prompt chunks must keep true (scheduler.py
-`_publish_prompt_chunks`): no page written by a pass is mapped by another running request, and no
-placeholder (a token still being sampled) ever reaches the radix tree; the fake worker checks every
-KV read, and at the end every request's tokens follow the reference model.
+`run_to_idle` checks every step what schedule-time publication of prompt chunks must keep true
+(scheduler.py `_publish_prompt_chunks`): no page written by a pass is mapped by another running
+request, and no placeholder (a token still being sampled) reaches the radix tree; the fake worker
+checks every KV read, and at the end every request's tokens follow the reference model.
 """
 
 from __future__ import annotations
@@ -14,12 +14,7 @@ import random
 
 import pytest
 
-from radixrt.scheduler.batch import build_forward_batch
-from tests.scheduler.test_scheduler import CONTEXT, EOS, gen, make
-
-
-def _tree_has_placeholder(cache) -> bool:
-    return any(t < 0 for node in cache.iter_nodes() for t in node.key)
+from tests.scheduler.test_scheduler import CONTEXT, EOS, gen, make, run_to_idle
 
 
 def _run(seed: int) -> int:
@@ -35,11 +30,9 @@ def _run(seed: int) -> int:
                + [rng.randrange(1, EOS) for _ in range(rng.randrange(1, 50))] for i in range(n)}
     max_new = {rid: rng.randrange(1, 60) for rid in prompts}
     arrivals = sorted(rng.randrange(0, 40) for _ in range(n))
-    overlap = rng.random() < 0.8
-    outputs: dict[str, list[int]] = {}
     aborted: set[str] = set()
-    in_flight = None
-    for step in range(20000):
+
+    def arrive_and_abort(step: int) -> None:
         for i, at in enumerate(arrivals):
             if at == step:
                 sched.add_request(gen(f"r{i}", prompts[f"r{i}"], max_new[f"r{i}"], ignore_eos=True))
@@ -47,41 +40,17 @@ def _run(seed: int) -> int:
             rid = rng.choice(sorted(sched.reqs))
             aborted.add(rid)
             sched.abort(rid)
-        sb = sched.schedule()
-        done = None
-        if sb is not None:
-            for it in sb.items:
-                written = {slot // ps for slot in it.slots}
-                for other in sched.running:
-                    if other is not it.req and other.kv is not None:
-                        assert not written & set(other.kv.pages), f"seed {seed}: a page written by {it.req.rid} " \
-                            f"is mapped by {other.rid} in the same pass"
-            expected = {it.req.req_row: list(it.req.all_ids) for it in sb.items}
-            done = (sb, worker.forward(build_forward_batch(sb), expected))
-        assert not _tree_has_placeholder(sched.kv.cache), f"seed {seed}: a placeholder in the radix tree"
-        if in_flight is not None:
-            sched.process_result(*in_flight)
-        if done is not None and not overlap:
-            sched.process_result(*done)
-            done = None
-        in_flight = done
-        out, _ = sched.take_outputs()
-        if out is not None:
-            for i, rid in enumerate(out.rids):
-                outputs.setdefault(rid, []).extend(out.output_ids[out.offsets[i]:out.offsets[i + 1]].tolist())
-        sched.check_invariants()
-        if sb is None and in_flight is None and sched.is_idle and step > arrivals[-1]:
-            break
-    else:
-        raise AssertionError(f"seed {seed}: the scheduler did not become idle")
+
+    res = run_to_idle(sched, worker, on_step=arrive_and_abort, overlap=rng.random() < 0.8,
+                      min_steps=arrivals[-1] + 1)
     assert sched.kv.cache.protected_size() == 0, f"seed {seed}: pages still protected when idle"
     for rid, prompt in prompts.items():
         seq = list(prompt)
-        for tok in outputs.get(rid, []):
+        for tok in res["outputs"].get(rid, []):
             assert tok == worker.next_token(seq), f"seed {seed}: {rid} diverged (page {ps}, chunk {chunk})"
             seq.append(tok)
         if rid not in aborted:
-            assert len(outputs.get(rid, [])) == min(max_new[rid], CONTEXT - len(prompt)), (seed, rid)
+            assert len(res["outputs"][rid]) == min(max_new[rid], CONTEXT - len(prompt)), (seed, rid)
     return sched.num_retractions
 
 
