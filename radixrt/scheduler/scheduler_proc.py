@@ -41,7 +41,9 @@ IDLE_POLL_MS = 50
 # A pass with at least this many prompt tokens runs long (tens to hundreds of ms on a GPU), so the
 # next pass is built after it ends rather than during it: requests that arrive meanwhile join the
 # very next pass (lower TTFT), and the few ms of scheduling that overlap would hide are small
-# next to such a pass. Shorter passes (decode, small prefills) keep overlap scheduling.
+# next to such a pass. Shorter passes (decode, small prefills) keep overlap scheduling, and so
+# does a long pass that left requests waiting: the next pass has queued work to take (e.g. the
+# requests deferred behind a shared prefix this pass publishes), so it is built at once.
 LATE_BINDING_PREFILL_TOKENS = 1024
 WAIT_POLL_MS = 200  # while waiting for a pass's result, look at the tokenizer channel this often
 BUSY_HEALTHY_S = 120.0  # a pass running for less than this answers /health as alive
@@ -164,7 +166,7 @@ class SchedulerLoop:
             self._complete(sb)
             sb = None
         self.in_flight = sb
-        self.in_flight_long = sb is not None and sum(
+        self.in_flight_long = sb is not None and not self.sched.waiting and sum(
             it.extend_len for it in sb.items if it.extend_len > 1) >= LATE_BINDING_PREFILL_TOKENS
         return busy
 

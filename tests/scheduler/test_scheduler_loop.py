@@ -5,6 +5,7 @@ for a long prefill pass to end before building the next (so arrivals join the ve
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -56,5 +57,35 @@ def test_overlap_for_short_passes_and_late_binding_after_a_long_prefill() -> Non
         assert int(third.input_ids[0]) < 0  # the token of `second`, still a placeholder
         results.send(_result(second))
         results.send(_result(third))
+    finally:
+        addrs.cleanup()
+
+
+def test_a_long_pass_that_leaves_requests_waiting_keeps_overlap() -> None:
+    """Requests deferred behind a shared prefix wait while the first one's long pass runs; that pass
+    publishes the prefix, so the next pass (the others, reusing it) is sent before its result."""
+    addrs = IpcAddresses.create()
+    ctx = zmq.Context.instance()
+    try:
+        worker_in = Receiver(ctx, addrs.worker_in, protocol.SCHEDULER_TO_WORKER)
+        Receiver(ctx, addrs.tokenizer_in, protocol.SCHEDULER_TO_TOKENIZER)
+        Receiver(ctx, addrs.launcher_in, protocol.CHILD_TO_LAUNCHER)
+        loop = SchedulerLoop(ServerArgs(device="cpu", chunked_prefill_size=2048), addrs, INFO)
+        to_sched = Sender(ctx, addrs.scheduler_in)
+        results = Sender(ctx, addrs.scheduler_results)
+        shared = (np.arange(LATE_BINDING_PREFILL_TOKENS + 96) % 900 + 1).astype(np.int32)
+        for i in range(3):  # queued before the loop starts: all three are there at its first step
+            to_sched.send(protocol.GenerateReq(
+                rid=f"r{i}", input_ids=np.concatenate([shared, np.full(16, 10 + i, np.int32)]),
+                sampling={"temperature": 0.0, "max_new_tokens": 2, "ignore_eos": True}))
+        time.sleep(0.2)  # let ZeroMQ deliver them to the loop's socket
+        threading.Thread(target=loop.run, daemon=True).start()
+        first = worker_in.recv(timeout_ms=5000)
+        assert first is not None and len(first.req_rows) == 1  # the others share its uncached prefix
+        second = worker_in.recv(timeout_ms=5000)  # sent before the first pass's result
+        assert second is not None and second.batch_id == first.batch_id + 1
+        assert len(second.req_rows) == 3 and int(second.extend_lens.sum()) == 1 + 2 * 16
+        results.send(_result(first))
+        results.send(_result(second))
     finally:
         addrs.cleanup()
