@@ -116,7 +116,12 @@ def _add_control_routes(app: FastAPI, ctx: ServingContext) -> None:
     async def _server_info() -> Response:
         data = await _control(ctx, "get_server_info")
         data.pop("server_args", None)  # ours below, with the API key masked
-        return json_response({**_public_args(ctx), "served_model_name": ctx.served_model,
+        worker, sched = data.get("worker", {}), data.get("scheduler", {})
+        resolved = {k: v for k, v in (("device", worker.get("device")), ("dtype", worker.get("dtype")),
+                                      ("attention_backend", worker.get("attention_backend")),
+                                      ("chunked_prefill_size", sched.get("chunked_prefill_size")))
+                    if v is not None}  # the values in effect, where the flag said "auto" or nothing
+        return json_response({**_public_args(ctx), **resolved, "served_model_name": ctx.served_model,
                               "context_length": ctx.context_length, **data})
 
     @app.post("/flush_cache")

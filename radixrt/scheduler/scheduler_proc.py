@@ -33,7 +33,7 @@ from radixrt.protocol import (
 )
 from radixrt.scheduler.batch import build_forward_batch
 from radixrt.scheduler.cascade import DEFAULT_MIN_SAVED_TOKENS
-from radixrt.scheduler.scheduler import Scheduler
+from radixrt.scheduler.scheduler import UNCHUNKED, Scheduler
 
 log = logging.getLogger("radixrt.scheduler")
 
@@ -131,6 +131,8 @@ class SchedulerLoop:
         busy_and_gap = self.gpu_busy_ms_total + self.gpu_gap_ms_total
         s["gpu_idle_fraction"] = self.gpu_gap_ms_total / busy_and_gap if busy_and_gap > 0 else None
         s["overlap_schedule"] = self.overlap
+        s["chunked_prefill_size"] = -1 if self.sched.chunk_size >= UNCHUNKED else self.sched.chunk_size
+        s["cascade_attention"] = self.sched.cascade_min_saved_tokens > 0
         s["invariants_ok"] = None  # checked only when idle (running requests move pages)
         if self.sched.is_idle and self.in_flight is None:
             try:
