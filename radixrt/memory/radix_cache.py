@@ -109,7 +109,17 @@ class RadixCache:
         """
         if self.disable or len(token_ids) == 0:
             return 0
-        tokens = tuple(token_ids)
+        return self._insert(tuple(token_ids), pages)[0]
+
+    def insert_path(self, token_ids: Sequence[int], pages: Sequence[int]) -> TreeNode:
+        """insert(token_ids, pages), then return the node that ends at len(token_ids) (one walk, where
+        insert + match_prefix take two). Raises ValueError when disabled or token_ids is empty."""
+        if self.disable or len(token_ids) == 0:
+            raise ValueError("insert_path needs an enabled cache and at least one token")
+        return self._insert(tuple(token_ids), pages)[1]
+
+    def _insert(self, tokens: tuple[int, ...], pages: Sequence[int]) -> tuple[int, TreeNode]:
+        """(tokens already cached, node ending at len(tokens)); see insert."""
         ps = self.page_size
         num_needed = (len(tokens) + ps - 1) // ps
         if len(pages) < num_needed:
@@ -123,7 +133,8 @@ class RadixCache:
                 last_access_time=node.last_access_time,
             )
             node.children[tokens[matched]] = leaf
-        return matched
+            return matched, leaf
+        return matched, node
 
     def _walk(self, tokens: tuple[int, ...]) -> tuple[TreeNode, int, list[int]]:
         """Descend along tokens, splitting the node where the match ends inside it.

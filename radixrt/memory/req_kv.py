@@ -173,9 +173,7 @@ class KVManager:
         aligned = kv.kv_len // self.page_size * self.page_size
         if self.cache.disable or aligned <= kv.published_len:
             return
-        prefix = token_ids[:aligned]
-        self.cache.insert(prefix, kv.pages)
-        node = self.cache.match_prefix(prefix).last_node
+        node = self.cache.insert_path(token_ids[:aligned], kv.pages)
         assert node.end == aligned, "just inserted prefix not found"
         old = kv.last_node
         assert old is not None

@@ -93,6 +93,21 @@ def test_insert_then_match_any_prefix(ps: int) -> None:
 
 
 @pytest.mark.parametrize("ps", PAGE_SIZES)
+def test_insert_path_returns_the_node_ending_at_the_tokens(ps: int) -> None:
+    """New, already present, and ending inside an existing node (which is split there)."""
+    env = Env(ps)
+    a = seq(0, 2 * ps + 3)
+    for tokens in (a, a, a[: ps + 1], a + [7, 8]):
+        pages = env.write(tokens)
+        node = env.cache.insert_path(tokens, pages)
+        assert node.end == len(tokens) and node is env.match(tokens).last_node
+        env.check()
+        env.drop(pages)
+    with pytest.raises(ValueError):
+        Env(ps, disable=True).cache.insert_path(a, [1] * len(a))
+
+
+@pytest.mark.parametrize("ps", PAGE_SIZES)
 def test_insert_refs_only_the_new_suffix(ps: int) -> None:
     env = Env(ps)
     a = seq(0, 2 * ps + 2)
