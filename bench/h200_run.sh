@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (the device tool): install the carried wheels, then run the named
 # stages, each under its own time limit, writing results under $OUT. Usage from the repo root:
-#   bash bench/h200_run.sh tests kernels engine         # stages: tests kernels engine peers serving
+#   bash bench/h200_run.sh tests kernels engine         # stages: see the case list below
 # Wheels come from ../shared/tools/device-wheels.sh (.whl/, carried with the call).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -26,6 +26,7 @@ for s in "$@"; do
   case $s in
     tests) stage gpu-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
+    tune-cascade) stage tune-cascade 240 python3 bench/kernels/tune_cascade.py --out "$OUT/tune-cascade.json" ;;
     cascade-probe) stage cascade-probe 150 python3 bench/kernels/cascade_probe.py --out "$OUT/cascade-probe.json" ;;
     engine-sp) stage engine-sp 200 python3 bench/gpu_engine.py --only shared-prefix,kernels --out "$OUT/engine-sp.json" ;;
     engine) stage engine 250 python3 bench/gpu_engine.py --only profile,idle,random,shared-prefix,multi-turn,kernels \

@@ -18,6 +18,9 @@ is merged in by log-sum-exp. Three launches:
      (requests in no group have kv_start = 0, i.e. their whole sequence): mid slots 0..S-1.
   C. merge: decode_attention's merge stage over the S suffix slots, plus the prefix slots of rows with
      kv_start > 0 (rows with kv_start == 0 never read them).
+With num_kv_splits == 1 (short suffixes, chosen by the caller) B and C are one launch: the single
+suffix program of a (request, KV head) merges the prefix partials into its own softmax state and
+writes the output.
 """
 
 from __future__ import annotations
@@ -146,32 +149,33 @@ class CascadeTile:
 
 
 def default_tile(head_dim: int, device: torch.device) -> CascadeTile:
-    """Stage-A tile. On the GPU (chosen for the H200 by reasoning, to be confirmed by
-    bench/kernels/bench_kernels.py): 128 rows x 64 tokens, 8 warps, 2 stages for D <= 128, i.e. q 32 KB
-    + 2 x (K 16 KB + V 16 KB) of shared memory (two programs fit in an SM's 228 KB) and a 128 x 128
-    fp32 accumulator over 256 threads; 128 rows hold 16 members of a GQA-8 group or 18 of GQA 7.
-    Larger heads halve both blocks. CPU (interpreter): small blocks exercise the loops."""
+    """Stage-A tile. On the GPU: 64 rows x 64 tokens, 4 warps, 2 stages for D <= 128 (q 16 KB +
+    2 x (K 16 KB + V 16 KB) of shared memory); the best of 9 tiles x 8 split counts on an H200 for
+    128 requests sharing a 2,048-token prefix (bench/kernels/tune_cascade.py, docs/benchmarks.md):
+    20 us against 27 us for 128 x 64 / 8 warps. Larger heads halve the key block. CPU (interpreter):
+    small blocks exercise the loops."""
     if device.type != "cuda":
         return CascadeTile(16, 16, 4, 1)
     if next_pow2(head_dim) <= 128:
-        return CascadeTile(128, 64, 8, 2)
+        return CascadeTile(64, 64, 4, 2)
     return CascadeTile(64, 32, 4, 2)
 
 
 def choose_num_prefix_splits(num_groups: int, max_group_size: int, num_q_heads: int, num_kv_heads: int,
                              max_prefix_len: int, num_sms: int = H200_NUM_SMS, max_splits: int = 16,
-                             block_m: int = 128) -> int:
+                             block_m: int = 64) -> int:
     """Number of prefix splits for stage A, from host ints only (no device sync).
 
-    Aim for about one stage-A program per SM over (group x row block, KV head, split), with at least
+    Aim for about 1.5 stage-A programs per SM over (group x row block, KV head, split), with at least
     256 prefix tokens per split: every split costs a [rows, D] fp32 partial written and merged, which
-    for a whole group is comparable to the prefix K/V it replaces. block_m must match the tile used.
-    A CUDA graph captured with max_prefix_len >= every replayed prefix stays valid (the kernel
-    clips split ranges on the device).
+    for a whole group is comparable to the prefix K/V it replaces. (1.5 per SM: on an H200, 128
+    requests sharing 2,048 tokens ran stage A in 20 us with 4 splits, 23 us with 3 or 5.)
+    block_m must match the tile used. A CUDA graph captured with max_prefix_len >= every replayed
+    prefix stays valid (the kernel clips split ranges on the device).
     """
     group = num_q_heads // max(1, num_kv_heads)
     row_blocks = max(1, num_groups) * triton.cdiv(max(1, max_group_size) * group, block_m)
-    want = triton.cdiv(num_sms, row_blocks * max(1, num_kv_heads))
+    want = triton.cdiv(3 * num_sms // 2, row_blocks * max(1, num_kv_heads))
     by_len = triton.cdiv(max(1, max_prefix_len), 256)
     return int(max(1, min(want, by_len, max_splits)))
 
@@ -255,6 +259,10 @@ def cascade_decode_attention(
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, DOT_PRECISION=dot_precision(q.dtype),
             num_warps=tile.num_warps, num_stages=tile.num_stages,
         )
+    if num_kv_splits == 1:  # B + C fused: the suffix program merges the prefix partials itself
+        run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
+                        1, mid_o, mid_lse, out=out, num_prefix_splits=num_prefix_splits if num_groups > 0 else 0)
+        return out
     run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
                     num_kv_splits, mid_o, mid_lse)
     run_merge_stage(mid_o, mid_lse, out, num_kv_splits, kv_start, num_prefix_splits)

@@ -6,6 +6,7 @@ inference"):
      query heads that share that KV head (GQA group padded to >= 16 rows so the scores are one
      tl.dot), and writes a partial output normalised by its own softmax sum plus its log-sum-exp.
   2. grid (request, query head): merge the splits, weighting each by exp(lse_split - lse_max).
+     With one split (large batches) stage 1 writes the output itself and stage 2 does not run.
 Reading each K/V page once per KV head (not per query head) is what keeps the kernel at the
 memory-bandwidth roofline for GQA models. Pages are read through the page table (PagedAttention,
 Kwon et al. 2023); the split ranges are computed on the device from seq_lens, so one launch shape
@@ -32,16 +33,23 @@ H200_NUM_SMS = 132
 
 # Ints that vary from pass to pass are not specialised (Triton would compile a variant per value
 # class: == 1, divisible by 16): the split counts and the workspace strides that follow them.
-@triton.jit(do_not_specialize=["num_splits", "stride_mo_b", "stride_mo_h", "stride_mo_s", "stride_ml_b", "stride_ml_h"])
+@triton.jit(do_not_specialize=["num_splits", "num_prefix_splits", "stride_mo_b", "stride_mo_h", "stride_mo_s",
+                               "stride_ml_b", "stride_ml_h"])
 def _decode_split_kernel(
-    q, k_buf, v_buf, page_table, seq_lens, kv_start, mid_o, mid_lse,
-    qk_scale, num_splits,
+    q, k_buf, v_buf, page_table, seq_lens, kv_start, mid_o, mid_lse, o,
+    qk_scale, num_splits, num_prefix_splits,
     stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_pt_b,
-    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, DIRECT_OUT: tl.constexpr, MERGE_PREFIX: tl.constexpr,
+    PREFIX_SLOTS: tl.constexpr,
 ):
+    # DIRECT_OUT (num_splits == 1): the program covers the whole range, so it writes the normalised
+    # output to o itself and no merge stage runs. MERGE_PREFIX (cascade, with DIRECT_OUT): before
+    # that, it folds in the prefix partials that the cascade prefix stage left in mid slots
+    # 1 .. num_prefix_splits of rows with kv_start > 0 (log-sum-exp merge), so the cascade needs
+    # two launches instead of three.
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -91,13 +99,36 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    # partial result and its log2-sum-exp; an empty split writes zeros and lse = -inf
+    if MERGE_PREFIX:
+        # a prefix partial (o_p normalised, lse_p = log2 of its softmax sum) is the state
+        # (m = lse_p, l = 1, acc = o_p); empty prefix splits have lse_p = -inf and weigh nothing
+        # unrolled over PREFIX_SLOTS >= num_prefix_splits (a power of two), so the independent loads
+        # of the partials can all be in flight at once; slots past the count are masked off
+        n_prefix = tl.where(tl.load(kv_start + b) > 0, num_prefix_splits, 0)
+        for sp in tl.static_range(PREFIX_SLOTS):
+            use = sp < n_prefix
+            lse_p = tl.load(mid_lse + b * stride_ml_b + heads * stride_ml_h + num_splits + sp, mask=mask_h & use,
+                            other=float("-inf"))
+            o_p = tl.load(mid_o + b * stride_mo_b + heads[:, None] * stride_mo_h + (num_splits + sp) * stride_mo_s
+                          + offs_d[None, :], mask=(mask_h[:, None] & mask_d[None, :]) & use, other=0.0)
+            m_new = tl.maximum(m_i, lse_p)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_ref)
+            w_p = tl.exp2(lse_p - m_ref)
+            l_i = l_i * alpha + w_p
+            acc = acc * alpha[:, None] + o_p * w_p[:, None]
+            m_i = m_new
+
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    tl.store(mid_o + b * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s + offs_d[None, :],
-             out, mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(mid_lse + b * stride_ml_b + heads * stride_ml_h + split, lse, mask=mask_h)
+    if DIRECT_OUT:  # the final output (a row with no keys at all is zero)
+        tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :], out.to(o.dtype.element_ty),
+                 mask=mask_h[:, None] & mask_d[None, :])
+    else:  # partial result and its log2-sum-exp; an empty split writes zeros and lse = -inf
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(mid_o + b * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s + offs_d[None, :],
+                 out, mask=mask_h[:, None] & mask_d[None, :])
+        tl.store(mid_lse + b * stride_ml_b + heads * stride_ml_h + split, lse, mask=mask_h)
 
 
 @triton.jit(do_not_specialize=["num_splits", "num_prefix_splits", "stride_mo_b", "stride_mo_h", "stride_mo_s", "stride_ml_b", "stride_ml_h"])
@@ -178,21 +209,36 @@ def check_mid(mid_o: torch.Tensor | None, mid_lse: torch.Tensor | None, shape: t
 
 def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
                     seq_lens: torch.Tensor, kv_start: torch.Tensor | None, page_size: int, qk_scale: float,
-                    num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor) -> None:
+                    num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor,
+                    out: torch.Tensor | None = None, num_prefix_splits: int = 0) -> None:
     """Stage 1 on checked arguments: splits 0..num_kv_splits-1 of [kv_start, seq_len) into
-    mid_o[:, :, :num_kv_splits] / mid_lse (qk_scale already includes log2(e))."""
+    mid_o[:, :, :num_kv_splits] / mid_lse (qk_scale already includes log2(e)).
+
+    With `out` (only for num_kv_splits == 1) the single split writes the final output to out instead,
+    first merging, when num_prefix_splits > 0, the prefix partials in mid slots
+    1 .. num_prefix_splits of rows with kv_start > 0 (cascade); no merge stage is needed then."""
     batch_size, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
+    direct = out is not None
+    check(not direct or num_kv_splits == 1, "a direct output needs num_kv_splits == 1")
+    merge_prefix = direct and kv_start is not None and num_prefix_splits > 0
     cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device)
+    if merge_prefix and q.device.type == "cuda" and cfg["BLOCK_D"] <= 128:
+        # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests
+        # in 19 us against 26 us with 128-key blocks (H200, bench/kernels/tune_cascade.py)
+        cfg = {**cfg, "BLOCK_N": 64}
+    o = out if direct else q  # (o is not read unless DIRECT_OUT)
     _decode_split_kernel[(num_kv_splits, num_kv_heads, batch_size)](
-        q, k_buffer, v_buffer, page_table, seq_lens, seq_lens if kv_start is None else kv_start, mid_o, mid_lse,
-        qk_scale, num_kv_splits,
+        q, k_buffer, v_buffer, page_table, seq_lens, seq_lens if kv_start is None else kv_start, mid_o, mid_lse, o,
+        qk_scale, num_kv_splits, num_prefix_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        o.stride(0), o.stride(1),
         GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size,
         HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"], BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
         DOT_PRECISION=dot_precision(q.dtype), HAS_KV_START=kv_start is not None,
+        DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix, PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
@@ -277,6 +323,10 @@ def decode_attention(
     if batch_size == 0:
         return out
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    if num_kv_splits == 1:  # one split covers everything: it writes the output, no merge stage
+        run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, scale * LOG2E,
+                        1, mid_o, mid_lse, out=out)
+        return out
     run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, scale * LOG2E,
                     num_kv_splits, mid_o, mid_lse)
     run_merge_stage(mid_o, mid_lse, out, num_kv_splits)

@@ -47,7 +47,7 @@ def tune_extend(pool: bk.Pool) -> None:
     for prefix, new in [(0, 8192), (4096, 4096)]:
         rows = []
         for bm, bn, w, s in EXTEND_CONFIGS:
-            ext_mod._pick_config = lambda head_dim, device, c=(bm, bn, w, s): {
+            ext_mod._pick_config = lambda head_dim, device, *_, c=(bm, bn, w, s): {
                 "BLOCK_M": c[0], "BLOCK_N": c[1], "BLOCK_D": 128, "num_warps": c[2], "num_stages": c[3]}
             try:
                 r = bk.extend_case(pool, prefix, new, check=False)
@@ -81,7 +81,7 @@ def tune_extend_shared(pool: bk.Pool) -> None:
     base = ext_mod._pick_config
     rows = []
     for bm, bn, w, s in EXTEND_CONFIGS:
-        ext_mod._pick_config = lambda head_dim, device, c=(bm, bn, w, s): {
+        ext_mod._pick_config = lambda head_dim, device, *_, c=(bm, bn, w, s): {
             "BLOCK_M": c[0], "BLOCK_N": c[1], "BLOCK_D": 128, "num_warps": c[2], "num_stages": c[3]}
         try:
             r = shared_prefix_extend_case(pool)

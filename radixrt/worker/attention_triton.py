@@ -32,6 +32,13 @@ from radixrt.protocol import ForwardMode
 from radixrt.worker.forward_meta import ForwardMeta, KVPool
 
 DEFAULT_NUM_SMS = 132  # H200; used when the pool is not on a CUDA device
+# A cascade pass whose suffix ranges ([kv_start, seq_len) of grouped requests, whole sequences of the
+# others) are all at most this long runs each (request, KV head) suffix in a single program, which
+# also merges the prefix partials: two launches per layer instead of three (cascade_attention.py).
+CASCADE_FUSED_MAX_SUFFIX = 512
+# ... and whose prefix stage has at most this many splits: the fused suffix program unrolls its merge
+# over them, and 8 slots ran slower than the three launches (H200, bench/kernels/tune_cascade.py)
+CASCADE_FUSED_MAX_PREFIX_SPLITS = 4
 
 
 class TritonAttnBackend:
@@ -42,13 +49,18 @@ class TritonAttnBackend:
     max_batch_size     : largest decode batch served from the preallocated workspace (larger
                          batches still work but allocate their workspace per call: not graph-safe)
     max_num_kv_splits  : upper bound on the split count of the decode kernel
+    cascade_fused_max_suffix : longest suffix range of a cascade pass that runs fused (one suffix
+                         split merging the prefix itself); 0 disables the fused form; None (default)
+                         takes CASCADE_FUSED_MAX_SUFFIX
     The backend keeps a reference to the last prepared ForwardMeta; its tensors must stay alive and
     unchanged until the pass's last forward (in-place updates between graph replays are fine).
     """
 
     def __init__(self, kv_pool: KVPool, num_q_heads: int | None = None, max_batch_size: int = 256,
-                 max_num_kv_splits: int = 64) -> None:
+                 max_num_kv_splits: int = 64, cascade_fused_max_suffix: int | None = None) -> None:
         self.kv_pool = kv_pool
+        self.cascade_fused_max_suffix = (CASCADE_FUSED_MAX_SUFFIX if cascade_fused_max_suffix is None
+                                         else cascade_fused_max_suffix)
         self.page_size = int(kv_pool.page_size)
         k0 = kv_pool.k_buffers[0]
         self.num_kv_heads, self.head_dim = int(k0.shape[1]), int(k0.shape[2])
@@ -74,10 +86,11 @@ class TritonAttnBackend:
         dev, dtype, ps = self.device, self.kv_pool.k_buffers[0].dtype, self.page_size
         q = torch.zeros(2, num_q_heads, self.head_dim, dtype=dtype, device=dev)
         i32 = {"dtype": torch.int32, "device": dev}
-        cascade_decode_attention(
-            q, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0], torch.zeros(2, 2, **i32),
-            torch.full((2,), ps + 1, **i32), torch.full((2,), ps, **i32), torch.arange(2, **i32),
-            torch.tensor([0, 2], **i32), torch.tensor([ps], **i32), ps, None, 2, 2, 2)
+        for suffix_splits in (2, 1):  # three launches, and the fused form (see prepare)
+            cascade_decode_attention(
+                q, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0], torch.zeros(2, 2, **i32),
+                torch.full((2,), ps + 1, **i32), torch.full((2,), ps, **i32), torch.arange(2, **i32),
+                torch.tensor([0, 2], **i32), torch.tensor([ps], **i32), ps, None, suffix_splits, 2, 2)
 
     def _splits(self, batch_size: int, max_seq_len: int) -> int:
         return choose_num_kv_splits(batch_size, self.num_kv_heads, max_seq_len, self.num_sms,
@@ -98,13 +111,16 @@ class TritonAttnBackend:
             if c is None:
                 self._num_kv_splits = self._splits(meta.batch_size, meta.max_seq_len)
             else:  # suffix splits over the longest [kv_start, seq_len) range, prefix splits per group
-                # at most 16 + 16 split slots: one compiled merge variant (see warmup_cascade)
-                self._num_kv_splits = min(16, self._splits(meta.batch_size, c.max_suffix_len))
                 # sized for one group (the common case, and what a graph padded with empty
                 # groups mostly runs); more groups only add parallelism
                 self._num_prefix_splits = choose_num_prefix_splits(
                     1, c.max_group_size, c.num_q_heads, self.num_kv_heads,
                     c.max_prefix_len, self.num_sms, block_m=default_tile(self.head_dim, self.device).block_m)
+                if (c.max_suffix_len <= self.cascade_fused_max_suffix
+                        and self._num_prefix_splits <= CASCADE_FUSED_MAX_PREFIX_SPLITS):
+                    self._num_kv_splits = 1  # short suffixes: one program each, merging the prefix too
+                else:  # at most 16 + 16 split slots: one compiled merge variant (see warmup_cascade)
+                    self._num_kv_splits = max(2, min(16, self._splits(meta.batch_size, c.max_suffix_len)))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 scale: float) -> torch.Tensor:

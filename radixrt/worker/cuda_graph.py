@@ -17,9 +17,12 @@ torch reference backend cannot).
 
 Cascade passes (decode groups sharing prefix pages, ForwardMeta.cascade) have their own graphs at
 the sizes in `cascade_batch_sizes`, captured with MAX_CASCADE_GROUPS groups of up to bs members and
-prefix/suffix lengths up to the context length; a replay fills the real groups and pads the rest
-as empty groups (start = end), and padding rows are in no group (kv_start 0). A cascade pass with
-more groups, or larger than the largest cascade graph, runs eagerly.
+prefix lengths up to the context length, twice: once with suffix lengths up to the context length,
+and once (when the backend has `cascade_fused_max_suffix` > 0) with suffixes up to that bound, where
+the backend runs the fused two-launch form; a replay whose longest suffix fits the bound uses the
+second. A replay fills the real groups and pads the rest as empty groups (start = end), and padding
+rows are in no group (kv_start 0). A cascade pass with more groups, or larger than the largest
+cascade graph, runs eagerly.
 """
 
 from __future__ import annotations
@@ -86,20 +89,25 @@ class CudaGraphRunner:
         self.mem_pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.cascade_sizes = cascade_batch_sizes(self.max_bs) if cascade else []
-        self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # (bs, fused) -> graph; fused graphs serve replays whose suffixes are all <= fused_max_suffix
+        self.cascade_graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.fused_max_suffix = min(int(getattr(self.backend, "cascade_fused_max_suffix", 0)), self.context_len)
         with torch.inference_mode():
             for bs in reversed(self.sizes):
                 self._capture(bs)
             for bs in reversed(self.cascade_sizes):
                 self._capture(bs, cascade=True)
+                if self.fused_max_suffix > 0:
+                    self._capture(bs, cascade=True, fused=True)
 
-    def _meta(self, bs: int, cascade: bool = False) -> ForwardMeta:
+    def _meta(self, bs: int, cascade: bool = False, fused: bool = False) -> ForwardMeta:
         groups = None
         if cascade:
             groups = CascadeMeta(members=self.members[:bs], starts=self.group_starts,
                                  prefix_lens=self.group_prefix_lens, kv_start=self.kv_start[:bs],
                                  max_group_size=bs, max_prefix_len=self.context_len,
-                                 max_suffix_len=self.context_len, num_q_heads=self.num_q_heads)
+                                 max_suffix_len=self.fused_max_suffix if fused else self.context_len,
+                                 num_q_heads=self.num_q_heads)
         return ForwardMeta(
             mode=ForwardMode.DECODE, page_size=self.page_size, page_table=self.page_table[:bs],
             seq_lens=self.seq_lens[:bs], extend_lens=self.extend_lens[:bs],
@@ -112,8 +120,8 @@ class CudaGraphRunner:
         hidden = self.model(self.input_ids[:bs], self.positions[:bs], meta, self.backend)  # [bs, H]
         self.logits[:bs].copy_(self.model.compute_logits(hidden))
 
-    def _capture(self, bs: int, cascade: bool = False) -> None:
-        meta = self._meta(bs, cascade)
+    def _capture(self, bs: int, cascade: bool = False, fused: bool = False) -> None:
+        meta = self._meta(bs, cascade, fused)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: Triton compilation, cuBLAS workspaces
@@ -123,7 +131,10 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.mem_pool):
             self._run(bs, meta)
-        (self.cascade_graphs if cascade else self.graphs)[bs] = graph
+        if cascade:
+            self.cascade_graphs[bs, fused] = graph
+        else:
+            self.graphs[bs] = graph
 
     def can_run(self, meta: ForwardMeta) -> bool:
         if meta.mode != ForwardMode.DECODE or meta.page_table.shape[1] != self.page_table.shape[1]:
@@ -161,5 +172,5 @@ class CudaGraphRunner:
         self.group_starts[g + 1:].fill_(m)  # empty groups
         self.group_prefix_lens[:g].copy_(c.prefix_lens)
         self.group_prefix_lens[g:].zero_()
-        self.cascade_graphs[bs].replay()
+        self.cascade_graphs[bs, self.fused_max_suffix > 0 and c.max_suffix_len <= self.fused_max_suffix].replay()
         return self.logits[:n]

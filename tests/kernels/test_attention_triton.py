@@ -14,7 +14,7 @@ from radixrt.kernels.reference import slots_of
 pytest.importorskip("orjson", reason="radixrt.protocol needs orjson")  # absent on bare GPU images
 from radixrt.protocol import ForwardMode  # noqa: E402
 from radixrt.worker.attention_triton import TritonAttnBackend  # noqa: E402
-from radixrt.worker.forward_meta import ForwardMeta  # noqa: E402
+from radixrt.worker.forward_meta import CascadeMeta, ForwardMeta  # noqa: E402
 
 PAGE, HQ, HKV, D, LAYERS, SCALE = 16, 8, 2, 64, 2, 0.125
 
@@ -65,9 +65,10 @@ def expected(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, prefix_l
     return torch.einsum("hmn,nhd->mhd", s.softmax(-1), v)
 
 
-def run_pass(backend, mode, reqs, extend_lens, gen, device, dtype, atol):
+def run_pass(backend, mode, reqs, extend_lens, gen, device, dtype, atol, cascade=None):
     prefix_lens = [r.seq_len() for r in reqs]
     meta = make_meta(mode, reqs, extend_lens, prefix_lens, device)
+    meta.cascade = cascade
     backend.prepare(meta)
     num_tokens = sum(extend_lens)
     for layer in range(LAYERS):
@@ -111,6 +112,28 @@ def test_triton_backend_over_passes(device, dtype, atol):
     # 4) mixed: B decodes while D prefills
     d = Req(pages=[3, 14])
     run_pass(backend, ForwardMode.MIXED, [b, d], [1, 17], gen, device, dtype, atol)
+
+
+@pytest.mark.parametrize("fused_max_suffix, splits", [(512, 1), (0, 2)], ids=["fused", "three-launch"])
+def test_triton_backend_cascade_decode(device, fused_max_suffix, splits):
+    """A cascade decode pass (A and B share their first page; C, in no group, has 200 tokens) picks
+    one suffix split when every suffix is under the fused bound, else the usual split count, and
+    both give attention over each request's whole history."""
+    gen = torch.Generator().manual_seed(3)
+    num_pages = 32
+    pool = Pool(PAGE, [torch.randn(num_pages * PAGE, HKV, D, generator=gen, device=device) for _ in range(LAYERS)],
+                [torch.randn(num_pages * PAGE, HKV, D, generator=gen, device=device) for _ in range(LAYERS)])
+    backend = TritonAttnBackend(pool, num_q_heads=HQ, max_batch_size=8, cascade_fused_max_suffix=fused_max_suffix)
+    a, c = Req(pages=[5, 9]), Req(pages=list(range(10, 23)))
+    run_pass(backend, ForwardMode.EXTEND, [a, c], [20, 200], gen, device, torch.float32, 1e-4)
+    b = Req(pages=[5, 2], history=[(kk[:16], vv[:16]) for kk, vv in a.history])
+    run_pass(backend, ForwardMode.EXTEND, [b], [3], gen, device, torch.float32, 1e-4)
+    ints = {"dtype": torch.int32, "device": device}
+    cascade = CascadeMeta(members=torch.tensor([0, 1], **ints), starts=torch.tensor([0, 2], **ints),
+                          prefix_lens=torch.tensor([16], **ints), kv_start=torch.tensor([16, 16, 0], **ints),
+                          max_group_size=2, max_prefix_len=16, max_suffix_len=201, num_q_heads=HQ)
+    run_pass(backend, ForwardMode.DECODE, [a, b, c], [1, 1, 1], gen, device, torch.float32, 1e-4, cascade)
+    assert backend._num_kv_splits == splits
 
 
 def test_triton_backend_requires_prepare(device):

@@ -91,6 +91,13 @@ CASES = [
                  id="page16-unaligned-prefix-empty-groups-4-prefix-splits"),
     pytest.param([(16, []), (32, [1, 2, 3, 4, 5, 6, 7, 8, 9]), (16, [2, 3]), (32, [])], [11], 16, 8, 2, 64,
                  torch.float32, 2, 3, None, id="page16-leading-empty-group-multi-block-group"),
+    # one suffix split: the suffix program merges the prefix partials itself (no merge launch)
+    pytest.param([(64, [1, 30, 2, 0, 7])], [0, 70], 64, 7, 1, 80, torch.float16, 1, 3, None,
+                 id="fused-page64-gqa7-d80-empty-suffix-zero-row"),
+    pytest.param([(20, [1, 4]), (0, [5]), (50, [])], [33], 16, 4, 1, 64, torch.float32, 1, 4, None,
+                 id="fused-page16-unaligned-prefix-empty-groups-4-prefix-splits"),
+    pytest.param([(16, []), (32, [1, 2, 3, 4, 5, 6, 7, 8, 9]), (16, [2, 3]), (32, [])], [11], 16, 8, 2, 64,
+                 torch.float32, 1, 3, None, id="fused-page16-leading-empty-group-multi-block-group"),
 ]
 
 
@@ -168,8 +175,9 @@ def test_reference_rejects_unshared_prefix():
 
 
 def test_choose_num_prefix_splits():
-    assert choose_num_prefix_splits(1, 128, 28, 4, 2048) == 5  # 7 row blocks x 4 KV heads = 28 programs
-    assert choose_num_prefix_splits(4, 32, 28, 4, 2048) == 5  # 4 x 2 row blocks x 4 KV heads
+    assert choose_num_prefix_splits(1, 128, 28, 4, 2048) == 4  # 14 row blocks x 4 KV heads = 56 programs
+    assert choose_num_prefix_splits(1, 128, 28, 4, 2048, block_m=128) == 8  # 7 row blocks x 4 KV heads
+    assert choose_num_prefix_splits(4, 32, 28, 4, 2048) == 4  # 4 x 4 row blocks x 4 KV heads
     assert choose_num_prefix_splits(1, 2, 28, 4, 300) == 2  # short prefix: >= 256 tokens per split
     assert choose_num_prefix_splits(64, 128, 28, 4, 32768) == 1  # many groups fill the GPU alone
     assert choose_num_prefix_splits(1, 1, 8, 8, 1 << 20) == 16  # capped

@@ -17,6 +17,8 @@ CASES = [
     pytest.param([1, 5, 16, 33, 100], 16, 7, 1, 80, torch.float16, 4, id="page16-gqa7-d80-4splits"),
     pytest.param([70, 129], 64, 8, 2, 64, torch.float32, 3, id="page64-gqa4-3splits"),
     pytest.param([37, 2], 16, 4, 1, 64, torch.float16, 8, id="page16-gqa4-8splits-mostly-empty"),
+    # one split writes the output directly (no merge stage)
+    pytest.param([1, 5, 16, 100], 16, 7, 1, 80, torch.float16, 1, id="page16-gqa7-d80-1split"),
 ]
 
 

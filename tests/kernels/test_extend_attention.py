@@ -18,6 +18,10 @@ CASES = [
     pytest.param([70, 3, 0], [33, 2, 1], 64, 7, 1, 64, torch.float32, id="page64-gqa7"),
     pytest.param([0, 0], [33, 17], 16, 4, 4, 64, torch.float16, id="prefill-page16-mha"),
     pytest.param([12, 0], [0, 9], 16, 4, 1, 64, torch.float32, id="empty-extend-gqa4"),
+    # decoding rows of a mixed pass (one new token over a long prefix): GQA heads packed into rows
+    pytest.param([40, 100, 0, 19], [1, 1, 30, 1], 16, 14, 2, 64, torch.float32, id="mixed-decode-rows-gqa7"),
+    # a group larger than the CPU block of 16 rows: no packing, one program per query head
+    pytest.param([33, 5], [1, 20], 16, 32, 1, 32, torch.float32, id="mixed-decode-rows-gqa32-unpacked"),
 ]
 
 

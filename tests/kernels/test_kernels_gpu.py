@@ -95,26 +95,31 @@ def _cascade_splits(c, prefix_len: int) -> tuple[int, int]:
     return splits, prefix_splits
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["three-launch", "fused"])
 @pytest.mark.parametrize("num_groups, group_size, num_loners", [(1, 128, 0), (4, 32, 8)])
-def test_cascade_decode_attention_gpu(num_groups, group_size, num_loners):
+def test_cascade_decode_attention_gpu(num_groups, group_size, num_loners, fused):
     """128 requests sharing a 2,048-token prefix (or 4 groups of 32, plus requests in no group),
-    each with 1..200 private tokens."""
+    each with 1..200 private tokens; with the launcher's split counts, and with one suffix split
+    (the fused form, whose suffix program merges the prefix partials)."""
     gen = torch.Generator().manual_seed(num_groups)
     groups = [(2048, torch.randint(1, 201, (group_size,), generator=gen).tolist()) for _ in range(num_groups)]
     loners = torch.randint(1, 3000, (num_loners,), generator=gen).tolist()
     c = make_cascade_batch(groups, loners, PAGE, HQ, HKV, D, BF16, seed=21)
     splits, prefix_splits = _cascade_splits(c, 2048)
+    splits = 1 if fused else max(2, splits)
     out = torch.full_like(c.q, float("nan"), memory_format=torch.contiguous_format)
     o = cascade_decode_attention(*c.args(PAGE), splits, prefix_splits, c.max_group_size, out=out)
     check_attention(o, cascade_decode_attention_ref(*c.args(PAGE)))
 
 
-def test_cascade_decode_attention_cuda_graph():
+@pytest.mark.parametrize("fused", [False, True], ids=["three-launch", "fused"])
+def test_cascade_decode_attention_cuda_graph(fused):
     """Capture the cascade once, then shrink the shared prefix and change the suffixes, pages and
     queries in place: lengths are read on the device, so the replay is exact."""
     gen = torch.Generator().manual_seed(22)
     c = make_cascade_batch([(2048, [200] * 48), (1024, [200] * 16)], [2000] * 4, PAGE, HQ, HKV, D, BF16, seed=22)
     splits, prefix_splits = _cascade_splits(c, 2048)
+    splits = 1 if fused else max(2, splits)
     out = torch.empty_like(c.q, memory_format=torch.contiguous_format)
     rows = splits + prefix_splits
     mid_o = torch.empty(c.q.shape[0], HQ, rows, D, device=c.q.device)

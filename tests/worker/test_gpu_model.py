@@ -98,10 +98,18 @@ def test_pool_sized_by_mem_fraction(tiny_dir: Path) -> None:
     assert runner.pool.num_pages == info["num_pages"] and info["cuda_graph"]
 
 
-def test_cascade_graphs_give_the_same_tokens(tiny_dir: Path) -> None:
+@pytest.mark.parametrize("fused_max_suffix", [0, 8, None], ids=["three-launch", "both-forms", "default"])
+def test_cascade_graphs_give_the_same_tokens(tiny_dir: Path, fused_max_suffix: int | None,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """20 decoding requests sharing a 96-token prefix: with cascade grouping forced on, decode runs
-    from the cascade CUDA graphs (size 32, 12 padded rows) and gives the plain graphs' tokens."""
+    from the cascade CUDA graphs (size 32, 12 padded rows) and gives the plain graphs' tokens, with
+    the three-launch form only (bound 0), the fused form until suffixes pass 8 tokens then the
+    three-launch one (bound 8: both graph variants replay), and the default bound."""
     from radixrt.engine import Engine
+    from radixrt.worker import attention_triton
+
+    if fused_max_suffix is not None:
+        monkeypatch.setattr(attention_triton, "CASCADE_FUSED_MAX_SUFFIX", fused_max_suffix)
 
     g = torch.Generator().manual_seed(11)
     system = torch.randint(3, 290, (96,), generator=g).tolist()
@@ -113,6 +121,9 @@ def test_cascade_graphs_give_the_same_tokens(tiny_dir: Path) -> None:
                      max_total_tokens=16384, max_running_requests=32, cuda_graph_max_bs=32,
                      disable_cascade_attention=not cascade)
         assert bool(eng.runner.graphs.cascade_graphs) == cascade
+        if cascade:  # both variants captured unless the fused form is off
+            assert {f for _, f in eng.runner.graphs.cascade_graphs} == ({False} if fused_max_suffix == 0
+                                                                         else {False, True})
         if cascade:
             eng.scheduler.cascade_min_saved_tokens = 1
         outs[cascade] = [o["output_ids"] for o in eng.generate(prompts, params)]

@@ -1,0 +1,88 @@
+"""Compile the attention kernels for an H100/H200 (sm_90) on a machine without a GPU.
+
+Triton's PyPI wheel carries ptxas, so `triton.compile` with an explicit GPUTarget lowers a kernel to
+PTX and a cubin without a driver. This catches Triton code that runs in the interpreter (CPU tests)
+but does not compile, and reports each variant's shared memory, before a GPU is booked.
+
+    python3 bench/kernels/compile_sm90.py          # exit status 1 if any variant fails
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("run without TRITON_INTERPRET=1 (the interpreter does not compile)")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler import compile as triton_compile  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+POINTERS_BF16 = {"q", "k_new", "v_new", "k_buf", "v_buf", "o"}
+POINTERS_I32 = {"page_table", "prefix_lens", "extend_lens", "extend_start_loc", "seq_lens", "kv_start",
+                "group_members", "group_starts", "group_prefix_lens"}
+POINTERS_F32 = {"mid_o", "mid_lse"}
+FLOATS = {"qk_scale"}
+
+
+def compile_variant(module: str, kernel: str, const: dict, num_warps: int, num_stages: int) -> dict:
+    fn = getattr(importlib.import_module(module), kernel)
+    sig = {}
+    for n in fn.arg_names:
+        sig[n] = ("constexpr" if n in const else "*bf16" if n in POINTERS_BF16 else "*i32" if n in POINTERS_I32
+                  else "*fp32" if n in POINTERS_F32 else "fp32" if n in FLOATS else "i32")
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    t0 = time.perf_counter()
+    k = triton_compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    return {"seconds": time.perf_counter() - t0, "shared_bytes": k.metadata.shared}
+
+
+def variants() -> list[tuple[str, str, str, dict, int, int]]:
+    """(name, module, kernel, constexprs, num_warps, num_stages) at the GPU configs of Qwen2.5-7B
+    shapes (GQA 7, head dim 128, page 16)."""
+    ext = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, DOT_PRECISION="tf32")
+    dec = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128, DOT_PRECISION="tf32")
+    casc = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, DOT_PRECISION="tf32")
+    merge = dict(HEAD_DIM=128, BLOCK_D=128)
+    ext64 = {**ext, "BLOCK_M": 64}
+    return [
+        ("extend, GQA packing", "kernels.extend_attention", "_extend_attn_kernel", {**ext, "PACK_GQA": True}, 8, 3),
+        ("extend 64-row, GQA packing", "kernels.extend_attention", "_extend_attn_kernel",
+         {**ext64, "PACK_GQA": True}, 4, 2),
+        ("extend, MHA", "kernels.extend_attention", "_extend_attn_kernel", {**ext, "GROUP": 1, "PACK_GQA": False}, 8, 3),
+        ("decode split -> mid", "kernels.decode_attention", "_decode_split_kernel",
+         {**dec, "HAS_KV_START": False, "DIRECT_OUT": False, "MERGE_PREFIX": False, "PREFIX_SLOTS": 0}, 4, 2),
+        ("decode one split -> out", "kernels.decode_attention", "_decode_split_kernel",
+         {**dec, "HAS_KV_START": False, "DIRECT_OUT": True, "MERGE_PREFIX": False, "PREFIX_SLOTS": 0}, 4, 2),
+        ("cascade suffix -> mid", "kernels.decode_attention", "_decode_split_kernel",
+         {**dec, "HAS_KV_START": True, "DIRECT_OUT": False, "MERGE_PREFIX": False, "PREFIX_SLOTS": 0}, 4, 2),
+        ("cascade suffix + merge -> out", "kernels.decode_attention", "_decode_split_kernel",
+         {**dec, "BLOCK_N": 64, "HAS_KV_START": True, "DIRECT_OUT": True, "MERGE_PREFIX": True, "PREFIX_SLOTS": 4},
+         4, 2),
+        ("decode merge", "kernels.decode_attention", "_decode_merge_kernel",
+         {**merge, "BLOCK_S": 32, "HAS_PREFIX": True}, 4, 1),
+        ("cascade prefix 128-row", "kernels.cascade_attention", "_cascade_prefix_kernel", casc, 8, 2),
+        ("cascade prefix 64-row", "kernels.cascade_attention", "_cascade_prefix_kernel", {**casc, "BLOCK_M": 64}, 4, 2),
+    ]
+
+
+def main() -> int:
+    failed = 0
+    for name, module, kernel, const, warps, stages in variants():
+        try:
+            r = compile_variant(module, kernel, const, warps, stages)
+            print(f"ok    {name:32s} {r['seconds']:5.1f} s  shared {r['shared_bytes'] / 1024:6.1f} KiB", flush=True)
+        except Exception as e:  # noqa: BLE001 - report every variant
+            failed += 1
+            print(f"FAIL  {name:32s} {type(e).__name__}: {str(e)[:400]}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
