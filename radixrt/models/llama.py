@@ -57,7 +57,7 @@ class Attention(nn.Module):
             q = self.q_norm(q)[0]
             k = self.k_norm(k)[0]
         q, k = ops.apply_rotary(q, k, positions, cos_sin_cache)
-        o = backend.forward(q, k, v.contiguous(), self.layer_id, self.scale)  # [T, Hq, D]
+        o = backend.forward(q, k, v, self.layer_id, self.scale)  # [T, Hq, D]; v is a strided view
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -144,9 +144,13 @@ class LlamaForCausalLM(nn.Module):
         return h
 
     @torch.inference_mode()
-    def compute_logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
-        """hidden_last [B, H] -> logits [B, V] float32."""
-        return self.lm_head(hidden_last).float()
+    def compute_logits(self, hidden_last: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden_last [B, H] -> logits [B, V] float32, into `out` ([B, V] float32) if given (one
+        conversion pass instead of a conversion plus a copy: CUDA graphs keep a static buffer)."""
+        logits = self.lm_head(hidden_last)
+        if out is None:
+            return logits.float()
+        return out.copy_(logits)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -118,7 +118,7 @@ class CudaGraphRunner:
     def _run(self, bs: int, meta: ForwardMeta) -> None:
         self.backend.prepare(meta)
         hidden = self.model(self.input_ids[:bs], self.positions[:bs], meta, self.backend)  # [bs, H]
-        self.logits[:bs].copy_(self.model.compute_logits(hidden))
+        self.model.compute_logits(hidden, out=self.logits[:bs])
 
     def _capture(self, bs: int, cascade: bool = False, fused: bool = False) -> None:
         meta = self._meta(bs, cascade, fused)

@@ -56,3 +56,16 @@ def test_bf16_logits_close_to_fp32_reference(family: str, tmp_path: Path) -> Non
         ref = hf(torch.tensor([ids])).logits[0, -2:].float()
     torch.testing.assert_close(ours, ref[0], atol=BF16_ATOL, rtol=0)
     torch.testing.assert_close(step, ref[1], atol=BF16_ATOL, rtol=0)
+
+
+def test_compute_logits_into_a_buffer(tmp_path: Path) -> None:
+    """compute_logits(out=buf) (what CUDA graphs use) fills buf with the same float32 logits."""
+    save_tiny_model("llama", tmp_path)
+    model = _runner(tmp_path, dtype="bfloat16").model
+    hidden = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(4)).bfloat16()
+    buf = torch.full((3, model.config.vocab_size), float("nan"))
+    with torch.no_grad():
+        got = model.compute_logits(hidden, out=buf)
+        want = model.compute_logits(hidden)
+    assert got is buf and want.dtype == torch.float32
+    torch.testing.assert_close(buf, want, atol=0, rtol=0)
