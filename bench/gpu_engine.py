@@ -266,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
     p.add_argument("--only", default="profile,idle,random,shared-prefix,multi-turn",
                    help="stages, comma-separated; add `kernels` for a profiler table of shared-prefix")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs of each workload's default configuration (cache and cascade on); each is "
+                        "reported, and their median (host-side noise on the GPU machine moves single runs)")
     p.add_argument("--out", default="engine.json")
     ns = p.parse_args(argv)
     report: dict[str, Any] = {"device": torch.cuda.get_device_name() if ns.device == "cuda" else "cpu",
@@ -327,17 +330,27 @@ def main(argv: list[str] | None = None) -> int:
         if spec.name == "shared-prefix":
             variants.append((True, False))
         for cache_on, cascade in variants:
-            r = bench_workload(engine, spec, cache_on, shape, hw, cascade)
-            report["results"].append(r)
-            save()
-            tr = r["trace"]
-            print(f"{spec.name:14s} cache={'on ' if cache_on else 'off'} cascade={'on ' if cascade else 'off'} "
-                  f"{r['wall_s']:7.2f} s {r['output_throughput']:9.0f} out tok/s  hit {r['cache_hit_rate']:.2f}  "
-                  f"roofline {r.get('fraction_of_roofline') or 0:.2f}  cascade passes {tr['cascade_passes']}  "
-                  f"kv waste {tr['kv_waste_fraction'] or 0:.2%}  ok={r['token_counts_consistent']}  "
-                  f"decode pass {tr['decode_busy_ms_median'] or 0:.2f} ms  paths {tr['paths']}", flush=True)
-            if spec.name == "shared-prefix" and cache_on:
-                print_passes(r["passes"])
+            runs = []
+            for i in range(max(1, ns.repeat) if (cache_on and cascade) else 1):
+                r = bench_workload(engine, spec, cache_on, shape, hw, cascade)
+                r["repeat"] = i
+                runs.append(r)
+                report["results"].append(r)
+                save()
+                tr = r["trace"]
+                print(f"{spec.name:14s} cache={'on ' if cache_on else 'off'} cascade={'on ' if cascade else 'off'} "
+                      f"{r['wall_s']:7.2f} s {r['output_throughput']:9.0f} out tok/s  hit {r['cache_hit_rate']:.2f}  "
+                      f"roofline {r.get('fraction_of_roofline') or 0:.2f}  cascade passes {tr['cascade_passes']}  "
+                      f"kv waste {tr['kv_waste_fraction'] or 0:.2%}  ok={r['token_counts_consistent']}  "
+                      f"decode pass {tr['decode_busy_ms_median'] or 0:.2f} ms  paths {tr['paths']}", flush=True)
+                if spec.name == "shared-prefix" and cache_on:
+                    print_passes(r["passes"])
+            if len(runs) > 1:
+                tput = sorted(x["output_throughput"] for x in runs)
+                med = tput[len(tput) // 2]
+                report.setdefault("medians", {})[f"{spec.name} cache={cache_on} cascade={cascade}"] = med
+                print(f"{spec.name:14s} median of {len(runs)} runs: {med:.0f} out tok/s "
+                      f"(runs: {', '.join(f'{x:.0f}' for x in tput)})", flush=True)
         if spec.name == "shared-prefix" and "kernels" in ns.only.split(",") and ns.device == "cuda":
             report[f"kernels_{spec.name}"] = {c: profile_kernels(engine, spec, c == "cascade")
                                               for c in ("plain", "cascade")}

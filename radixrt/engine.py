@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from radixrt.config import Env, ServerArgs
+from radixrt.gc_policy import freeze_startup_heap
 from radixrt.protocol import GenerateReq
 from radixrt.scheduler.batch import build_forward_batch, build_mode
 from radixrt.scheduler.scheduler_proc import build_scheduler
@@ -62,6 +63,7 @@ class Engine:
         self.num_passes = 0
         self.trace: list[dict[str, Any]] | None = None  # set to [] to record every pass (benchmarks)
         self._host_ms: dict[int, dict[str, float]] = {}  # per in-flight pass, while tracing
+        freeze_startup_heap()  # collections on the pass path skip the model and tokenizer objects
 
     def _encode(self, prompt: Prompt) -> np.ndarray:
         """Token ids [T] int64 of a text or token-id prompt.
@@ -130,10 +132,11 @@ class Engine:
                 if not busy and sched.is_idle:
                     raise RuntimeError("engine went idle with requests unfinished")
                 continue
+            new_ids, offsets = out.output_ids.tolist(), out.offsets.tolist()  # one conversion per step
             for i, rid in enumerate(out.rids):
                 if rid not in outputs or rid in done:
                     continue
-                outputs[rid].extend(out.output_ids[out.offsets[i]:out.offsets[i + 1]].tolist())
+                outputs[rid] += new_ids[offsets[i]:offsets[i + 1]]
                 reason = out.finish_reasons[i]
                 stop_hit = self._stop_hit(outputs[rid], params[rid].get("stop"))
                 if reason is None and stop_hit is not None:

@@ -6,7 +6,8 @@ requests:
   1. allocator: a page is free xor referenced; reclaimable refs <= refs (PageAllocator.check_invariants);
   2. tree shape: children keyed by their first token, child.start == parent.end, non-empty keys,
      len(node.pages) == number of page indices the node's span touches, no page 0, no page twice in a
-     node, parent.last_access_time >= child.last_access_time (so leaves are the LRU candidates);
+     node, parent.last_access_time >= child.last_access_time (so leaves are the LRU candidates),
+     key_bytes (when built) == the key as int64 bytes;
   3. locks: node.lock_ref == node.own_lock_ref + sum(child.lock_ref), all >= 0;
   4. references: for every page, refcount == tree holders + external holders (exactly, when
      external_refs is given; >= tree holders otherwise), and the allocator's reclaimable refs ==
@@ -22,6 +23,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 if TYPE_CHECKING:
     from radixrt.memory.radix_cache import RadixCache, TreeNode
@@ -81,6 +84,8 @@ def _check_node_shape(node: TreeNode, page_size: int) -> None:
     assert 0 not in node.pages, f"{where}: holds reserved page 0"
     assert len(set(node.pages)) == len(node.pages), f"{where}: a page twice in {node.pages}"
     assert parent.last_access_time >= node.last_access_time, f"{where}: accessed after its parent"
+    assert node.key_bytes is None or node.key_bytes == np.array(node.key, np.int64).tobytes(), (
+        f"{where}: key_bytes do not match the key")
 
 
 def _check_node_locks(node: TreeNode) -> None:

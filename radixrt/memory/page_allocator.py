@@ -56,7 +56,8 @@ class PageAllocator:
         return self._num_reclaimable
 
     def refcount(self, page: int) -> int:
-        self._check_id(page)
+        if not 0 < page < self.num_pages:
+            self._check_id(page)
         return self._refs[page]
 
     def reclaimable_refs(self, page: int) -> int:
@@ -88,17 +89,18 @@ class PageAllocator:
 
     def inc_ref(self, pages: Iterable[int], *, reclaimable: bool = False) -> None:
         """Add one reference to each page (listed twice: two references). Pages must be held already."""
-        refs, soft = self._refs, self._soft
-        for page in pages:
-            self._check_id(page)
-            r, s = refs[page], soft[page]
+        refs, soft, num_pages = self._refs, self._soft, self.num_pages
+        for page in pages:  # checks inlined (this runs per page of every admitted prefix)
+            if not 0 < page < num_pages:
+                self._check_id(page)
+            r = refs[page]
             if r == 0:
                 raise ValueError(f"inc_ref of free page {page}")
-            was = r == s
-            r += 1
-            s += reclaimable
-            refs[page], soft[page] = r, s
-            self._num_reclaimable += (r == s) - was
+            refs[page] = r + 1
+            if reclaimable:
+                soft[page] += 1  # r == s before iff after: the reclaimable-page tally is unchanged
+            elif r == soft[page]:
+                self._num_reclaimable -= 1  # it gained a hard reference
 
     def dec_ref(self, pages: Iterable[int], *, reclaimable: bool = False) -> None:
         """Drop one reference from each page; a page whose count reaches 0 goes back to the free list.
@@ -106,9 +108,10 @@ class PageAllocator:
         reclaimable: the dropped references are reclaimable ones (as taken with inc_ref(reclaimable=True)).
         Raises ValueError on a free page (double free) or a missing reclaimable reference.
         """
-        refs, soft = self._refs, self._soft
-        for page in pages:
-            self._check_id(page)
+        refs, soft, num_pages, free = self._refs, self._soft, self.num_pages, self._free
+        for page in pages:  # checks inlined, as in inc_ref
+            if not 0 < page < num_pages:
+                self._check_id(page)
             r, s = refs[page], soft[page]
             if r == 0:
                 raise ValueError(f"dec_ref of free page {page} (double free)")
@@ -116,29 +119,36 @@ class PageAllocator:
                 raise ValueError(f"dec_ref(reclaimable=True) of page {page}, which has no reclaimable ref")
             was = r == s
             r -= 1
-            s -= reclaimable
-            refs[page], soft[page] = r, s
-            self._num_reclaimable += (r == s and r > 0) - was
+            refs[page] = r
+            if reclaimable:
+                s -= 1
+                soft[page] = s
             if r == 0:
-                self._free.append(page)
+                free.append(page)
+                self._num_reclaimable -= was
+            else:
+                self._num_reclaimable += (r == s) - was
 
     def set_reclaimable(self, pages: Iterable[int], reclaimable: bool) -> None:
         """Turn one hard reference of each page into a reclaimable one (True) or back (False).
 
         Used when a tree node is unlocked (its refs become reclaimable) or locked (they become hard).
         """
-        refs, soft = self._refs, self._soft
-        for page in pages:
-            self._check_id(page)
+        refs, soft, num_pages = self._refs, self._soft, self.num_pages
+        for page in pages:  # checks inlined, as in inc_ref
+            if not 0 < page < num_pages:
+                self._check_id(page)
             r, s = refs[page], soft[page]
-            if reclaimable and s >= r:
-                raise ValueError(f"page {page}: no hard reference to make reclaimable (refs={r})")
-            if not reclaimable and s == 0:
-                raise ValueError(f"page {page}: no reclaimable reference to make hard")
-            was = r == s
-            s += 1 if reclaimable else -1
-            soft[page] = s
-            self._num_reclaimable += (r == s) - was
+            if reclaimable:
+                if s >= r:
+                    raise ValueError(f"page {page}: no hard reference to make reclaimable (refs={r})")
+                soft[page] = s + 1
+                self._num_reclaimable += s + 1 == r
+            else:
+                if s == 0:
+                    raise ValueError(f"page {page}: no reclaimable reference to make hard")
+                soft[page] = s - 1
+                self._num_reclaimable -= s == r
 
     # ---------------------------------------------------------------- checks
     def check_invariants(self) -> None:

@@ -19,6 +19,8 @@ import heapq
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from radixrt.memory.invariants import check_cache_invariants
 from radixrt.memory.page_allocator import PageAllocator
 
@@ -39,6 +41,9 @@ class TreeNode:
     lock_ref: int = 0  # locks on this node or any descendant (own_lock_ref + sum of children's lock_ref)
     own_lock_ref: int = 0  # inc_lock_ref calls that named this node
     last_access_time: int = 0  # logical clock of the last match/insert through this node (LRU key)
+    # key as int64 bytes, built at the first compare with a query given as bytes (match_prefix's
+    # token_bytes); split with the key
+    key_bytes: bytes | None = field(default=None, repr=False)
 
     @property
     def end(self) -> int:
@@ -59,6 +64,17 @@ class MatchResult:
     prefix_len: int
     pages: list[int]
     last_node: TreeNode
+
+
+@dataclass(slots=True)
+class MatchHint:
+    """The last match of one query, kept by the caller (a waiting request) to make the next match
+    of the same tokens O(depth) while the tree has not changed around it; see
+    `RadixCache.match_prefix`. Pass a fresh MatchHint() the first time; match_prefix updates it."""
+
+    last_node: TreeNode | None = None
+    prefix_len: int = 0
+    query_len: int = -1  # len(token_ids) of the match; -1: no match recorded yet
 
 
 class RadixCache:
@@ -83,81 +99,168 @@ class RadixCache:
         self.num_evicted_tokens = 0  # tokens removed by evict (statistics, tests)
 
     # ---------------------------------------------------------------- lookup / insert
-    def match_prefix(self, token_ids: Sequence[int], *, record_stats: bool = False) -> MatchResult:
-        """Find the longest cached prefix of token_ids; O(prefix_len + depth).
+    def match_prefix(self, token_ids: Sequence[int], *, end: int | None = None, record_stats: bool = False,
+                     hint: MatchHint | None = None, token_bytes: bytes | None = None) -> MatchResult:
+        """Find the longest cached prefix of token_ids[:end] (end None: all of them); O(prefix_len + depth).
 
         Splits the node in which the match ends, so last_node.end == prefix_len. Takes no references;
         refreshes last_access_time along the path. record_stats=True adds the lookup to the hit-rate
         counters; KVManager.admit does so, scheduling-policy probes (LPM ordering) should not.
+        `end` saves the caller a copy of a long token list (e.g. all but a request's last token).
+
+        hint: the caller's MatchHint for these same tokens (a waiting request probed at every
+        schedule). When the previous match it records still holds (`_hint_holds`), the walk is
+        skipped: same result and same side effects (LRU refresh of the path, clock, stats; no split
+        is needed since that match ended at its node's end), in O(depth). The hint is updated to
+        this match either way.
+
+        token_bytes: optional int64 (native order) bytes of a prefix of token_ids, e.g. a request's
+        prompt (bytes past `end` are ignored): the tokens it covers are compared with a node's key
+        as one memcmp instead of a compare per token.
         """
-        tokens = tuple(token_ids)
-        matched, pages, node = 0, [], self.root
-        if not self.disable and tokens:
-            node, matched, pages = self._walk(tokens)
+        n = len(token_ids) if end is None else end
+        if not 0 <= n <= len(token_ids):
+            raise ValueError(f"end {end} outside the {len(token_ids)} tokens given")
+        node, matched = self.root, 0
+        if self.disable or n == 0:
+            pass
+        elif hint is not None and self._hint_holds(hint, token_ids, n):
+            node, matched = hint.last_node, hint.prefix_len  # type: ignore[assignment]
+            self._touch_path(node)
+        else:
+            node, matched = self._walk(token_ids, n, token_bytes=token_bytes)
+        if hint is not None:
+            hint.last_node, hint.prefix_len, hint.query_len = node, matched, n
         if record_stats:
-            self.total_queried_tokens += len(tokens)
+            self.total_queried_tokens += n
             self.total_matched_tokens += matched
-        return MatchResult(prefix_len=matched, pages=pages, last_node=node)
+        return MatchResult(prefix_len=matched, pages=self._path_pages(node), last_node=node)
 
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> int:
-        """Publish token_ids whose KV lies in pages; return how many leading tokens were already cached.
+    def _hint_holds(self, hint: MatchHint, token_ids: Sequence[int], n: int) -> bool:
+        """Whether a walk of token_ids[:n] would end where `hint` says, without splitting anything.
 
-        pages covers positions [0, len(token_ids)): entry i holds positions [i*page_size, (i+1)*page_size)
-        (at least ceil(len / page_size) entries; extra ones are ignored). The tree takes its own
+        The hint's match ended at the end of its node (the walk splits there), and later changes of
+        the tree can alter it only (a) by removing that node (evict / reset detach it; ancestors
+        go only after it), or (b) by adding a child there on the query's next token (insert). A
+        split elsewhere on the path keeps the node, its end, and the page ids of the path. The
+        caller guarantees that token_ids[:prefix_len] are the tokens it matched before (a waiting
+        request's tokens do not change; the tree never holds a placeholder).
+        """
+        node, m = hint.last_node, hint.prefix_len
+        if node is None or hint.query_len != n or node.end != m:
+            return False
+        if node.parent is None and node is not self.root:  # evicted or flushed
+            return False
+        return m == n or token_ids[m] not in node.children
+
+    def insert(self, token_ids: Sequence[int], pages: Sequence[int], start: TreeNode | None = None,
+               end: int | None = None) -> int:
+        """Publish token_ids[:end] (end None: all) whose KV lies in pages; return how many leading
+        tokens were already cached.
+
+        pages covers positions [0, end): entry i holds positions [i*page_size, (i+1)*page_size)
+        (at least ceil(end / page_size) entries; extra ones are ignored). The tree takes its own
         reference on the pages of the new suffix only (page indices prefix // page_size ..); the caller
         keeps its references and stays responsible for them. No-op returning 0 when disabled.
+
+        start: optional node whose path is known to hold token_ids[:start.end] (e.g. the node a
+        request has locked, see KVManager); the walk begins there instead of at the root, with the
+        same result and side effects. Ignored when it ends beyond `end`.
         """
-        if self.disable or len(token_ids) == 0:
+        n = len(token_ids) if end is None else end
+        if self.disable or n == 0:
             return 0
-        return self._insert(tuple(token_ids), pages)[0]
+        return self._insert(token_ids, n, pages, start)[0]
 
-    def insert_path(self, token_ids: Sequence[int], pages: Sequence[int]) -> TreeNode:
-        """insert(token_ids, pages), then return the node that ends at len(token_ids) (one walk, where
-        insert + match_prefix take two). Raises ValueError when disabled or token_ids is empty."""
-        if self.disable or len(token_ids) == 0:
+    def insert_path(self, token_ids: Sequence[int], pages: Sequence[int], start: TreeNode | None = None,
+                    end: int | None = None) -> TreeNode:
+        """insert(token_ids, pages, start, end), then return the node that ends at `end` (one walk,
+        where insert + match_prefix take two). Raises ValueError when disabled or nothing is given."""
+        n = len(token_ids) if end is None else end
+        if self.disable or n == 0:
             raise ValueError("insert_path needs an enabled cache and at least one token")
-        return self._insert(tuple(token_ids), pages)[1]
+        return self._insert(token_ids, n, pages, start)[1]
 
-    def _insert(self, tokens: tuple[int, ...], pages: Sequence[int]) -> tuple[int, TreeNode]:
-        """(tokens already cached, node ending at len(tokens)); see insert."""
+    def _insert(self, tokens: Sequence[int], n: int, pages: Sequence[int], start: TreeNode | None = None
+                ) -> tuple[int, TreeNode]:
+        """(tokens already cached, node ending at n) for tokens[:n]; see insert."""
         ps = self.page_size
-        num_needed = (len(tokens) + ps - 1) // ps
+        if n > len(tokens):
+            raise ValueError(f"end {n} outside the {len(tokens)} tokens given")
+        num_needed = (n + ps - 1) // ps
         if len(pages) < num_needed:
-            raise ValueError(f"{len(tokens)} tokens need {num_needed} pages, got {len(pages)}")
-        node, matched, _ = self._walk(tokens)
-        if matched < len(tokens):
+            raise ValueError(f"{n} tokens need {num_needed} pages, got {len(pages)}")
+        if start is not None:
+            self._check_attached(start)
+            if start.end > n:
+                start = None
+        node, matched = self._walk(tokens, n, start)
+        if matched < n:
             new_pages = list(pages[matched // ps : num_needed])
             self.allocator.inc_ref(new_pages, reclaimable=True)
             leaf = TreeNode(
-                key=tokens[matched:], pages=new_pages, start=matched, parent=node,
+                key=tuple(tokens[matched:n]), pages=new_pages, start=matched, parent=node,
                 last_access_time=node.last_access_time,
             )
             node.children[tokens[matched]] = leaf
             return matched, leaf
         return matched, node
 
-    def _walk(self, tokens: tuple[int, ...]) -> tuple[TreeNode, int, list[int]]:
-        """Descend along tokens, splitting the node where the match ends inside it.
+    def _walk(self, tokens: Sequence[int], n: int, start: TreeNode | None = None,
+              token_bytes: bytes | None = None) -> tuple[TreeNode, int]:
+        """Descend along tokens[:n], splitting the node where the match ends inside it.
 
-        Returns (deepest matched node, matched length, pages of the matched prefix). For each page
-        index the page comes from the deepest matched node covering it, i.e. the one covering the last
-        matched position in that page.
+        Returns (deepest matched node, matched length). Starts at the root, or at `start` when the
+        caller knows that start's path holds tokens[:start.end] (the root walk would pass through
+        it). Every node on the matched path, the root included, gets the same new access time.
+        token_bytes: see match_prefix.
         """
-        now = self._clock = self._clock + 1
-        ps = self.page_size
-        node, pos, pages = self.root, 0, []
-        node.last_access_time = now
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
+        node = self.root if start is None else start
+        now = self._touch_path(node)
+        pos = node.end
+        children = node.children
+        # tokens [0, covered) can be compared as bytes
+        covered = 0 if token_bytes is None else min(n, len(token_bytes) // 8)
+        while pos < n:
+            child = children.get(tokens[pos])
             if child is None:
                 break
-            k = _common_prefix_len(child.key, tokens, pos)
-            if k < len(child.key):
+            key = child.key
+            stop = pos + len(key)
+            if stop <= covered:
+                key_bytes = child.key_bytes
+                if key_bytes is None:
+                    key_bytes = child.key_bytes = np.array(key, np.int64).tobytes()
+                k = (len(key) if token_bytes[8 * pos : 8 * stop] == key_bytes  # type: ignore[index]
+                     else _common_prefix_len(key, tokens, pos, n))
+            else:
+                k = _common_prefix_len(key, tokens, pos, n)
+            if k < len(key):
                 child = self._split(child, k)
             child.last_access_time = now
-            pages[child.start // ps :] = child.pages  # replaces a shared boundary page, then extends
-            node, pos = child, pos + k
-        return node, pos, pages
+            node, pos, children = child, pos + k, child.children
+        return node, pos
+
+    def _touch_path(self, node: TreeNode) -> int:
+        """Advance the LRU clock and stamp node and its ancestors with it (a walk's refresh)."""
+        now = self._clock = self._clock + 1
+        cur: TreeNode | None = node
+        while cur is not None:
+            cur.last_access_time = now
+            cur = cur.parent
+        return now
+
+    def _path_pages(self, node: TreeNode) -> list[int]:
+        """Pages of positions [0, node.end): for each page index, the page of the deepest node on the
+        path covering it (the one covering the last position of the path in that page)."""
+        path = []
+        while node.parent is not None:
+            path.append(node)
+            node = node.parent
+        ps, pages = self.page_size, []
+        for cur in reversed(path):
+            pages[cur.start // ps :] = cur.pages  # replaces a shared boundary page, then extends
+        return pages
 
     def _split(self, node: TreeNode, k: int) -> TreeNode:
         """Cut node after its first k tokens; return the new upper node (node keeps the lower part)."""
@@ -175,6 +278,8 @@ class RadixCache:
         node.start = cut
         node.parent = upper
         upper.children[node.key[0]] = node
+        if node.key_bytes is not None:
+            upper.key_bytes, node.key_bytes = node.key_bytes[: 8 * k], node.key_bytes[8 * k :]
         if cut % ps:  # the page holding the cut is now held by both halves
             self.allocator.inc_ref(node.pages[:1], reclaimable=node.lock_ref == 0)
         return upper
@@ -289,13 +394,23 @@ class RadixCache:
         check_cache_invariants(self, external_refs)
 
 
-def _common_prefix_len(key: tuple[int, ...], tokens: tuple[int, ...], pos: int) -> int:
-    """Length of the common prefix of key and tokens[pos:]."""
-    n = len(key)
-    if tokens[pos : pos + n] == key:
-        return n
-    limit = min(n, len(tokens) - pos)
-    for i in range(limit):
-        if key[i] != tokens[pos + i]:
-            return i
-    return limit
+def _common_prefix_len(key: tuple[int, ...], tokens: Sequence[int], pos: int, n: int) -> int:
+    """Length of the common prefix of key and tokens[pos:n] (tokens: a tuple or a list).
+
+    One slice compare (C speed) settles a full match; otherwise the first difference is found by
+    comparing runs of _RUN tokens, then the tokens of the first run that differs.
+    """
+    size = len(key)
+    limit = min(size, n - pos)
+    if limit == size and tokens[pos + size - 1] == key[-1] and tuple(tokens[pos : pos + size]) == key:
+        return size
+    i = 0
+    while i + _RUN <= limit and tuple(tokens[pos + i : pos + i + _RUN]) == key[i : i + _RUN]:
+        i += _RUN
+    stop = min(i + _RUN, limit)
+    while i < stop and key[i] == tokens[pos + i]:
+        i += 1
+    return i
+
+
+_RUN = 32  # tokens per slice compare while looking for the first difference

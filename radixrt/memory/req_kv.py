@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from radixrt.memory.page_allocator import PageAllocator
-from radixrt.memory.radix_cache import RadixCache, TreeNode
+from radixrt.memory.radix_cache import MatchHint, RadixCache, TreeNode
 
 
 @dataclass(slots=True)
@@ -69,7 +69,8 @@ class KVManager:
 
     # ---------------------------------------------------------------- admission / growth
     def admit(
-        self, token_ids: Sequence[int], max_new_tokens_reserve: int = 0
+        self, token_ids: Sequence[int], max_new_tokens_reserve: int = 0, *, hint: MatchHint | None = None,
+        token_bytes: bytes | None = None,
     ) -> tuple[ReqKV, list[tuple[int, int]]] | None:
         """Start a request: reuse the cached prefix of token_ids[:-1] and lock it.
 
@@ -80,11 +81,13 @@ class KVManager:
         not allocated (see reserve), but admission requires free + evictable pages to cover positions
         [0, len(token_ids) + max_new_tokens_reserve) beyond what the request already holds; otherwise
         None is returned and nothing is held or evicted. Raises ValueError on an empty prompt.
+        hint, token_bytes: passed on to RadixCache.match_prefix (same result, faster).
         """
         if len(token_ids) == 0:
             raise ValueError("cannot admit an empty prompt")
         cache, ps = self.cache, self.page_size
-        match = cache.match_prefix(token_ids[:-1], record_stats=True)
+        match = cache.match_prefix(token_ids, end=len(token_ids) - 1, record_stats=True, hint=hint,
+                                   token_bytes=token_bytes)
         prefix_len, pages = match.prefix_len, list(match.pages)
         cache.inc_lock_ref(match.last_node)  # before any eviction below can touch the match
         self.allocator.inc_ref(pages)
@@ -113,20 +116,24 @@ class KVManager:
         are valid while kv holds its refs. Returns None, changing nothing, if memory is short even
         after evicting. Raises ValueError if new_kv_len < kv.kv_len or kv is not active.
         """
-        self._check_active(kv)
-        if new_kv_len < kv.kv_len:
-            raise ValueError(f"cannot shrink kv_len {kv.kv_len} to {new_kv_len}")
-        ps = self.page_size
-        if kv.kv_len % ps and self.allocator.refcount(kv.pages[kv.kv_len // ps]) != 1:
+        if kv.last_node is None:
+            self._check_active(kv)
+        start, ps, pages = kv.kv_len, self.page_size, kv.pages
+        if new_kv_len < start:
+            raise ValueError(f"cannot shrink kv_len {start} to {new_kv_len}")
+        if start % ps and self.allocator.refcount(pages[start // ps]) != 1:
             raise RuntimeError("copy-on-write violated: the partial page to write is shared")
-        num_new = self._num_pages_for(new_kv_len) - len(kv.pages)
+        num_new = (new_kv_len + ps - 1) // ps - len(pages)
         if num_new > 0:
             if num_new > self.num_available_pages():
                 return None
             new_pages = self._alloc(num_new)
             assert new_pages is not None  # guaranteed by the availability check
-            kv.pages.extend(new_pages)
-        slots = self.slots(kv, kv.kv_len, new_kv_len)
+            pages.extend(new_pages)
+        if new_kv_len - start == 1:  # a decode step: one slot, no list building
+            slots = [pages[start // ps] * ps + start % ps]
+        else:
+            slots = self.slots(kv, start, new_kv_len)
         kv.kv_len = new_kv_len
         return slots
 
@@ -162,18 +169,20 @@ class KVManager:
     def cache_unfinished_req(self, kv: ReqKV, token_ids: Sequence[int]) -> None:
         """Publish the page-aligned prefix of a running request and move its lock there.
 
-        token_ids: the tokens whose KV is written, len == kv.kv_len. Only floor(kv_len / page_size)
-        pages are published, so the partial last page stays the request's alone and can still be
-        written. The request keeps its own pages even where another request published the same tokens
-        first (its page table is append-only).
+        token_ids: the request's tokens, at least kv.kv_len of them: the first kv_len have their KV
+        written, later ones (not computed yet) are ignored. Only floor(kv_len / page_size) pages are
+        published, so the partial last page stays the request's alone and can still be written. The
+        request keeps its own pages even where another request published the same tokens first (its
+        page table is append-only). Costs nothing when no new whole page is there to publish.
         """
         self._check_active(kv)
-        if len(token_ids) != kv.kv_len:
+        if len(token_ids) < kv.kv_len:
             raise ValueError(f"{len(token_ids)} tokens given, kv_len is {kv.kv_len}")
         aligned = kv.kv_len // self.page_size * self.page_size
         if self.cache.disable or aligned <= kv.published_len:
             return
-        node = self.cache.insert_path(token_ids[:aligned], kv.pages)
+        # the walk starts at the locked node: its path holds token_ids[:kv.published_len]
+        node = self.cache.insert_path(token_ids, kv.pages, start=kv.last_node, end=aligned)
         assert node.end == aligned, "just inserted prefix not found"
         old = kv.last_node
         assert old is not None
@@ -181,17 +190,19 @@ class KVManager:
         self.cache.dec_lock_ref(old)
         kv.last_node, kv.published_len = node, aligned
 
-    def cache_finished_req(self, kv: ReqKV, token_ids: Sequence[int]) -> None:
-        """Publish token_ids (all tokens whose KV is written, partial last page included), then drop
-        the request's lock and page references. Also the way to retract a request: it resumes from the
-        cache when admitted again. Afterwards kv holds nothing.
+    def cache_finished_req(self, kv: ReqKV, token_ids: Sequence[int], end: int | None = None) -> None:
+        """Publish token_ids[:end] (end None: all; the tokens whose KV is written, partial last page
+        included), then drop the request's lock and page references. Also the way to retract a
+        request: it resumes from the cache when admitted again. Afterwards kv holds nothing.
 
-        len(token_ids) must not exceed kv.kv_len.
+        The tokens published, len(token_ids[:end]), must not exceed kv.kv_len; `end` (>= 0, cut to
+        len(token_ids) as by a slice) saves the caller a copy of the list.
         """
         self._check_active(kv)
-        if len(token_ids) > kv.kv_len:
-            raise ValueError(f"{len(token_ids)} tokens given, only {kv.kv_len} have KV")
-        self.cache.insert(token_ids, kv.pages)
+        n = len(token_ids) if end is None else min(end, len(token_ids))
+        if not 0 <= n <= kv.kv_len:
+            raise ValueError(f"{n} tokens given, only {kv.kv_len} have KV")
+        self.cache.insert(token_ids, kv.pages, start=kv.last_node, end=n)  # see cache_unfinished_req
         self.release(kv)
 
     def release(self, kv: ReqKV) -> None:
@@ -218,7 +229,14 @@ class KVManager:
         ps, pages = self.page_size, kv.pages
         if end > len(pages) * ps:
             raise ValueError(f"positions up to {end} not covered by {len(pages)} pages")
-        return [pages[p // ps] * ps + p % ps for p in range(start, end)]
+        if end - start == 1:  # decode
+            return [pages[start // ps] * ps + start % ps]
+        out: list[int] = []
+        for i in range(start // ps, (end - 1) // ps + 1):  # one run of consecutive slots per page
+            base = i * ps
+            slot0 = pages[i] * ps - base
+            out.extend(range(slot0 + max(start, base), slot0 + min(end, base + ps)))
+        return out
 
     @staticmethod
     def external_refs(kvs: Iterable[ReqKV]) -> dict[int, int]:

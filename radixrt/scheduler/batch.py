@@ -40,55 +40,78 @@ class ScheduledBatch:
         return len(self.items)
 
 
+def _concat_ranges(starts: list[int], lengths: list[int]) -> np.ndarray:
+    """int32 concatenation of range(s, s + n) for each (s, n), with a few numpy calls."""
+    n = np.array(lengths, np.int64)
+    out_start = np.cumsum(n) - n  # where each run begins in the output
+    return (np.arange(int(n.sum())) + np.repeat(np.array(starts, np.int64) - out_start, n)).astype(I32)
+
+
 def _page_table_updates(items: list[ScheduledItem]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Entries of each request's page list not yet sent to the worker (append-only after admit)."""
+    """Entries of each request's page list not yet sent to the worker (append-only after admit):
+    (rows, cols, pages), int32."""
     rows: list[int] = []
-    cols: list[int] = []
+    first_cols: list[int] = []
+    counts: list[int] = []
     pages: list[int] = []
     for it in items:
         req = it.req
         assert req.kv is not None
-        new = req.kv.pages[req.pages_sent:]
-        rows.extend([req.req_row] * len(new))
-        cols.extend(range(req.pages_sent, req.pages_sent + len(new)))
-        pages.extend(new)
-        req.pages_sent = len(req.kv.pages)
-    return np.array(rows, I32), np.array(cols, I32), np.array(pages, I32)
+        held, sent = req.kv.pages, req.pages_sent
+        if len(held) == sent:  # the common decode case: nothing new
+            continue
+        new = held[sent:]
+        rows.append(req.req_row)
+        first_cols.append(sent)
+        counts.append(len(new))
+        pages += new
+        req.pages_sent = len(held)
+    return (np.repeat(np.array(rows, I32), counts), _concat_ranges(first_cols, counts),
+            np.array(pages, I32))
 
 
 def build_mode(sb: ScheduledBatch) -> ForwardMode:
     """DECODE when every request adds one token, MIXED when prompt chunks ride with decodes, else EXTEND."""
-    if all(it.extend_len == 1 for it in sb.items):
+    return _mode(sb.items, all(it.extend_len == 1 for it in sb.items))
+
+
+def _mode(items: list[ScheduledItem], decode: bool) -> ForwardMode:
+    if decode:
         return ForwardMode.DECODE
-    return ForwardMode.MIXED if any(not it.is_prefill for it in sb.items) else ForwardMode.EXTEND
+    return ForwardMode.MIXED if any(not it.is_prefill for it in items) else ForwardMode.EXTEND
 
 
 def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
     """Pack a ScheduledBatch into the wire message (see protocol.ForwardBatch for the layout)."""
     items = sb.items
-    assert items and all(it.extend_len >= 1 for it in items), "every request in a pass adds a token"
-    extend_lens = np.array([it.extend_len for it in items], I32)
-    mode = build_mode(sb)
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    for it in items:
-        ids = it.req.all_ids
-        input_ids.extend(ids[it.start:it.start + it.extend_len])
-        positions.extend(range(it.start, it.start + it.extend_len))
-        slots.extend(it.slots)
-    fresh = [it.req.pages_sent == 0 for it in items]  # row just assigned: nothing sent for it yet
+    extend = [it.extend_len for it in items]
+    assert items and min(extend) >= 1, "every request in a pass adds a token"
+    reqs = [it.req for it in items]
+    starts = [it.start for it in items]
+    decode = sum(extend) == len(items)  # every extend_len is 1
+    mode = _mode(items, decode)
+    if decode:  # one token per request: no per-request lists to join
+        input_ids = [req.token_ids[start] for req, start in zip(reqs, starts, strict=True)]
+        positions = starts
+        slots = [it.slots[0] for it in items]
+    else:
+        positions = _concat_ranges(starts, extend)
+        input_ids, slots = [], []
+        for it in items:
+            input_ids += it.req.token_ids[it.start:it.start + it.extend_len]
+            slots += it.slots
+    fresh = [req.pages_sent == 0 for req in reqs]  # row just assigned: nothing sent for it yet
     upd_rows, upd_cols, upd_pages = _page_table_updates(items)
-    sp = [it.req.sampling for it in items]
+    sp = [req.sampling for req in reqs]
     fb = ForwardBatch(
         batch_id=sb.batch_id,
         mode=int(mode),
-        req_rows=np.array([it.req.req_row for it in items], I32),
+        req_rows=np.array([req.req_row for req in reqs], I32),
         input_ids=np.array(input_ids, I32),
         positions=np.array(positions, I32),
         out_cache_loc=np.array(slots, I32),
-        seq_lens=np.array([it.start + it.extend_len for it in items], I32),
-        extend_lens=extend_lens,
+        seq_lens=np.array([start + n for start, n in zip(starts, extend, strict=True)], I32),
+        extend_lens=np.array(extend, I32),
         upd_rows=upd_rows, upd_cols=upd_cols, upd_pages=upd_pages,
         cow_src=np.array([s for s, _ in sb.cow_pairs], I32),
         cow_dst=np.array([d for _, d in sb.cow_pairs], I32),
@@ -96,16 +119,16 @@ def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
         top_p=np.array([s.top_p for s in sp], np.float32),
         top_k=np.array([s.top_k for s in sp], I32),
         min_p=np.array([s.min_p for s in sp], np.float32),
-        seeds=np.array([it.req.seed for it in items], I32),
+        seeds=np.array([req.seed for req in reqs], I32),
         sample_steps=np.array([it.out_pos if it.completes else len(it.req.output_ids) for it in items], I32),
-        return_logprob=any(it.req.return_logprob for it in items),
-        top_logprobs_num=max((it.req.top_logprobs_num for it in items), default=0),
+        return_logprob=any([req.return_logprob for req in reqs]),
+        top_logprobs_num=max([req.top_logprobs_num for req in reqs]),
     )
     if sb.cascade is not None:
         fb.cascade_members, fb.cascade_starts, fb.cascade_prefix_lens = sb.cascade
-    if any(uses_penalties(s) for s in sp):
+    if any([uses_penalties(s) for s in sp]):
         _fill_penalties(fb, items, fresh)
-    if any(s.logit_bias for s in sp):
+    if any([s.logit_bias for s in sp]):
         _fill_logit_bias(fb, sp)
     return fb
 

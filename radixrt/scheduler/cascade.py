@@ -28,9 +28,19 @@ DEFAULT_MIN_SAVED_TOKENS = 16384
 
 
 def _common_pages(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two page lists: list compares of runs of _RUN pages, then
+    page by page within the first run that differs."""
     n = min(len(a), len(b))
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if len(diff) else n
+    i = 0
+    while i + _RUN <= n and a[i:i + _RUN] == b[i:i + _RUN]:
+        i += _RUN
+    stop = min(i + _RUN, n)
+    while i < stop and a[i] == b[i]:
+        i += 1
+    return i
+
+
+_RUN = 32
 
 
 def find_cascade_groups(items: Sequence[ScheduledItem], page_size: int, min_saved_tokens: int
@@ -40,17 +50,25 @@ def find_cascade_groups(items: Sequence[ScheduledItem], page_size: int, min_save
 
     items: the pass's requests (extend_len 1 each), in batch order; member indices refer to it.
     """
-    buckets: dict[int, list[int]] = {}
+    first: dict[int, int] = {}  # first page -> index of its first request (bucket order)
+    buckets: dict[int, list[int]] = {}  # first page -> indices, for pages shared by two or more
     for i, it in enumerate(items):
         kv = it.req.kv
         if kv is not None and it.start >= page_size and kv.pages:
-            buckets.setdefault(kv.pages[0], []).append(i)
+            page = kv.pages[0]
+            j = first.setdefault(page, i)
+            if j != i:  # no list for the (usual) request alone in its bucket
+                if (idx := buckets.get(page)) is None:
+                    buckets[page] = [j, i]
+                else:
+                    idx.append(i)
     members: list[int] = []
     starts = [0]
     prefix_lens: list[int] = []
     saved = 0
-    for idx in buckets.values():
-        if len(idx) < 2:
+    for page in first:
+        idx = buckets.get(page)
+        if idx is None:
             continue
         leader = items[idx[0]].req
         common = []

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from radixrt.memory.radix_cache import MatchHint
 from radixrt.memory.req_kv import ReqKV
 from radixrt.sampling_params import SamplingParams
 
@@ -70,9 +71,17 @@ class Req:
     # cascade grouping cache (scheduler/cascade.py): (leader's kv, own kv) and their common pages
     cascade_key: tuple[Any, Any] | None = None
     cascade_common: int = 0
+    # last radix-tree match of all_ids[:-1] while waiting (LPM probe, admit): skips re-walking the
+    # tree at every schedule when nothing changed around it (RadixCache.match_prefix)
+    prefix_hint: MatchHint = field(default_factory=MatchHint)
+    prompt_bytes: bytes = b""  # prompt_ids as int64 bytes: fast token compares in the radix tree
 
     def __post_init__(self) -> None:
         self.token_ids = self.prompt_ids + self.output_ids
+        # Grow the (exactly sized) list once now, at arrival: its first append would otherwise
+        # reallocate and copy the whole prompt inside the pass that admits the request.
+        self.token_ids.append(0)
+        self.token_ids.pop()
 
     def append_output(self, tok: int) -> None:
         self.output_ids.append(tok)

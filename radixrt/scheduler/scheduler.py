@@ -25,7 +25,7 @@ from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
-from radixrt.scheduler.policy import defer_for_shared_prefix, order_waiting
+from radixrt.scheduler.policy import AdmittedInStep, defer_for_shared_prefix, order_waiting
 from radixrt.scheduler.req import Req, ReqState
 
 log = logging.getLogger("radixrt.scheduler")
@@ -91,7 +91,8 @@ class Scheduler:
         seed = sp.seed if sp.seed is not None else self.rng.randrange(1 << 31)
         req = Req(rid=msg.rid, prompt_ids=prompt, sampling=sp, max_new_tokens=max(max_new, 0),
                   seed=seed & 0x7FFFFFFF, return_logprob=msg.return_logprob,
-                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, internal=internal)
+                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, internal=internal,
+                  prompt_bytes=ids.tobytes())
         if error is None and len(self.waiting) >= self.max_queued:
             error = "too many queued requests"
         if error is not None:
@@ -141,26 +142,29 @@ class Scheduler:
         # request arriving during a long prefill starts at the next step instead of after it, in
         # a pass that is not much longer than a chunk (the idea of vLLM's long-prefill threshold).
         prefill_cap = self.chunk_size if not self.waiting else max(self.page_size, self.chunk_size // 2)
+        items = sb.items
         for req in list(self.running):
             if req.state is not ReqState.RUNNING:  # retracted while making room for another
                 continue
             if self._final_token_pending(req):  # overlap: its last token is still being sampled
                 continue
-            take = 1 if req.num_to_compute == 1 else min(req.num_to_compute, budget, prefill_cap)
+            to_compute = len(req.token_ids) - req.kv.kv_len  # type: ignore[union-attr]  # running: kv set
+            take = 1 if to_compute == 1 else min(to_compute, budget, prefill_cap)
             if take <= 0:
                 continue
             item = self._reserve(req, take, sb)
             if item is not None:
-                sb.items.append(item)
+                items.append(item)
                 budget -= take if (item.is_prefill or take > 1) else 0  # resumed requests count too
         self._admit(sb, budget)
-        if not sb.items:
+        if not items:
             return None
         self._publish_prompt_chunks(sb)
-        for j, it in enumerate(sb.items):  # placeholders for the tokens this pass will sample
+        for j, it in enumerate(items):  # placeholders for the tokens this pass will sample
             if it.completes:
-                it.out_pos = len(it.req.output_ids)
-                it.req.append_output(-(j + 1))
+                req = it.req
+                it.out_pos = len(req.output_ids)
+                req.append_output(-(j + 1))
         if self.cascade_min_saved_tokens > 0 and len(sb.items) > 1 and all(it.extend_len == 1 for it in sb.items):
             sb.cascade = find_cascade_groups(sb.items, self.page_size, self.cascade_min_saved_tokens)
             self.num_cascade_passes += sb.cascade is not None
@@ -179,24 +183,29 @@ class Scheduler:
         """
         for it in sb.items:
             if it.req.kv is not None and (not it.completes or it.is_prefill):
-                self.kv.cache_unfinished_req(it.req.kv, it.req.all_ids[:it.req.kv.kv_len])
+                self.kv.cache_unfinished_req(it.req.kv, it.req.all_ids)
 
     def _final_token_pending(self, req: Req) -> bool:
-        return req.has_pending_output and (len(req.output_ids) >= req.max_new_tokens
-                                           or req.seq_len >= self.context_len)
+        """Overlap: the token being sampled for req (a placeholder) is its last one, so it has
+        nothing left to run."""
+        out = req.output_ids
+        return bool(out) and out[-1] < 0 and (len(out) >= req.max_new_tokens
+                                              or len(req.token_ids) >= self.context_len)
 
     def _reserve(self, req: Req, take: int, sb: ScheduledBatch) -> ScheduledItem | None:
         """Pages for `take` more tokens of a running request, retracting newer requests if needed."""
-        assert req.kv is not None
-        start = req.kv.kv_len
-        while (slots := self.kv.reserve(req.kv, start + take)) is None:
+        kv = req.kv
+        assert kv is not None
+        start = kv.kv_len
+        end = start + take
+        while (slots := self.kv.reserve(kv, end)) is None:
             victim = self._retract_victim(exclude=req, scheduled=sb)
             if victim is None:  # nothing else to retract: retract this one
                 self._retract(req)
                 return None
             self._retract(victim)
         return ScheduledItem(req=req, start=start, extend_len=take, slots=slots,
-                             completes=start + take == req.seq_len, is_prefill=not req.output_ids)
+                             completes=end == len(req.token_ids), is_prefill=not req.output_ids)
 
     def _retract_victim(self, exclude: Req, scheduled: ScheduledBatch) -> Req | None:
         in_batch = {id(it.req) for it in scheduled.items}
@@ -208,7 +217,7 @@ class Scheduler:
     def _retract(self, req: Req) -> None:
         """Preempt: publish computed KV to the tree, release pages, requeue at the head."""
         assert req.kv is not None
-        self.kv.cache_finished_req(req.kv, req.all_ids[:req.kv.kv_len])
+        self.kv.cache_finished_req(req.kv, req.all_ids, end=req.kv.kv_len)
         req.kv = None
         self._release_row(req)
         self.running.remove(req)
@@ -219,17 +228,20 @@ class Scheduler:
         log.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
 
     def _admit(self, sb: ScheduledBatch, budget: int) -> None:
+        """Admit waiting requests in policy order while budget, the running cap and memory allow."""
+        if not self.waiting:
+            return
         # still prefilling, or prefilled by a pass in flight (overlap): their whole prompt pages are
         # published (_publish_prompt_chunks) but a prompt sharing more than that must still wait
-        admitted: list[Req] = [r for r in self.running
-                               if not r.output_ids or (len(r.output_ids) == 1 and r.output_ids[0] < 0)]
+        admitted = AdmittedInStep([r for r in self.running
+                                   if not r.output_ids or (len(r.output_ids) == 1 and r.output_ids[0] < 0)])
         prefill_left = self.max_prefill_tokens  # new prompt tokens admitted in this pass
         for req in order_waiting(self.waiting, self.policy, self.kv.cache):
             if budget <= 0 or prefill_left <= 0 or len(self.running) >= self.max_running or not self.free_rows:
                 break
             if req.has_pending_output:  # retracted while its last token was in flight
                 continue
-            got = self.kv.admit(req.all_ids)
+            got = self.kv.admit(req.all_ids, hint=req.prefix_hint, token_bytes=req.prompt_bytes)
             if got is None:
                 if not self.running:  # alone, with every evictable page available: it never fits
                     self._finish_unfittable(req)
@@ -281,31 +293,36 @@ class Scheduler:
         """
         assert res.batch_id == sb.batch_id, "results out of order"
         k = int(res.top_logprob_ids.size // max(len(sb), 1)) if res.top_logprob_ids.size else 0
+        toks = res.next_token_ids.tolist()  # Python ints, one conversion for the whole pass
+        finished = ReqState.FINISHED
+        num_generated = 0
         for i, it in enumerate(sb.items):
             req = it.req
-            if req.is_finished:
+            if req.state is finished:
                 continue
-            tok = int(res.next_token_ids[i])
+            tok = toks[i]
             if it.completes:
                 req.resolve_output(it.out_pos, tok)
             if req.kv is not None and (not it.completes or it.is_prefill):
                 # mostly done when the pass was scheduled (_publish_prompt_chunks); this adds a page
                 # completed since, when a later pass's reserve has moved kv_len past a page edge
-                self.kv.cache_unfinished_req(req.kv, req.all_ids[:req.kv.kv_len])
+                self.kv.cache_unfinished_req(req.kv, req.all_ids)
             if not it.completes:
                 continue
             req.pending_out.append(tok)
-            self.num_generated_tokens += 1
-            if req.return_logprob and res.logprobs.size:
-                req.pending_logprobs.append(float(res.logprobs[i]))
-            kr = min(k, req.top_logprobs_num) if req.return_logprob else 0
-            if kr:
-                req.pending_top_ids.append(res.top_logprob_ids[i * k:i * k + kr].tolist())
-                req.pending_top_vals.append(res.top_logprobs[i * k:i * k + kr].tolist())
+            num_generated += 1
+            if req.return_logprob:
+                if res.logprobs.size:
+                    req.pending_logprobs.append(float(res.logprobs[i]))
+                kr = min(k, req.top_logprobs_num)
+                if kr:
+                    req.pending_top_ids.append(res.top_logprob_ids[i * k:i * k + kr].tolist())
+                    req.pending_top_vals.append(res.top_logprobs[i * k:i * k + kr].tolist())
             reason, matched = self._check_finish(req, tok, it.out_pos + 1)
             if reason is not None:
                 req.matched_stop = matched
                 self._finish(req, reason)
+        self.num_generated_tokens += num_generated
 
     def _check_finish(self, req: Req, tok: int, num_out: int) -> tuple[str | None, Any]:
         """Finish rule for the `num_out`-th output token `tok`."""
@@ -324,7 +341,7 @@ class Scheduler:
             if reason == "abort":
                 self.kv.release(req.kv)
             else:
-                self.kv.cache_finished_req(req.kv, req.all_ids[:req.kv.kv_len])
+                self.kv.cache_finished_req(req.kv, req.all_ids, end=req.kv.kv_len)
             req.kv = None
         if req.state is ReqState.RUNNING:
             self.running.remove(req)
@@ -359,31 +376,37 @@ class Scheduler:
     def take_outputs(self) -> tuple[TokenOutBatch | None, list[Req]]:
         """New tokens and finishes since the last call, for the tokenizer process; plus the
         finished internal requests (health probes), which are not sent there."""
-        reqs = [r for r in self.running if r.pending_out]
-        reqs += self.finished_out
-        self.finished_out = []
-        internal = [r for r in reqs if r.internal and r.is_finished]
-        reqs = [r for r in reqs if not r.internal]
+        finished, self.finished_out = self.finished_out, []
+        # running requests are never finished: the internal ones to return come from `finished`
+        internal = [r for r in finished if r.internal]
+        reqs = [r for r in self.running if r.pending_out and not r.internal]
+        reqs += [r for r in finished if not r.internal]
         if not reqs:
             return None, internal
         out = TokenOutBatch()
-        offsets, ids, lps, tids, tvals = [0], [], [], [], []
+        ids: list[int] = []
+        lps: list[float] = []
+        tids: list[int] = []
+        tvals: list[float] = []
+        offsets = [0]
         for r in reqs:
-            ids.extend(r.pending_out)
+            ids += r.pending_out
             offsets.append(len(ids))
-            lps.extend(r.pending_logprobs)
-            for row in r.pending_top_ids:
-                tids.extend(row)
-            for row in r.pending_top_vals:
-                tvals.extend(row)
-            out.rids.append(r.rid)
-            out.finish_reasons.append(r.finish_reason)
-            out.matched_stop.append(r.matched_stop)
-            out.prompt_tokens.append(len(r.prompt_ids))
-            out.completion_tokens.append(r.num_resolved_outputs)
-            out.cached_tokens.append(r.cached_tokens)
-            out.errors.append(r.error)
-            r.pending_out, r.pending_logprobs, r.pending_top_ids, r.pending_top_vals = [], [], [], []
+            r.pending_out = []
+            if r.return_logprob:  # the only requests with logprobs pending
+                lps += r.pending_logprobs
+                for row in r.pending_top_ids:
+                    tids += row
+                for row in r.pending_top_vals:
+                    tvals += row
+                r.pending_logprobs, r.pending_top_ids, r.pending_top_vals = [], [], []
+        out.rids = [r.rid for r in reqs]
+        out.finish_reasons = [r.finish_reason for r in reqs]
+        out.matched_stop = [r.matched_stop for r in reqs]
+        out.prompt_tokens = [len(r.prompt_ids) for r in reqs]
+        out.completion_tokens = [r.num_resolved_outputs for r in reqs]
+        out.cached_tokens = [r.cached_tokens for r in reqs]
+        out.errors = [r.error for r in reqs]
         out.offsets = np.array(offsets, np.int32)
         out.output_ids = np.array(ids, np.int32)
         out.logprobs = np.array(lps, np.float32)

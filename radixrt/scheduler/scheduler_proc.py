@@ -16,6 +16,7 @@ import numpy as np
 import zmq
 
 from radixrt.config import PROTOCOL_VERSION, Env, ServerArgs
+from radixrt.gc_policy import freeze_startup_heap
 from radixrt.ipc import IpcAddresses, Receiver, Sender
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import RadixCache
@@ -221,6 +222,7 @@ class SchedulerLoop:
                  s["num_retractions"])
 
     def run(self) -> None:
+        freeze_startup_heap()
         self.launcher.send(Ready("scheduler", PROTOCOL_VERSION, os.getpid(), {}))
         while True:
             if self.in_flight is not None and self.in_flight_long:  # late binding after a long pass

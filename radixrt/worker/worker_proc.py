@@ -17,6 +17,7 @@ import zmq
 
 from radixrt import protocol
 from radixrt.config import PROTOCOL_VERSION, ServerArgs
+from radixrt.gc_policy import freeze_startup_heap
 from radixrt.ipc import IpcAddresses, Receiver, Sender
 from radixrt.models.loader import ModelLoadError
 
@@ -53,6 +54,7 @@ def run_worker(args: ServerArgs, addrs: IpcAddresses, model_dir: Path) -> None:
         to_launcher.sock.close(linger=1000)
         sys.exit(code)
     info = runner.info()
+    freeze_startup_heap()
     log.info("worker ready: %s", info)
     to_launcher.send(protocol.Ready(process="worker", protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
                                     info=info))

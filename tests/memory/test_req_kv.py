@@ -332,3 +332,59 @@ def test_stats_report_accounting_and_hit_rate() -> None:
     assert s["total_matched_tokens"] == 9 and s["total_queried_tokens"] == 18
     assert s["hit_rate"] == pytest.approx(0.5)
     w.release(kv)
+
+
+@pytest.mark.parametrize("ps", [1, 4, 16])
+def test_publishing_with_the_whole_token_list_equals_publishing_the_computed_ones(ps: int) -> None:
+    """cache_unfinished_req takes the request's whole token list (the scheduler passes all_ids, no
+    copy): tokens past kv_len, not computed yet, are ignored; fewer than kv_len tokens is an error."""
+    worlds = [World(ps, num_pages=200) for _ in range(2)]
+    prompt = seq(0, 3 * ps + 3)
+    for w in worlds:  # a cached prefix to start on
+        kv, _ = w.admit(prompt[:2 * ps + 1]) or (None, None)
+        assert kv is not None
+        w.run(kv, 2 * ps + 1)
+        w.finish(kv)
+    kvs = []
+    for k, w in enumerate(worlds):
+        kv, _ = w.admit(prompt) or (None, None)
+        assert kv is not None
+        w.run(kv, len(prompt) - 2)
+        tokens = w.live[id(kv)][1]
+        w.mgr.cache_unfinished_req(kv, tokens if k == 0 else tokens[:kv.kv_len])
+        w.check()
+        kvs.append(kv)
+    assert worlds[0].snapshot() == worlds[1].snapshot()
+    assert kvs[0].published_len == kvs[1].published_len == (len(prompt) - 2) // ps * ps
+    assert worlds[0].matched(prompt) == worlds[1].matched(prompt)
+    with pytest.raises(ValueError):
+        worlds[0].mgr.cache_unfinished_req(kvs[0], prompt[:kvs[0].kv_len - 1])
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_finishing_with_end_equals_finishing_with_the_slice(ps: int) -> None:
+    """cache_finished_req(kv, tokens, end) publishes tokens[:end] (cut to the list as a slice is):
+    the same tree and counts as passing the slice; more tokens than kv_len is an error."""
+    worlds = [World(ps, num_pages=200) for _ in range(2)]
+    tokens = seq(0, 4 * ps + 3)
+    for k, w in enumerate(worlds):
+        kv, _ = w.admit(tokens) or (None, None)
+        assert kv is not None
+        w.run(kv, len(tokens) - 1)
+        w.live.pop(id(kv))
+        if k == 0:
+            w.mgr.cache_finished_req(kv, tokens, end=kv.kv_len)
+        else:
+            w.mgr.cache_finished_req(kv, tokens[:kv.kv_len])
+        w.check()
+    assert worlds[0].snapshot() == worlds[1].snapshot()
+    assert worlds[0].matched(tokens) == worlds[1].matched(tokens) == len(tokens) - 1
+    kv, _ = worlds[0].admit(seq(100, 2 * ps + 1)) or (None, None)
+    assert kv is not None
+    worlds[0].run(kv, 2 * ps)
+    with pytest.raises(ValueError):
+        worlds[0].mgr.cache_finished_req(kv, seq(100, 2 * ps + 1), end=2 * ps + 1)
+    worlds[0].mgr.cache_finished_req(kv, seq(100, 2 * ps), end=10 * ps)  # cut to the 2 * ps given
+    worlds[0].live.pop(id(kv))
+    worlds[0].check()
+    assert worlds[0].matched(seq(100, 2 * ps + 1)) == 2 * ps
