@@ -230,7 +230,10 @@ class RadixCache:
             if stop <= covered:
                 key_bytes = child.key_bytes
                 if key_bytes is None:
-                    key_bytes = child.key_bytes = np.array(key, np.int64).tobytes()
+                    try:
+                        key_bytes = child.key_bytes = np.array(key, np.int64).tobytes()
+                    except OverflowError:  # a token outside int64: no bytes form, compare as ints
+                        key_bytes = b""  # (never equal to the non-empty query slice)
                 k = (len(key) if token_bytes[8 * pos : 8 * stop] == key_bytes  # type: ignore[index]
                      else _common_prefix_len(key, tokens, pos, n))
             else:
