@@ -119,7 +119,8 @@ class TritonAttnBackend:
                 if (c.max_suffix_len <= self.cascade_fused_max_suffix
                         and self._num_prefix_splits <= CASCADE_FUSED_MAX_PREFIX_SPLITS):
                     self._num_kv_splits = 1  # short suffixes: one program each, merging the prefix too
-                else:  # at most 16 + 16 split slots: one compiled merge variant (see warmup_cascade)
+                else:  # at most 16 + 16 split slots: one compiled merge variant (see warmup_cascade);
+                    # at least 2, since one split is the fused form, which this pass should not take
                     self._num_kv_splits = max(2, min(16, self._splits(meta.batch_size, c.max_suffix_len)))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
