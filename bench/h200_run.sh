@@ -28,6 +28,7 @@ for s in "$@"; do
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     gemm-layouts) stage gemm-layouts 150 python3 bench/kernels/gemm_layouts.py --out "$OUT/gemm-layouts.json" ;;
     tune-cascade) stage tune-cascade 240 python3 bench/kernels/tune_cascade.py --out "$OUT/tune-cascade.json" ;;
+    tune-pipelined) stage tune-pipelined 420 python3 bench/kernels/tune_pipelined.py --out "$OUT/tune-pipelined.json" ;;
     cascade-probe) stage cascade-probe 150 python3 bench/kernels/cascade_probe.py --out "$OUT/cascade-probe.json" ;;
     engine-sp) stage engine-sp 200 python3 bench/gpu_engine.py --only shared-prefix,kernels --out "$OUT/engine-sp.json" ;;
     engine) stage engine 250 python3 bench/gpu_engine.py --only profile,idle,random,shared-prefix,multi-turn,kernels \
@@ -37,6 +38,9 @@ for s in "$@"; do
     peers-shared) stage peers-shared 200 python3 bench/peers.py run --model-config qwen2.5-7b --workload shared-prefix \
         --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 --output-len 64 \
         --output-json "$OUT/peers-shared.json" ;;
+    peers-shared-gen3) stage peers-shared-gen3 200 python3 bench/peers.py run --model-config qwen2.5-7b \
+        --workload shared-prefix --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 \
+        --output-len 64 --baselines hf_generate --repeat 3 --output-json "$OUT/peers-shared-gen3.json" ;;
     gemv) stage gemv-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
         tests/worker/test_gpu_model.py
       stage gemv 150 python3 bench/kernels/bench_gemv.py --out "$OUT/gemv.json" ;;

@@ -36,6 +36,7 @@ from ._checks import check, dot_precision, next_pow2
 from .decode_attention import (
     H200_NUM_SMS,
     LOG2E,
+    prefetch_pages,
     check_decode_args,
     check_mid,
     check_out,
@@ -82,7 +83,6 @@ def _cascade_prefix_kernel(
     mask_m = rows < num_members * GROUP
     b = tl.load(group_members + member0 + rows // GROUP, mask=mask_m, other=0).to(tl.int64)
     heads = kvh * GROUP + rows % GROUP
-    # the prefix is read through the first member's page-table row
     first_b = tl.load(group_members + member0, mask=num_members > 0, other=0).to(tl.int64)
     # this split's token range of the prefix (empty for a program with no rows)
     prefix_len = tl.load(group_prefix_lens + g)
@@ -101,12 +101,16 @@ def _cascade_prefix_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    # The prefix is read through the first member's page-table row. Each step loads the NEXT block's
+    # page ids (see prefetch_pages), so its K/V addresses never wait on a load of the same step.
+    pt_row = page_table + first_b * stride_pt_b
+    pages = prefetch_pages(pt_row, start, end, offs_n, PAGE_SIZE)
     for n0 in range(start, end, BLOCK_N):
-        # slots of this block of prefix positions, via the first member's page table
+        # slots of this block of prefix positions
         pos = n0 + offs_n
         mask_n = pos < end
-        page = tl.load(page_table + first_b * stride_pt_b + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-        slot = page * PAGE_SIZE + pos % PAGE_SIZE
+        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        pages = prefetch_pages(pt_row, n0 + BLOCK_N, end, offs_n, PAGE_SIZE)
         kv_mask = mask_n[:, None] & mask_d[None, :]
         # scores of every row against BLOCK_N keys: one K/V read serves all members of the block
         kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
@@ -149,33 +153,35 @@ class CascadeTile:
 
 
 def default_tile(head_dim: int, device: torch.device) -> CascadeTile:
-    """Stage-A tile. On the GPU: 64 rows x 64 tokens, 4 warps, 2 stages for D <= 128 (q 16 KB +
-    2 x (K 16 KB + V 16 KB) of shared memory); the best of 9 tiles x 8 split counts on an H200 for
-    128 requests sharing a 2,048-token prefix (bench/kernels/tune_cascade.py, docs/benchmarks.md):
-    20 us against 27 us for 128 x 64 / 8 warps. Larger heads halve the key block. CPU (interpreter):
+    """Stage-A tile. On the GPU, for D <= 128: 128 rows x 64 tokens, 8 warps, 3 stages (q 32 KB +
+    3 x (K 16 KB + V 16 KB) of shared memory, so one program per SM), the best of 9 tiles x 4 split
+    counts on an H200 for 128 requests sharing a 2,048-token prefix once the page ids were loaded a
+    step ahead (bench/kernels/tune_pipelined.py, docs/benchmarks.md): 17.7 us against 20.3 us for
+    the previous 64 x 64 / 4 warps / 2 stages. Larger heads halve the key block. CPU (interpreter):
     small blocks exercise the loops."""
     if device.type != "cuda":
         return CascadeTile(16, 16, 4, 1)
     if next_pow2(head_dim) <= 128:
-        return CascadeTile(64, 64, 4, 2)
+        return CascadeTile(128, 64, 8, 3)
     return CascadeTile(64, 32, 4, 2)
 
 
 def choose_num_prefix_splits(num_groups: int, max_group_size: int, num_q_heads: int, num_kv_heads: int,
                              max_prefix_len: int, num_sms: int = H200_NUM_SMS, max_splits: int = 16,
-                             block_m: int = 64) -> int:
+                             block_m: int = 128) -> int:
     """Number of prefix splits for stage A, from host ints only (no device sync).
 
-    Aim for about 1.5 stage-A programs per SM over (group x row block, KV head, split), with at least
-    256 prefix tokens per split: every split costs a [rows, D] fp32 partial written and merged, which
-    for a whole group is comparable to the prefix K/V it replaces. (1.5 per SM: on an H200, 128
-    requests sharing 2,048 tokens ran stage A in 20 us with 4 splits, 23 us with 3 or 5.)
-    block_m must match the tile used. A CUDA graph captured with max_prefix_len >= every replayed
-    prefix stays valid (the kernel clips split ranges on the device).
+    At most one stage-A program per SM over (group x row block, KV head, split), since the default
+    tile fills an SM's shared memory, and at least 256 prefix tokens per split: every split costs a
+    [rows, D] fp32 partial written and merged, which for a whole group is comparable to the prefix
+    K/V it replaces. (On an H200, 128 requests sharing 2,048 tokens: 4 splits = 112 programs ran
+    stage A in 17.7 us, 3 in 21.3 us, 8 in 22.8 us.) block_m must match the tile used. A CUDA graph
+    captured with max_prefix_len >= every replayed prefix stays valid (the kernel clips split ranges
+    on the device).
     """
     group = num_q_heads // max(1, num_kv_heads)
     row_blocks = max(1, num_groups) * triton.cdiv(max(1, max_group_size) * group, block_m)
-    want = triton.cdiv(3 * num_sms // 2, row_blocks * max(1, num_kv_heads))
+    want = num_sms // (row_blocks * max(1, num_kv_heads))
     by_len = triton.cdiv(max(1, max_prefix_len), 256)
     return int(max(1, min(want, by_len, max_splits)))
 

@@ -31,6 +31,20 @@ LOG2E = 1.4426950408889634
 H200_NUM_SMS = 132
 
 
+@triton.jit
+def prefetch_pages(pt_row, n0, end, offs_n, PAGE_SIZE: tl.constexpr):
+    """Page ids [BLOCK_N] of positions n0 + offs_n in one page-table row (0 at and past `end`).
+
+    The paged loops call this one block AHEAD: a step uses the ids loaded by the step before and
+    loads the next block's. Loaded in the same step, the ids would make every K/V address depend on
+    a load of that step, and Triton's software pipeliner (3.6, sm_90) then issues the K/V copies
+    only at the end of the step before and waits on them at once: no copy overlaps compute. With
+    the ids carried over, the K/V copies are multi-buffered (num_stages - 1 blocks in flight), as
+    for contiguous K/V; tests/kernels/test_compile_sm90.py checks this on the compiled kernels."""
+    pos = n0 + offs_n
+    return tl.load(pt_row + pos // PAGE_SIZE, mask=pos < end, other=0)
+
+
 # Ints that vary from pass to pass are not specialised (Triton would compile a variant per value
 # class: == 1, divisible by 16): the split counts and the workspace strides that follow them.
 @triton.jit(do_not_specialize=["num_splits", "num_prefix_splits", "stride_mo_b", "stride_mo_h", "stride_mo_s",
@@ -77,12 +91,14 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
 
+    pt_row = page_table + b * stride_pt_b
+    pages = prefetch_pages(pt_row, start, end, offs_n, PAGE_SIZE)
     for n0 in range(start, end, BLOCK_N):
-        # slots of this block of positions, via the page table
+        # slots of this block of positions, via the page table (ids loaded one step ahead)
         pos = n0 + offs_n
         mask_n = pos < end
-        page = tl.load(page_table + b * stride_pt_b + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-        slot = page * PAGE_SIZE + pos % PAGE_SIZE
+        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        pages = prefetch_pages(pt_row, n0 + BLOCK_N, end, offs_n, PAGE_SIZE)
         kv_mask = mask_n[:, None] & mask_d[None, :]
         # scores of all heads of the group against BLOCK_N keys, read once
         kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
@@ -168,11 +184,16 @@ def _merge_block_s(num_kv_splits: int, num_prefix_splits: int) -> int:
     return max(32, n) if num_prefix_splits else n
 
 
-def _pick_config(head_dim: int, group: int, device: torch.device) -> dict:
-    """Blocks and warps for stage 1. BLOCK_H pads the GQA group to >= 16 rows (tl.dot minimum)."""
+def _pick_config(head_dim: int, group: int, device: torch.device, merge_prefix: bool = False) -> dict:
+    """Blocks and warps for stage 1. BLOCK_H pads the GQA group to >= 16 rows (tl.dot minimum).
+    merge_prefix: the fused cascade form (the program also merges the prefix partials)."""
     cfg = {"BLOCK_D": next_pow2(head_dim), "BLOCK_H": max(16, next_pow2(group))}
     if device.type != "cuda":  # Triton interpreter (CPU tests): small key blocks exercise the loop
         return {**cfg, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    if merge_prefix and cfg["BLOCK_D"] <= 128:
+        # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests
+        # in 19 us against 26 us with 128-key blocks (H200, bench/kernels/tune_cascade.py)
+        return {**cfg, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     # picked on an H200 (bench/kernels/tune_attention.py); long key blocks keep more bytes in flight
     return {**cfg, "BLOCK_N": 128 if cfg["BLOCK_D"] <= 128 else 64, "num_warps": 4, "num_stages": 2}
 
@@ -222,11 +243,7 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
     direct = out is not None
     check(not direct or num_kv_splits == 1, "a direct output needs num_kv_splits == 1")
     merge_prefix = direct and kv_start is not None and num_prefix_splits > 0
-    cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device)
-    if merge_prefix and q.device.type == "cuda" and cfg["BLOCK_D"] <= 128:
-        # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests
-        # in 19 us against 26 us with 128-key blocks (H200, bench/kernels/tune_cascade.py)
-        cfg = {**cfg, "BLOCK_N": 64}
+    cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device, merge_prefix)
     o = out if direct else q  # (o is not read unless DIRECT_OUT)
     _decode_split_kernel[(num_kv_splits, num_kv_heads, batch_size)](
         q, k_buffer, v_buffer, page_table, seq_lens, seq_lens if kv_start is None else kv_start, mid_o, mid_lse, o,

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
+from .decode_attention import prefetch_pages
 
 LOG2E = 1.4426950408889634
 
@@ -80,11 +81,14 @@ def _extend_attn_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # 1) cached prefix: gather key/value rows through the page table, mask the ragged end
+    #    (page ids loaded one step ahead: see prefetch_pages)
+    pt_row = page_table + b * stride_pt_b
+    pages = prefetch_pages(pt_row, 0, prefix_len, offs_n, PAGE_SIZE)
     for n0 in range(0, prefix_len, BLOCK_N):
         pos = n0 + offs_n
         mask_n = pos < prefix_len
-        page = tl.load(page_table + b * stride_pt_b + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-        slot = page * PAGE_SIZE + pos % PAGE_SIZE
+        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        pages = prefetch_pages(pt_row, n0 + BLOCK_N, prefix_len, offs_n, PAGE_SIZE)
         kv_mask = mask_n[:, None] & mask_d[None, :]
         kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
                      mask=kv_mask, other=0.0)
@@ -126,20 +130,25 @@ def _extend_attn_kernel(
              out.to(o.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
-def _pick_config(head_dim: int, device: torch.device, max_extend_len: int = 1 << 30) -> dict:
-    """Blocks and warps. BLOCK_M must be a multiple of BLOCK_N (the unmasked loop ends on a block edge).
+def _pick_config(head_dim: int, device: torch.device, max_extend_len: int = 1 << 30,
+                 max_seq_len: int | None = None) -> dict:
+    """Blocks, warps and stages. BLOCK_M must be a multiple of BLOCK_N (the unmasked loop ends on a
+    block edge).
 
-    head_dim 128, picked on an H200 (bench/kernels/tune_cascade.py, 9 configs x 6 prefill shapes):
-    extends of at most 1,024 new tokens per request (chunked prefill of many requests, requests
-    over a cached prefix) run 64-row blocks with 4 warps, 7-14% faster there than 128 x 64 / 8 warps,
-    which stays for long extends (8,192 new tokens: 1.10 ms against 1.18 ms)."""
+    head_dim 128, picked on an H200 (bench/kernels/tune_pipelined.py, 10 configs x 6 prefill shapes,
+    after the paged loop loaded its page ids a step ahead): 128 x 64 blocks, 8 warps, 3 stages won
+    every shape with a cached prefix or a long extend (128 requests x 128 new tokens over a shared
+    2,048-token prefix: 730 us against 827 us; 4,096 cached + 4,096 new: 930 against 1,095; 8,192
+    new: 1,085 against 1,201). Short prompts over short or no prefixes (max_seq_len <= 1,024, e.g.
+    16 x 512 new tokens: 154 against 176 us) keep 64 x 64 blocks with 4 warps and 2 stages.
+    max_seq_len None means unknown (taken as long)."""
     block_d = next_pow2(head_dim)
     if device.type != "cuda":  # Triton interpreter (CPU tests): small blocks exercise every loop
         return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 1}
     if block_d <= 64:
         return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 3}
     if block_d <= 128:
-        if max_extend_len <= 1024:
+        if max_extend_len <= 1024 and max_seq_len is not None and max_seq_len <= 1024:
             return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 2}
         return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 3}
     return {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 2}
@@ -150,7 +159,7 @@ def extend_attention(
     k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
     prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_start_loc: torch.Tensor,
     page_size: int, scale: float | None, max_extend_len: int,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of B requests over their cached prefix plus themselves.
 
@@ -162,6 +171,7 @@ def extend_attention(
     page_size         : tokens per page;  scale: softmax scale (default 1/sqrt(D))
     max_extend_len    : host int >= max(extend_lens) (sets the grid; no device sync)
     out               : optional [T, Hq, D] output buffer (dtype of q)
+    max_seq_len       : optional host int >= max(prefix_lens + extend_lens); only picks the tile
     Returns o [T, Hq, D] in q's dtype. Tokens of a request with extend_len 0 produce nothing.
     Raises ValueError on bad shapes/dtypes/devices.
     """
@@ -193,7 +203,7 @@ def extend_attention(
         return out
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
-    cfg = _pick_config(head_dim, q.device, max_extend_len)
+    cfg = _pick_config(head_dim, q.device, max_extend_len, max_seq_len)
     grid = (triton.cdiv(max_extend_len, cfg["BLOCK_M"]), num_q_heads, batch_size)
     _extend_attn_kernel[grid](
         q, k_new, v_new, k_buffer, v_buffer, out,

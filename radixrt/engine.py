@@ -99,27 +99,41 @@ class Engine:
         params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params or {}] * n
         if len(params) != n:
             raise ValueError("sampling_params: need one dict per prompt")
-        # every error before anything is queued (a pass may start while the rest are queued)
+        # sampling errors before anything is queued (a pass may start while the rest are queued)
         try:
             params = [dict(sp) for sp in params]
         except (TypeError, ValueError) as e:
             raise ValueError(f"sampling_params: each entry must be a dict ({e})") from None
-        encoded = [self._encode(p) for p in prompts]
-        rids = []
+        rids: list[str] = []
         queued = 0
         start_at = min(self.scheduler.chunk_size, START_TOKENS)
-        for ids, sp in zip(encoded, params, strict=True):
-            rid = f"engine-{next(self._ids)}"
-            rids.append(rid)
-            req = self.scheduler.add_request(GenerateReq(rid=rid, input_ids=ids, sampling=sp))
-            queued += 0 if req.is_finished else len(ids)  # a refused prompt starts nothing
-            if queued >= start_at and self._in_flight is None and len(rids) < n:
-                # A pass's worth of prompt tokens is queued: start the device on it and submit the
-                # rest (host work: ~0.1 ms per 1,000 prompt tokens) while it runs.
-                self.step()
-                queued = -(1 << 62)
+        try:
+            for prompt, sp in zip(prompts, params, strict=True):
+                # Prompts are converted as they are queued, not all first: converting 128 prompts of
+                # 2,176 token ids takes ~5 ms of host time, which would delay the first pass.
+                ids = self._encode(prompt)
+                rid = f"engine-{next(self._ids)}"
+                rids.append(rid)
+                req = self.scheduler.add_request(GenerateReq(rid=rid, input_ids=ids, sampling=sp))
+                queued += 0 if req.is_finished else len(ids)  # a refused prompt starts nothing
+                if queued >= start_at and self._in_flight is None and len(rids) < n:
+                    # A pass's worth of prompt tokens is queued: start the device on it and submit
+                    # the rest (host work: ~0.1 ms per 1,000 prompt tokens) while it runs.
+                    self.step()
+                    queued = -(1 << 62)
+        except ValueError:
+            self._abort(rids)  # a malformed prompt: nothing of this call stays queued or running
+            raise
         results = self._run(dict(zip(rids, params, strict=True)))
         return [results[rid] for rid in rids]
+
+    def _abort(self, rids: list[str]) -> None:
+        """Abort these requests, let the pass on the device finish, and drop their outputs."""
+        for rid in rids:
+            self.scheduler.abort(rid)
+        while self._in_flight is not None:
+            self.step()
+        self.scheduler.take_outputs()
 
     def _run(self, params: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         outputs: dict[str, list[int]] = {rid: [] for rid in params}

@@ -4,6 +4,14 @@ Triton's PyPI wheel carries ptxas, so `triton.compile` with an explicit GPUTarge
 PTX and a cubin without a driver. This catches Triton code that runs in the interpreter (CPU tests)
 but does not compile, and reports each variant's shared memory, before a GPU is booked.
 
+Arguments are specialised as the launcher specialises them at run time: pointers and the strides
+that are multiples of 16 elements carry `tt.divisibility = 16` (without it, loads are not vectorised
+and nothing is pipelined, which would make the check below meaningless). For each variant the
+`num` of every `ttg.async_wait` in the TTGIR is reported: a wait for fewer than all outstanding
+copies (num > 0) inside a loop means K/V blocks stay in flight while a block is computed. Variants
+marked `pipelined` must show one per paged loop (the page ids are loaded a step ahead for this:
+kernels/decode_attention.py, prefetch_pages); the script fails if they do not.
+
     python3 bench/kernels/compile_sm90.py          # exit status 1 if any variant fails
 """
 
@@ -11,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -31,56 +40,78 @@ POINTERS_F32 = {"mid_o", "mid_lse"}
 FLOATS = {"qk_scale"}
 
 
+# strides whose run-time values are not multiples of 16 (page-table rows have any width; the split
+# workspace strides are not specialised: decode_attention's do_not_specialize)
+NOT_DIVISIBLE = {"stride_pt_b", "stride_mo_b", "stride_mo_h", "stride_mo_s", "stride_ml_b", "stride_ml_h"}
+
+
 def compile_variant(module: str, kernel: str, const: dict, num_warps: int, num_stages: int) -> dict:
     fn = getattr(importlib.import_module(module), kernel)
-    sig = {}
-    for n in fn.arg_names:
+    sig, attrs = {}, {}
+    for i, n in enumerate(fn.arg_names):
         sig[n] = ("constexpr" if n in const else "*bf16" if n in POINTERS_BF16 else "*i32" if n in POINTERS_I32
                   else "*fp32" if n in POINTERS_F32 else "fp32" if n in FLOATS else "i32")
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+        if n not in const and (sig[n].startswith("*") or (n.startswith("stride") and n not in NOT_DIVISIBLE)):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                    attrs=attrs)
     t0 = time.perf_counter()
     k = triton_compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
-    return {"seconds": time.perf_counter() - t0, "shared_bytes": k.metadata.shared}
+    waits = [int(w) for w in re.findall(r"ttg\.async_wait .*?\{num = (\d+) : i32\}", k.asm["ttgir"])]
+    return {"seconds": time.perf_counter() - t0, "shared_bytes": k.metadata.shared, "async_waits": waits}
 
 
-def variants() -> list[tuple[str, str, str, dict, int, int]]:
-    """(name, module, kernel, constexprs, num_warps, num_stages) at the GPU configs of Qwen2.5-7B
-    shapes (GQA 7, head dim 128, page 16)."""
+def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
+    """(name, module, kernel, constexprs, num_warps, num_stages, pipelined loops) at the GPU configs
+    of Qwen2.5-7B shapes (GQA 7, head dim 128, page 16). `pipelined loops`: how many waits with
+    num > 0 the TTGIR must hold (one per loop that keeps K/V blocks in flight; 2-stage variants
+    overlap nothing, so 0 is expected of them)."""
     ext = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, DOT_PRECISION="tf32")
     dec = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128, DOT_PRECISION="tf32")
     casc = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, DOT_PRECISION="tf32")
     merge = dict(HEAD_DIM=128, BLOCK_D=128)
     ext64 = {**ext, "BLOCK_M": 64}
+    plain = {"HAS_KV_START": False, "DIRECT_OUT": False, "MERGE_PREFIX": False, "PREFIX_SLOTS": 0}
     return [
-        ("extend, GQA packing", "kernels.extend_attention", "_extend_attn_kernel", {**ext, "PACK_GQA": True}, 8, 3),
+        # three loops: the paged prefix, new tokens before the block, the diagonal
+        ("extend, GQA packing", "kernels.extend_attention", "_extend_attn_kernel", {**ext, "PACK_GQA": True}, 8, 3, 3),
         ("extend 64-row, GQA packing", "kernels.extend_attention", "_extend_attn_kernel",
-         {**ext64, "PACK_GQA": True}, 4, 2),
-        ("extend, MHA", "kernels.extend_attention", "_extend_attn_kernel", {**ext, "GROUP": 1, "PACK_GQA": False}, 8, 3),
-        ("decode split -> mid", "kernels.decode_attention", "_decode_split_kernel",
-         {**dec, "HAS_KV_START": False, "DIRECT_OUT": False, "MERGE_PREFIX": False, "PREFIX_SLOTS": 0}, 4, 2),
+         {**ext64, "PACK_GQA": True}, 4, 2, 0),
+        ("extend, MHA", "kernels.extend_attention", "_extend_attn_kernel",
+         {**ext, "GROUP": 1, "PACK_GQA": False}, 8, 3, 3),
+        ("decode split -> mid", "kernels.decode_attention", "_decode_split_kernel", {**dec, **plain}, 4, 2, 0),
+        ("decode split, 3 stages", "kernels.decode_attention", "_decode_split_kernel",
+         {**dec, **plain, "BLOCK_N": 64}, 4, 3, 1),
         ("decode one split -> out", "kernels.decode_attention", "_decode_split_kernel",
-         {**dec, "HAS_KV_START": False, "DIRECT_OUT": True, "MERGE_PREFIX": False, "PREFIX_SLOTS": 0}, 4, 2),
+         {**dec, **plain, "DIRECT_OUT": True}, 4, 2, 0),
         ("cascade suffix -> mid", "kernels.decode_attention", "_decode_split_kernel",
-         {**dec, "HAS_KV_START": True, "DIRECT_OUT": False, "MERGE_PREFIX": False, "PREFIX_SLOTS": 0}, 4, 2),
+         {**dec, **plain, "HAS_KV_START": True}, 4, 2, 0),
         ("cascade suffix + merge -> out", "kernels.decode_attention", "_decode_split_kernel",
          {**dec, "BLOCK_N": 64, "HAS_KV_START": True, "DIRECT_OUT": True, "MERGE_PREFIX": True, "PREFIX_SLOTS": 4},
-         4, 2),
+         4, 2, 0),
         ("decode merge", "kernels.decode_attention", "_decode_merge_kernel",
-         {**merge, "BLOCK_S": 32, "HAS_PREFIX": True}, 4, 1),
-        ("cascade prefix 128-row", "kernels.cascade_attention", "_cascade_prefix_kernel", casc, 8, 2),
-        ("cascade prefix 64-row", "kernels.cascade_attention", "_cascade_prefix_kernel", {**casc, "BLOCK_M": 64}, 4, 2),
+         {**merge, "BLOCK_S": 32, "HAS_PREFIX": True}, 4, 1, 0),
+        ("cascade prefix 128-row", "kernels.cascade_attention", "_cascade_prefix_kernel", casc, 8, 3, 1),
+        ("cascade prefix 64-row", "kernels.cascade_attention", "_cascade_prefix_kernel",
+         {**casc, "BLOCK_M": 64, "BLOCK_N": 32}, 4, 2, 0),
     ]
 
 
 def main() -> int:
     failed = 0
-    for name, module, kernel, const, warps, stages in variants():
+    for name, module, kernel, const, warps, stages, want_pipelined in variants():
         try:
             r = compile_variant(module, kernel, const, warps, stages)
-            print(f"ok    {name:32s} {r['seconds']:5.1f} s  shared {r['shared_bytes'] / 1024:6.1f} KiB", flush=True)
         except Exception as e:  # noqa: BLE001 - report every variant
             failed += 1
             print(f"FAIL  {name:32s} {type(e).__name__}: {str(e)[:400]}", flush=True)
+            continue
+        pipelined = sum(w > 0 for w in r["async_waits"])
+        status = "ok   " if pipelined >= want_pipelined else "SLOW "
+        failed += status != "ok   "
+        print(f"{status} {name:32s} {r['seconds']:5.1f} s  shared {r['shared_bytes'] / 1024:6.1f} KiB  "
+              f"{warps} warps {stages} stages  async waits {r['async_waits']} "
+              f"(pipelined loops {pipelined}, want >= {want_pipelined})", flush=True)
     return 1 if failed else 0
 
 

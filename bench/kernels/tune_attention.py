@@ -99,7 +99,7 @@ def tune_decode(pool: bk.Pool) -> None:
     for batch, ctx in [(64, 4096), (1, 32768), (4, 8192), (16, 2048), (256, 2048)]:
         rows = []
         for bn, w, s in DECODE_CONFIGS:
-            dec_mod._pick_config = lambda head_dim, group, device, c=(bn, w, s): {
+            dec_mod._pick_config = lambda head_dim, group, device, *_, c=(bn, w, s): {
                 **base(head_dim, group, device), "BLOCK_N": c[0], "num_warps": c[1], "num_stages": c[2]}
             try:
                 r = bk.decode_case(pool, batch, ctx, check=False)

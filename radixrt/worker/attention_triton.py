@@ -36,8 +36,8 @@ DEFAULT_NUM_SMS = 132  # H200; used when the pool is not on a CUDA device
 # others) are all at most this long runs each (request, KV head) suffix in a single program, which
 # also merges the prefix partials: two launches per layer instead of three (cascade_attention.py).
 CASCADE_FUSED_MAX_SUFFIX = 512
-# ... and whose prefix stage has at most this many splits: the fused suffix program unrolls its merge
-# over them, and 8 slots ran slower than the three launches (H200, bench/kernels/tune_cascade.py)
+# The fused form caps the prefix splits at this many: its suffix program unrolls the merge over them,
+# and 8 slots ran slower than the three launches (H200, bench/kernels/tune_cascade.py)
 CASCADE_FUSED_MAX_PREFIX_SPLITS = 4
 
 
@@ -113,11 +113,12 @@ class TritonAttnBackend:
             else:  # suffix splits over the longest [kv_start, seq_len) range, prefix splits per group
                 # sized for one group (the common case, and what a graph padded with empty
                 # groups mostly runs); more groups only add parallelism
+                fused = c.max_suffix_len <= self.cascade_fused_max_suffix
                 self._num_prefix_splits = choose_num_prefix_splits(
-                    1, c.max_group_size, c.num_q_heads, self.num_kv_heads,
-                    c.max_prefix_len, self.num_sms, block_m=default_tile(self.head_dim, self.device).block_m)
-                if (c.max_suffix_len <= self.cascade_fused_max_suffix
-                        and self._num_prefix_splits <= CASCADE_FUSED_MAX_PREFIX_SPLITS):
+                    1, c.max_group_size, c.num_q_heads, self.num_kv_heads, c.max_prefix_len, self.num_sms,
+                    max_splits=CASCADE_FUSED_MAX_PREFIX_SPLITS if fused else 16,
+                    block_m=default_tile(self.head_dim, self.device).block_m)
+                if fused:
                     self._num_kv_splits = 1  # short suffixes: one program each, merging the prefix too
                 else:  # at most 16 + 16 split slots: one compiled merge variant (see warmup_cascade);
                     # at least 2, since one split is the fused form, which this pass should not take
@@ -137,7 +138,7 @@ class TritonAttnBackend:
         if meta.mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
             return extend_attention(q, k, v, k_buffer, v_buffer, meta.page_table, meta.prefix_lens,
                                     meta.extend_lens, meta.extend_start_loc, meta.page_size, scale,
-                                    meta.max_extend_len)
+                                    meta.max_extend_len, max_seq_len=meta.max_seq_len)
         return torch.empty_like(q)  # IDLE: nothing to attend
 
     def _decode(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta: ForwardMeta,

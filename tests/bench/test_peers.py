@@ -56,8 +56,10 @@ def test_run_peers_both_baselines_json(tiny_config: Path, tmp_path: Path) -> Non
 def test_multi_turn_rounds_and_per_request_lengths(tiny_config: Path) -> None:
     spec = WorkloadSpec(name="multi-turn", num_clients=3, num_turns=2, input_len=10, turn_len=3, output_len=4,
                         vocab_size=1000, min_token_id=10)
-    report = run_peers(_cfg(tiny_config, workload=spec, warmup=False))
+    report = run_peers(_cfg(tiny_config, workload=spec, warmup=False, repeat=3))
     for b in report["baselines"].values():
+        runs = b["runs_output_tok_s"]
+        assert len(runs) == 3 and b["output_tok_s"] == sorted(runs)[1]  # the median run is reported
         assert b["num_rounds"] == 2 and b["output_tokens"] == 24
         assert b["input_tokens"] == 3 * 10 + 3 * (10 + 4 + 3)
 
@@ -98,3 +100,5 @@ def test_config_needs_exactly_one_model_source() -> None:
         PeerConfig(model_path="a", model_config="b")
     with pytest.raises(ValueError):
         PeerConfig(model_config="qwen2.5-7b", baselines=("vllm",))
+    with pytest.raises(ValueError, match="repeat"):
+        PeerConfig(model_config="qwen2.5-7b", repeat=0)

@@ -61,8 +61,9 @@ def test_engine_overlap_on_and_off_give_the_same_tokens(model_dir: Path, prompts
 
 def test_engine_starts_the_device_before_every_prompt_is_queued(model_dir: Path, prompts, unchunked) -> None:
     """generate() launches the first pass once a chunk's worth of prompt tokens is queued and
-    submits the rest while it runs; the tokens are those of the unchunked run. A malformed prompt
-    anywhere in the list is refused before anything is queued."""
+    submits the rest while it runs; the tokens are those of the unchunked run. Prompts are converted
+    as they are queued: a malformed one raises ValueError and aborts those queued (and started)
+    before it, leaving nothing queued, running or locked, and later calls undisturbed."""
     eng = Engine(model_path=str(model_dir), chunked_prefill_size=48, max_total_tokens=8192, device="cpu")
     events: list[str] = []
     add, launch = eng.scheduler.add_request, eng.runner.launch
@@ -73,8 +74,13 @@ def test_engine_starts_the_device_before_every_prompt_is_queued(model_dir: Path,
     events.clear()
     for bad in ([1, 2.5], [[1, 2]], ["a"]):
         with pytest.raises(ValueError, match="prompt"):
-            eng.generate([prompts[0], bad], GREEDY)
-    assert events == [] and eng.scheduler.is_idle
+            eng.generate([*prompts, bad], GREEDY)
+        assert eng.scheduler.is_idle and eng._in_flight is None
+        assert eng.scheduler.take_outputs()[0] is None  # nothing of the aborted call is delivered later
+        eng.scheduler.check_invariants()
+        assert eng.scheduler.kv.cache.protected_size() == 0
+    assert events.count("add") == 3 * len(prompts) and "launch" in events  # queued, started, aborted
+    assert [o["output_ids"] for o in eng.generate(prompts, GREEDY)] == unchunked
 
 
 def test_engine_prompt_forms_and_bad_sampling_params(model_dir: Path, prompts, unchunked) -> None:

@@ -175,9 +175,12 @@ def test_reference_rejects_unshared_prefix():
 
 
 def test_choose_num_prefix_splits():
-    assert choose_num_prefix_splits(1, 128, 28, 4, 2048) == 4  # 14 row blocks x 4 KV heads = 56 programs
-    assert choose_num_prefix_splits(1, 128, 28, 4, 2048, block_m=128) == 8  # 7 row blocks x 4 KV heads
-    assert choose_num_prefix_splits(4, 32, 28, 4, 2048) == 4  # 4 x 4 row blocks x 4 KV heads
+    # at most one program per SM (132): 7 row blocks x 4 KV heads = 28 programs per split
+    assert choose_num_prefix_splits(1, 128, 28, 4, 2048) == 4
+    assert choose_num_prefix_splits(1, 128, 28, 4, 2048, block_m=64) == 2  # 14 row blocks x 4 KV heads
+    assert choose_num_prefix_splits(1, 256, 28, 4, 2048) == 2  # 14 row blocks x 4 KV heads
+    assert choose_num_prefix_splits(4, 32, 28, 4, 2048) == 4  # 4 x 2 row blocks x 4 KV heads
+    assert choose_num_prefix_splits(1, 32, 28, 4, 2048, max_splits=4) == 4  # 2 row blocks: capped by the caller
     assert choose_num_prefix_splits(1, 2, 28, 4, 300) == 2  # short prefix: >= 256 tokens per split
     assert choose_num_prefix_splits(64, 128, 28, 4, 32768) == 1  # many groups fill the GPU alone
     assert choose_num_prefix_splits(1, 1, 8, 8, 1 << 20) == 16  # capped

@@ -1,5 +1,7 @@
 """The attention kernels compile for sm_90 (H100/H200) at their GPU configs, on a machine without a
-GPU: the CPU tests run them in Triton's interpreter, which accepts code the compiler rejects."""
+GPU: the CPU tests run them in Triton's interpreter, which accepts code the compiler rejects. Their
+paged loops are software-pipelined where the config has >= 3 stages (K/V blocks in flight while a
+block is computed), which a change to how the loops load page ids can silently undo."""
 
 from __future__ import annotations
 
@@ -21,4 +23,5 @@ def test_attention_kernels_compile_for_sm90():
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "kernels" / "compile_sm90.py")], env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok ") == 10, proc.stdout
+    assert proc.stdout.count("ok ") == 11, proc.stdout
+    assert "pipelined loops 3, want >= 3" in proc.stdout and "pipelined loops 1, want >= 1" in proc.stdout
