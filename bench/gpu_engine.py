@@ -258,6 +258,22 @@ def bench_workload(engine: Engine, spec: WorkloadSpec, cache_on: bool, shape: Mo
     return res
 
 
+def _cascade_overrides(tile: str | None, splits: int | None) -> dict[str, Any]:
+    """Patch the cascade prefix tile / split count before the Engine captures its graphs (bench only)."""
+    import radixrt.kernels.cascade_attention as ca
+    import radixrt.worker.attention_triton as at
+
+    out: dict[str, Any] = {}
+    if tile:
+        t = ca.CascadeTile(*(int(v) for v in tile.split(",")))
+        ca.default_tile = at.default_tile = lambda head_dim, device, t=t: t
+        out["tile"] = [t.block_m, t.block_n, t.num_warps, t.num_stages]
+    if splits:
+        at.choose_num_prefix_splits = lambda *a, n=splits, **k: n
+        out["prefix_splits"] = splits
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", default="bench/configs/qwen2.5-7b-instruct")
@@ -269,10 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3,
                    help="runs of each workload's default configuration (cache and cascade on); each is "
                         "reported, and their median (host-side noise on the GPU machine moves single runs)")
+    p.add_argument("--cascade-tile", default=None, metavar="BM,BN,WARPS,STAGES",
+                   help="override the cascade prefix-stage tile (an A/B of tiles under real L2 traffic)")
+    p.add_argument("--cascade-prefix-splits", type=int, default=None, help="override the prefix split count")
     p.add_argument("--out", default="engine.json")
     ns = p.parse_args(argv)
+    overrides = _cascade_overrides(ns.cascade_tile, ns.cascade_prefix_splits)
     report: dict[str, Any] = {"device": torch.cuda.get_device_name() if ns.device == "cuda" else "cpu",
-                              "torch": torch.__version__, "model_path": ns.model_path, "results": []}
+                              "torch": torch.__version__, "model_path": ns.model_path, "results": [],
+                              "cascade_overrides": overrides}
 
     def save() -> None:
         Path(ns.out).write_text(json.dumps(report, indent=1, default=str))

@@ -24,13 +24,17 @@ stage() {  # stage NAME LIMIT_S CMD...
 }
 for s in "$@"; do
   case $s in
-    tests) stage gpu-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
+    tests) stage gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     gemm-layouts) stage gemm-layouts 150 python3 bench/kernels/gemm_layouts.py --out "$OUT/gemm-layouts.json" ;;
     tune-cascade) stage tune-cascade 240 python3 bench/kernels/tune_cascade.py --out "$OUT/tune-cascade.json" ;;
     tune-pipelined) stage tune-pipelined 420 python3 bench/kernels/tune_pipelined.py --out "$OUT/tune-pipelined.json" ;;
     cascade-probe) stage cascade-probe 150 python3 bench/kernels/cascade_probe.py --out "$OUT/cascade-probe.json" ;;
     engine-sp) stage engine-sp 200 python3 bench/gpu_engine.py --only shared-prefix,kernels --out "$OUT/engine-sp.json" ;;
+    engine-tiles) for t in 128,64,8,3:4 64,64,4,2:4 64,64,4,3:4 64,64,4,3:2; do
+        stage "engine-tile-${t//[,:]/-}" 120 python3 bench/gpu_engine.py --only shared-prefix --repeat 3 \
+          --cascade-tile "${t%%:*}" --cascade-prefix-splits "${t##*:}" --out "$OUT/engine-tile-${t//[,:]/-}.json"
+      done ;;
     engine) stage engine 250 python3 bench/gpu_engine.py --only profile,idle,random,shared-prefix,multi-turn,kernels \
         --out "$OUT/engine.json" ;;
     peers-random) stage peers-random 300 python3 bench/peers.py run --model-config qwen2.5-7b --workload random \
