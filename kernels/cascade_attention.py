@@ -36,10 +36,10 @@ from ._checks import check, dot_precision, next_pow2
 from .decode_attention import (
     H200_NUM_SMS,
     LOG2E,
-    prefetch_pages,
     check_decode_args,
     check_mid,
     check_out,
+    prefetch_pages,
     run_merge_stage,
     run_split_stage,
 )

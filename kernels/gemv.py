@@ -1,7 +1,8 @@
-"""Skinny GEMM ("GEMV") for decode: y[M, N] = x[M, K] @ W[N, K]^T (+ bias[N]) with M <= 16.
+"""Skinny GEMM ("GEMV") for decode: y[M, N] = x[M, K] @ W[N, K]^T (+ bias[N]) with M <= 256.
 
 At batch-1..16 decode a linear layer is a pure weight read (M * N * K FMAs over N * K weights), so the
-kernel is built for memory bandwidth, not FLOPs:
+kernel is built for memory bandwidth, not FLOPs (at M = 64..256 it also has to keep the tensor cores
+busy; there it is only used for the shapes where the bench measured it beating cuBLAS, see TUNED):
 
   grid (cdiv(N, BLOCK_N), num_splits): program (n, s) streams the rows W[n*BLOCK_N : (n+1)*BLOCK_N]
   over its K range [s * k_per_split, (s+1) * k_per_split) in BLOCK_K chunks. Rows are contiguous, so a
@@ -13,9 +14,11 @@ Two inner products, chosen by `SkinnyConfig.use_dot`:
     moves nothing through shared memory in the loop), multiplied in fp32 into per-thread partial
     sums, and reduced over K once after the loop. At M > 1 each W element is loaded by BM threads
     (L1 hits; HBM still reads it once);
-  - dot (M of 4..16): swap A and B, acc[BN, BM] += W[BN, BK] @ x^T[BK, BM] with BM = 16 (x padded), so
-    the weight block is the dot's large M side (a 64-row wgmma on Hopper) and Triton's software
-    pipeline keeps `num_stages` chunks of W in flight through shared memory.
+  - dot (M of 4..256): swap A and B, acc[BN, BM] += W[BN, BK] @ x^T[BK, BM] with
+    BM = max(16, next_pow2(M)) (x padded by repeating its last row), so the weight block is the dot's
+    M side (64-row wgmma instructions on Hopper, BM their N side, up to 256) and Triton's software
+    pipeline keeps `num_stages` chunks of W and x in flight through shared memory:
+    num_stages * (BM + BN) * BK * itemsize bytes (`shared_memory_bytes`). M <= 16 gives BM = 16.
 
 Split-K (for the small matrices, N = 3584..4608, which give too few row blocks to fill 132 SMs) writes
 fp32 partials [S, M, N] to a workspace. With `serial_reduce` (default) the last program of each row
@@ -39,20 +42,29 @@ import triton.language as tl
 
 from ._checks import check, dot_precision, next_pow2
 
-MAX_M = 16
+MAX_M = 16  # rows routed by default (skinny_linear_supported) and the reduce path's limit
+MAX_M_DOT = 256  # rows the dot path takes; M > MAX_M is routed only for shapes TUNED lists
+_SMEM_PER_SM = 228 * 1024  # H100/H200 shared memory per SM (bytes; at most 227 KB per program)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
 class SkinnyConfig:
-    """Launch parameters of skinny_linear (bench/kernels/bench_gemv.py sweeps them)."""
+    """Launch parameters of skinny_linear (bench/kernels/bench_gemv.py sweeps them).
+
+    Raises ValueError when a size is < 1, block_n or block_k is not a power of two, block_k < 16, or
+    use_dot with block_n < 16. The dot path's tile is [block_n, BM] with BM = max(16, next_pow2(M)):
+    keep num_stages * (BM + block_n) * block_k * itemsize within the GPU's shared memory (227 KB on
+    an H100/H200) and the fp32 accumulator, block_n * BM / (32 * num_warps) registers per thread,
+    at <= 128, or the compile fails (triton OutOfResources) or spills.
+    """
 
     block_n: int  # output columns (= weight rows) per program, power of two (>= 16 with use_dot)
     block_k: int  # K chunk per loop step, power of two >= 16
     split_k: int = 1  # requested K splits (the launcher drops splits that would be empty)
     num_warps: int = 4
     num_stages: int = 2
-    use_dot: bool = False  # tl.dot with x padded to 16 rows, else broadcast-multiply + sum
+    use_dot: bool = False  # tl.dot with x padded to max(16, next_pow2(M)) rows, else broadcast-multiply + sum
     serial_reduce: bool = True  # split-K fix-up by the last program (one launch) vs a second kernel
 
     def __post_init__(self) -> None:
@@ -66,7 +78,9 @@ class SkinnyConfig:
 
 # Tuned configs, keyed by (m_bucket, N, K) with m_bucket = next_pow2(M): edit from the bench's
 # "best config" column (bench/kernels/bench_gemv.py prints these lines ready to paste). Shapes not
-# listed fall back to default_config's rules. Empty until measured on the H200.
+# listed fall back to default_config's rules. An entry with m_bucket > MAX_M (a dot config) also
+# routes M in (m_bucket / 2, m_bucket] of that shape to the kernel (skinny_linear_supported): add
+# one only where the bench measured skinny_linear beating F.linear.
 # Best configs per (m bucket, N, K), from bench/kernels/bench_gemv.py on an H200 (2026-11-30,
 # docs/benchmarks.md): the Qwen2.5-7B decode linears.
 TUNED: dict[tuple[int, int, int], SkinnyConfig] = {
@@ -82,17 +96,45 @@ TUNED: dict[tuple[int, int, int], SkinnyConfig] = {
 }
 
 
+def shared_memory_bytes(cfg: SkinnyConfig, m: int, itemsize: int = 2) -> int:
+    """Estimated shared memory (bytes) of one program of `cfg` at M rows with itemsize-byte inputs
+    (2: fp16/bf16, 4: fp32): the dot path's pipeline buffers, num_stages chunks of W [block_n,
+    block_k] and x [BM, block_k] with BM = max(16, next_pow2(M)); 0 for the reduce path (no shared
+    memory in its loop). Triton may add a few KB (layout conversions of the epilogue)."""
+    if not cfg.use_dot:
+        return 0
+    return cfg.num_stages * (max(16, next_pow2(m)) + cfg.block_n) * cfg.block_k * itemsize
+
+
 def default_config(m: int, n: int, k: int, num_sms: int = 132) -> SkinnyConfig:
-    """Rules (reasoned for the H200, to be confirmed by the bench): M <= 2 uses the reduce path with
-    16 x 256 chunks (8 KB of bf16 per step and 32 accumulator registers per thread at M = 1; up to
-    16 programs of 4 warps per SM keep ~128 KB of loads in flight, as Triton does not pipeline loads
-    that feed no dot), larger M the dot path with 64 x 128 chunks in 4 cp.async stages (80 KB of
-    shared memory, 2 programs per SM). Split K in powers of two until there are >= 4 programs
-    per SM, keeping >= 4 chunks per split."""
+    """The config for M rows (1..MAX_M_DOT) of an [N, K] weight: TUNED[(next_pow2(M), N, K)] if
+    listed, else these rules (reasoned for the H200, to be confirmed by the bench), assuming 2-byte
+    inputs. Raises ValueError for M > MAX_M_DOT.
+
+    M <= 2 uses the reduce path with 16 x 256 chunks (8 KB of bf16 per step and 32 accumulator
+    registers per thread at M = 1; up to 16 programs of 4 warps per SM keep ~128 KB of loads in
+    flight, as Triton does not pipeline loads that feed no dot), M of 3..16 the dot path with
+    64 x 128 chunks in 4 cp.async stages (80 KB of shared memory, 2 programs per SM). Split K in
+    powers of two until there are >= 4 programs per SM, keeping >= 4 chunks per split.
+
+    M of 17..256 (BM = next_pow2(M) of 32..256) uses the dot path with block_k = 64, block_n = 64
+    at BM = 32 and 128 above (a wider W tile re-reads x, BM * K * 2 bytes per program, from L2 fewer
+    times), 8 warps where the fp32 accumulator would otherwise exceed 128 registers per thread
+    (block_n * BM > 16384, i.e. BM = 256), and 4 stages if two programs still fit in an SM's 228 KB
+    of shared memory, else 3: BM = 32 and 64 get 4 stages (48 and 96 KB), BM = 128 3 (96 KB), BM =
+    256 3 (144 KB, one program per SM). Split K as large_m_split_k: in powers of two while the grid
+    stays within one wave of resident programs (a partial second wave would idle SMs), each split
+    keeps >= 4 chunks and the fp32 partials (splits * BM * N * 4 bytes) stay no larger than the
+    weight. E.g. at M = 128: qkv 4608 x 3584 -> 36 row blocks x 4 splits, o_proj 3584 x 3584 -> 28
+    x 8, down 3584 x 18944 -> 28 x 8, gate_up 37888 x 3584 -> 296 x 1; at M = 256: qkv 36 x 2,
+    o_proj 28 x 4, down 28 x 4."""
+    check(m <= MAX_M_DOT, f"skinny_linear takes at most {MAX_M_DOT} rows, got {m}")
     m_bucket = next_pow2(m)
     tuned = TUNED.get((m_bucket, n, k))
     if tuned is not None:
         return tuned
+    if m > MAX_M:
+        return _large_m_config(m_bucket, n, k, num_sms)
     if m <= 2:
         block_n, block_k, stages, use_dot = 16, 256, 1, False
     else:
@@ -101,6 +143,36 @@ def default_config(m: int, n: int, k: int, num_sms: int = 132) -> SkinnyConfig:
     while tiles * split < 4 * num_sms and k >= 2 * split * 4 * block_k:
         split *= 2
     return SkinnyConfig(block_n, block_k, split, 4, stages, use_dot)
+
+
+def programs_per_sm(cfg: SkinnyConfig, m: int, itemsize: int = 2) -> int:
+    """Programs of `cfg` at M rows that fit in one SM's shared memory (228 KB on an H100/H200, 1 KB of
+    it reserved per program), capped at 2 (1 or 2; registers are not counted)."""
+    return 2 if 2 * (shared_memory_bytes(cfg, m, itemsize) + 1024) <= _SMEM_PER_SM else 1
+
+
+def large_m_split_k(m: int, n: int, k: int, block_n: int, block_k: int, num_stages: int, num_sms: int = 132) -> int:
+    """default_config's split-K rule for M > MAX_M rows (BM = next_pow2(M)) and a dot tile [block_n,
+    block_k] in num_stages stages on an [N, K] weight (2-byte inputs): the largest power of two S with
+    cdiv(N, block_n) * S <= programs_per_sm * num_sms programs (one wave; or S = 1), >= 4 block_k
+    chunks per split and fp32 partials S * BM * N * 4 bytes no larger than the weight's N * K * 2.
+    Returns S >= 1; never raises."""
+    bm = next_pow2(m)
+    per_sm = programs_per_sm(SkinnyConfig(block_n, block_k, 1, 4, num_stages, use_dot=True), m)
+    tiles, split = triton.cdiv(n, block_n), 1
+    while tiles * 2 * split <= per_sm * num_sms and k >= 2 * split * 4 * block_k and 2 * split * bm * 4 <= k * 2:
+        split *= 2
+    return split
+
+
+def _large_m_config(bm: int, n: int, k: int, num_sms: int) -> SkinnyConfig:
+    """default_config's rule for BM = next_pow2(M) > MAX_M (see there)."""
+    block_k = 64
+    block_n = 64 if bm <= 32 else 128
+    num_warps = 8 if block_n * bm > 128 * 32 * 4 else 4
+    stages = 4 if programs_per_sm(SkinnyConfig(block_n, block_k, 1, num_warps, 4, use_dot=True), bm) == 2 else 3
+    split = large_m_split_k(bm, n, k, block_n, block_k, stages, num_sms)
+    return SkinnyConfig(block_n, block_k, split, num_warps, stages, use_dot=True)
 
 
 @dataclass
@@ -210,15 +282,29 @@ def _reduce_splits_kernel(partials, bias, y, M, N, num_splits, stride_ym,
                 BLOCK_M, BLOCK_N, HAS_BIAS)
 
 
+def skinny_rows_routed(m: int, n: int, k: int) -> bool:
+    """True when M rows against an [N, K] weight go to skinny_linear by shape alone: 1 <= M <= MAX_M
+    (16), or MAX_M < M <= MAX_M_DOT (256) with a dot-path TUNED entry for (next_pow2(M), N, K) (a
+    shape where the bench measured the kernel beating cuBLAS). Never raises."""
+    if m < 1 or m > MAX_M_DOT:
+        return False
+    if m <= MAX_M:
+        return True
+    tuned = TUNED.get((next_pow2(m), n, k))
+    return tuned is not None and tuned.use_dot
+
+
 def skinny_linear_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when skinny_linear takes (x, weight) and is expected to beat a GEMM: 1 <= M <= 16 rows
-    (leading dims of x flattened), fp16/bf16/fp32 with matching dtypes and devices, a contiguous
-    [N, K] weight, and K a multiple of 16 (aligned 16-byte loads; other K work but run slower)."""
+    """True when skinny_linear takes (x [..., K], weight [N, K]) and is expected to beat a GEMM: M rows
+    (leading dims of x flattened) with skinny_rows_routed(M, N, K) (M <= 16, or M <= 256 for shapes
+    TUNED lists), fp16/bf16/fp32 with matching dtypes and devices, a contiguous [N, K] weight, and K a
+    multiple of 16 (aligned 16-byte loads; other K work but run slower). Never raises."""
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         return False
     m = x.numel() // max(1, x.shape[-1])
-    return (1 <= m <= MAX_M and x.dtype == weight.dtype and x.dtype in _DTYPES and x.device == weight.device
-            and weight.is_contiguous() and weight.shape[1] % 16 == 0 and x.stride(-1) == 1)
+    n, k = weight.shape
+    return (skinny_rows_routed(m, n, k) and x.dtype == weight.dtype and x.dtype in _DTYPES
+            and x.device == weight.device and weight.is_contiguous() and k % 16 == 0 and x.stride(-1) == 1)
 
 
 def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -242,21 +328,46 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   workspace: SkinnyWorkspace | None = None) -> torch.Tensor:
     """y = x @ weight^T (+ bias), F.linear for decode-sized batches, fp32 accumulation.
 
-    x        : [..., K] with M = prod(leading dims) in 1..16, fp16/bf16/fp32, last dim contiguous
+    x        : [..., K] with M = prod(leading dims) in 0..256 (0..16 with a reduce-path config),
+               fp16/bf16/fp32, last dim contiguous
     weight   : [N, K] (nn.Linear layout), same dtype, rows contiguous
     bias     : optional [N], same dtype
     out      : optional [..., N] contiguous, x's dtype (written in place and returned)
     config   : launch parameters; default default_config(M, N, K, number of SMs)
-    workspace: split-K scratch (SkinnyWorkspace); when None and the config splits K, one is allocated
-               for this call (its counters need a memset). Pass one to reuse it across calls/graphs.
+    workspace: split-K scratch (SkinnyWorkspace) with >= splits * M * N partials and cdiv(N, block_n)
+               counters; when None and the config splits K, one is allocated for this call (its
+               counters need a memset). Pass one to reuse it across calls/graphs.
     Returns y [..., N] in x's dtype. Raises ValueError on bad shapes, dtypes, devices or strides,
-    M > 16, or a workspace that is too small.
+    M > 256, M > 16 with a reduce-path (use_dot=False) config, or a workspace that is too small;
+    triton's OutOfResources when a config needs more shared memory than the GPU has (see
+    shared_memory_bytes). Whether M > 16 is faster than F.linear depends on the shape: route calls
+    with skinny_linear_supported.
     """
+    return _run(x, weight, bias, out, config, workspace, compile_only=False)
+
+
+def skinny_linear_compile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                          out: torch.Tensor | None = None, config: SkinnyConfig | None = None,
+                          workspace: SkinnyWorkspace | None = None) -> None:
+    """Compile, without launching, the Triton kernel(s) that skinny_linear would run for the same
+    arguments (same shapes, dtypes, checks and ValueErrors; nothing is computed, out and the
+    workspace are left as they are, a missing out/workspace is allocated and dropped). Tensors may
+    be on the CPU: kernels are specialised on dtypes, 16-byte alignment and sizes, and compiled for
+    the current device's target. The compiled kernel lands in Triton's in-memory and on-disk caches,
+    so a later skinny_linear with these arguments, also in another process on the same kind of GPU,
+    launches without compiling (bench/kernels/bench_gemv.py compiles its sweep in worker processes
+    this way). Inside `triton.AsyncCompileMode(executor)` the compiles run on that executor. A no-op
+    under TRITON_INTERPRET. Raises ValueError as skinny_linear."""
+    _run(x, weight, bias, out, config, workspace, compile_only=True)
+
+
+def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
+         config: SkinnyConfig | None, workspace: SkinnyWorkspace | None, compile_only: bool) -> torch.Tensor:
     _check_args(x, weight, bias)
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
-    check(m <= MAX_M, f"skinny_linear takes at most {MAX_M} rows, got {m} (use F.linear)")
+    check(m <= MAX_M_DOT, f"skinny_linear takes at most {MAX_M_DOT} rows, got {m} (use F.linear)")
     out_shape = (*x.shape[:-1], n)
     if out is None:
         out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
@@ -268,18 +379,20 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if config is None:
         num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
         config = default_config(m, n, k, num_sms)
-    _launch(x2, weight, bias, y2, config, workspace)
+    check(config.use_dot or m <= MAX_M,
+          f"the reduce path (use_dot=False) takes at most {MAX_M} rows, got {m}; use a dot config")
+    _launch(x2, weight, bias, y2, config, workspace, compile_only)
     return out
 
 
 def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y2: torch.Tensor,
-            cfg: SkinnyConfig, workspace: SkinnyWorkspace | None) -> None:
+            cfg: SkinnyConfig, workspace: SkinnyWorkspace | None, compile_only: bool = False) -> None:
     (m, k), n = x2.shape, weight.shape[0]
     # split ranges are whole chunks; drop the splits that rounding leaves empty
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     num_splits = triton.cdiv(k, k_per_split)
     tiles = triton.cdiv(n, cfg.block_n)
-    block_m = 16 if cfg.use_dot else next_pow2(m)
+    block_m = max(16, next_pow2(m)) if cfg.use_dot else next_pow2(m)  # 16 on the dot path for M <= 16
     split = num_splits > 1
     if split:
         if workspace is None:
@@ -290,16 +403,19 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y
     else:
         partials = counters = y2  # unused when SPLIT is False
     bias_arg = bias if bias is not None else y2
-    _skinny_kernel[(tiles, num_splits)](
+    # .run(warmup=True) compiles (JITFunction) or does nothing (interpreter) without launching
+    _skinny_kernel.run(
         x2, weight, bias_arg, y2, partials, counters,
         m, n, k, k_per_split, num_splits,
         x2.stride(0), weight.stride(0), y2.stride(0),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
         USE_DOT=cfg.use_dot, SPLIT=split, SERIAL_REDUCE=cfg.serial_reduce, HAS_BIAS=bias is not None,
         DOT_PRECISION=dot_precision(x2.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        grid=(tiles, num_splits), warmup=compile_only,
     )
     if split and not cfg.serial_reduce:
-        _reduce_splits_kernel[(triton.cdiv(n, 256),)](
+        _reduce_splits_kernel.run(
             partials, bias_arg, y2, m, n, num_splits, y2.stride(0),
             BLOCK_M=next_pow2(m), BLOCK_N=256, HAS_BIAS=bias is not None, num_warps=4,
+            grid=(triton.cdiv(n, 256),), warmup=compile_only,
         )

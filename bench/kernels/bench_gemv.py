@@ -1,8 +1,9 @@
 """Decode linears (skinny GEMM) at Qwen2.5-7B shapes: torch F.linear (cuBLAS) vs skinny_linear.
 
-    python3 bench/kernels/bench_gemv.py [--quick] [--out PATH]
+    python3 bench/kernels/bench_gemv.py [--quick] [--out PATH] [--mlarge-only | --no-mlarge] [--mlarge-m 64,128,256]
 
-For each case (the 5 linears of Qwen2.5-7B at M = 1; gate_up and down also at M = 4 and 8), bf16:
+For each case (the 5 linears of Qwen2.5-7B at M = 1; gate_up and down also at M = 4 and 8; qkv,
+o_proj, gate_up and down at M = 64, 128 and 256, the "M-large" cases), bf16:
   - a small grid of skinny_linear configs (block_n, block_k, split_k, warps, stages, reduce or dot
     path), each timed as a CUDA graph of 20 back-to-back calls (launch gaps removed, as the server
     runs decode), the best one also with triton.testing.do_bench on eager calls (median; includes
@@ -17,8 +18,20 @@ from the 50 MB L2, as in a real step where ~15 GB of other weights pass between 
 Then a "layer stack": one CUDA graph of 28 layers x (qkv, o_proj, gate_up, down) + lm_head at M = 1
 with distinct weights (14 GB), torch vs skinny_linear (best configs, and the launcher defaults),
 against the time to read those bytes at the copy and read bandwidths.
-Prints a table and TUNED lines to paste into kernels/gemv.py; JSON to $OUT/gemv.json (or --out).
-Runs in about 1 to 1.5 minutes on an H200 (206 timed configs, ~66 Triton compiles; --quick: 64 configs).
+M-large cases (M > 16, dot path with BM = next_pow2(M) rows of x per tile) sweep in two phases:
+every tile of block_n {64, 128} x block_k {64, 128} x warps {4, 8} x stages {3, 4, 5} whose
+pipeline buffers fit in SMEM_LIMIT (220 KB, kernels.gemv.shared_memory_bytes) and whose fp32
+accumulator is 32..128 registers per thread, at the split_k of the launcher's rule for that tile
+(kernels.gemv.large_m_split_k); then split_k in {1, 2, 4, 8} for the two fastest tiles.
+Prints a table and TUNED lines to paste into kernels/gemv.py; an M-large line only where skinny_linear
+beat F.linear by MIN_SPEEDUP at every measured M of its bucket (an entry routes all M of the bucket
+to the kernel); JSON to $OUT/gemv.json (or --out).
+Before timing, the Triton kernels of all cases' configs are compiled into Triton's on-disk cache by
+--jobs worker processes (skinny_linear_compile on CPU tensors of the case shapes; best effort: a
+failure there only leaves the compiles to the sweep), so the sweep loads them instead of compiling.
+Runs in about 1 to 1.5 minutes on an H200 without the M-large cases (206 timed configs, ~66 Triton
+compiles, measured before the parallel compile); the M-large cases add ~230 timed configs and ~150
+compiles (estimated 1-1.5 minutes; --mlarge-only runs just those; --quick: fewer tiles).
 """
 
 from __future__ import annotations
@@ -26,10 +39,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import sys
 import time
-from dataclasses import asdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -42,7 +57,16 @@ if str(ROOT) not in sys.path:
 from bench.kernels_import import import_kernels  # noqa: E402
 
 import_kernels()
-from radixrt.kernels.gemv import SkinnyConfig, SkinnyWorkspace, default_config, skinny_linear  # noqa: E402
+from radixrt.kernels.gemv import (  # noqa: E402
+    MAX_M,
+    SkinnyConfig,
+    SkinnyWorkspace,
+    default_config,
+    large_m_split_k,
+    shared_memory_bytes,
+    skinny_linear,
+    skinny_linear_compile,
+)
 from radixrt.kernels.reference import skinny_linear_ref  # noqa: E402
 
 BF16, DEV = torch.bfloat16, torch.device("cuda")
@@ -56,6 +80,14 @@ CASES = [(name, 1) for name in SHAPES] + [(n, m) for m in (4, 8) for n in ("gate
 REDUCE_TILES = [(16, 256, 4, 1), (16, 512, 4, 1), (32, 256, 4, 1), (8, 512, 4, 1), (16, 512, 8, 1), (32, 512, 8, 1),
                 (16, 128, 4, 1), (8, 256, 4, 1), (16, 256, 8, 1), (8, 128, 4, 1), (16, 128, 8, 1), (8, 256, 8, 1)]
 DOT_TILES = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 8, 3), (32, 256, 4, 4)]
+# M-large cases (dot path only): the tile grid, the split_k values of phase 2, and the limits
+MLARGE_M = (64, 128, 256)
+MLARGE_SHAPES = ("qkv", "o_proj", "gate_up", "down")
+LARGE_BLOCK_N, LARGE_BLOCK_K, LARGE_WARPS, LARGE_STAGES = (64, 128), (64, 128), (4, 8), (3, 4, 5)
+LARGE_SPLITS = (1, 2, 4, 8)
+SMEM_LIMIT = 220 * 1024  # bytes of pipeline buffers per program (H100/H200: 227 KB per block at most)
+MIN_SPEEDUP = 1.02  # an M-large TUNED line needs torch / skinny >= this (graph timings)
+NUM_SMS = 132  # the H200's; main() sets the device's
 T0 = time.time()
 
 
@@ -113,15 +145,107 @@ def candidates(m: int, n: int, k: int, quick: bool) -> list[SkinnyConfig]:
     return out
 
 
+def large_tiles(m: int, quick: bool) -> list[tuple[int, int, int, int]]:
+    """(block_n, block_k, num_warps, num_stages) of the M-large grid at M rows (BM = next_pow2(M)):
+    pipeline buffers (2-byte inputs) within SMEM_LIMIT, fp32 accumulator block_n * BM / (32 * warps)
+    of 32..128 registers per thread (fewer leaves warps idle, more spills). --quick: 4 stages only."""
+    bm = max(16, triton.next_power_of_2(m))
+    out = []
+    for bn in LARGE_BLOCK_N:
+        for bk in LARGE_BLOCK_K:
+            for warps in LARGE_WARPS:
+                for stages in (4,) if quick else LARGE_STAGES:
+                    cfg = SkinnyConfig(bn, bk, 1, warps, stages, use_dot=True)
+                    if shared_memory_bytes(cfg, m) <= SMEM_LIMIT and 32 <= bn * bm // (32 * warps) <= 128:
+                        out.append((bn, bk, warps, stages))
+    return out
+
+
+def large_candidates(m: int, n: int, k: int, quick: bool) -> list[SkinnyConfig]:
+    """Phase 1 of an M-large case: the launcher default, then every large_tiles tile at the split_k
+    of the launcher's rule for that tile."""
+    out = [default_config(m, n, k, NUM_SMS)]
+    for bn, bk, warps, stages in large_tiles(m, quick):
+        cfg = SkinnyConfig(bn, bk, large_m_split_k(m, n, k, bn, bk, stages, NUM_SMS), warps, stages, use_dot=True)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def split_candidates(tile: SkinnyConfig, n: int, k: int, done: list[SkinnyConfig]) -> list[SkinnyConfig]:
+    """Phase 2: `tile` at each split_k of LARGE_SPLITS not yet timed, keeping >= 2 chunks per split
+    and <= 4 programs per SM."""
+    out = []
+    for split in LARGE_SPLITS:
+        cfg = SkinnyConfig(tile.block_n, tile.block_k, split, tile.num_warps, tile.num_stages, use_dot=True)
+        if (cfg not in done and cfg not in out and k // split >= 2 * tile.block_k
+                and triton.cdiv(n, tile.block_n) * split <= 4 * NUM_SMS):
+            out.append(cfg)
+    return out
+
+
 def cfg_str(c: SkinnyConfig) -> str:
     return (f"{'dot' if c.use_dot else 'red'} {c.block_n}x{c.block_k} s{c.split_k} w{c.num_warps} "
             f"st{c.num_stages}{'' if c.serial_reduce else ' 2k'}")
 
 
+def case_candidates(name: str, m: int, quick: bool) -> list[SkinnyConfig]:
+    """The configs a case times first (M-large: phase 1)."""
+    n, k, _ = SHAPES[name]
+    return large_candidates(m, n, k, quick) if m > MAX_M else candidates(m, n, k, quick)
+
+
+def _compile_task(task: tuple[str, int, dict]) -> str | None:
+    """Worker process: compile one config of case (name, M) into Triton's on-disk cache, on CPU tensors
+    of the case's shapes (the kernel is specialised on dtypes, 16-byte alignment and sizes, not on
+    the data or the device). Returns the error text, or None."""
+    name, m, cfg_dict = task
+    try:
+        cfg = SkinnyConfig(**cfg_dict)
+        n, k, has_bias = SHAPES[name]
+        x, w, y = (torch.empty(*shape, dtype=BF16) for shape in ((m, k), (n, k), (m, n)))
+        b = torch.empty(n, dtype=BF16) if has_bias else None
+        ws = SkinnyWorkspace.allocate(cfg.split_k * m * n, n, "cpu")
+        skinny_linear_compile(x, w, b, out=y, config=cfg, workspace=ws)
+        return None
+    except Exception as e:  # reported by the sweep when it compiles the config itself
+        return f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def precompile(cases: list[tuple[str, int]], quick: bool, jobs: int) -> dict:
+    """Compile the kernels of every case's first configs (and, for M-large cases, of each tile at
+    split_k = 1, which phase 2 may time) in `jobs` spawned processes; kernels that differ only in
+    split_k > 1 or in N, K (all multiples of 16 here) compile once. Best effort: returns a summary."""
+    tasks: dict[tuple, tuple[str, int, dict]] = {}
+    for name, m in cases:
+        n, k, has_bias = SHAPES[name]
+        cands = case_candidates(name, m, quick)
+        if m > MAX_M:
+            cands += [replace(c, split_k=1) for c in cands]
+        for c in cands:
+            k_per_split = triton.cdiv(triton.cdiv(k, c.split_k), c.block_k) * c.block_k
+            key = (m, has_bias, k % c.block_k == 0, triton.cdiv(k, k_per_split) > 1,
+                   replace(c, split_k=1))
+            tasks.setdefault(key, (name, m, asdict(c)))
+    if jobs <= 1 or not tasks:
+        return {"jobs": jobs, "kernels": 0}
+    t0 = time.time()
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+            errors = [e for e in ex.map(_compile_task, tasks.values()) if e]
+    except Exception as e:  # e.g. a worker that could not start: the sweep compiles serially
+        log(f"precompile failed ({type(e).__name__}: {str(e)[:200]}); compiling in the sweep instead")
+        return {"jobs": jobs, "kernels": len(tasks), "error": str(e)[:500]}
+    log(f"precompiled {len(tasks)} kernels on {jobs} processes in {time.time() - t0:.1f} s"
+        f"{f' ({len(errors)} failed, e.g. {errors[0]})' if errors else ''}")
+    return {"jobs": jobs, "kernels": len(tasks), "seconds": time.time() - t0, "failed": len(errors)}
+
+
 def run_case(name: str, m: int, quick: bool) -> dict:
     n, k, has_bias = SHAPES[name]
-    cands = candidates(m, n, k, quick)
-    ws = SkinnyWorkspace.allocate(max(c.split_k for c in cands) * m * n, n, DEV)
+    large = m > MAX_M
+    cands = case_candidates(name, m, quick)
+    ws = SkinnyWorkspace.allocate(max(max(c.split_k for c in cands), *LARGE_SPLITS) * m * n, n, DEV)
     w_bytes = n * k * 2
     copies = max(1, min(CALLS, math.ceil(ROTATE_BYTES / w_bytes)))
     weights = [torch.randn(n, k, device=DEV, dtype=BF16) / 16 for _ in range(copies)]
@@ -144,7 +268,22 @@ def run_case(name: str, m: int, quick: bool) -> dict:
         res["configs"].append(time_config(x, weights, b, y, cfg, ws, ref))
         if i == 0:
             res["default"] = res["configs"][0]
-    ok = [c for c in res["configs"] if c.get("rel_err", 1.0) <= 1e-2]
+
+    def valid() -> list[dict]:
+        return [c for c in res["configs"] if c.get("rel_err", 1.0) <= 1e-2]
+
+    if large:  # phase 2: split_k of the two fastest tiles
+        ranked = sorted(valid(), key=lambda c: c["ms_graph"])
+        tiles: list[SkinnyConfig] = []
+        for c in ranked:
+            t = SkinnyConfig(**{**c["config"], "split_k": 1})
+            if t not in tiles:
+                tiles.append(t)
+        more = [c for t in tiles[:1 if quick else 2] for c in split_candidates(t, n, k, cands)]
+        for cfg in more:
+            res["configs"].append(time_config(x, weights, b, y, cfg, ws, ref))
+        log(f"  {len(more)} split_k variants of the fastest tiles")
+    ok = valid()
     best = min(ok, key=lambda c: c["ms_graph"]) if ok else res["configs"][0]
     cfg = SkinnyConfig(**best["config"])
     best["ms_eager"] = bench_ms(lambda: skinny_linear(x, weights[0], b, out=y, config=cfg, workspace=ws))
@@ -152,7 +291,8 @@ def run_case(name: str, m: int, quick: bool) -> dict:
     if cfg.split_k > 1:  # same tile, split-K sums by a second kernel instead of the serial fix-up
         two = SkinnyConfig(**{**best["config"], "serial_reduce": False})
         res["two_kernel"] = time_config(x, weights, b, y, two, ws, ref)
-    log(f"  best {cfg_str(cfg)}: {best['ms_graph'] * 1e3:.1f} us (default {res['default']['ms_graph'] * 1e3:.1f} us)")
+    log(f"  best {cfg_str(cfg)}: {best['ms_graph'] * 1e3:.1f} us (default {res['default']['ms_graph'] * 1e3:.1f} us, "
+        f"torch {res['torch']['ms_graph'] * 1e3:.1f} us)")
     return res
 
 
@@ -232,28 +372,89 @@ def print_tables(result: dict) -> None:
               f"torch {s['torch_ms']:.3f} ms, skinny best {s['skinny_best_ms']:.3f} ms, "
               f"skinny default {s['skinny_default_ms']:.3f} ms; bytes at copy bw {ideal_copy:.3f} ms, "
               f"at read bw {ideal_read:.3f} ms; torch / best = {s['torch_ms'] / s['skinny_best_ms']:.2f}x")
-    print("\nTUNED entries for kernels/gemv.py (m_bucket, N, K) -> best config:")
-    for r in result["cases"]:
-        c = r["best"]["config"]
-        print(f"    ({triton.next_power_of_2(r['m'])}, {r['n']}, {r['k']}): SkinnyConfig({c['block_n']}, {c['block_k']}, "
-              f"{c['split_k']}, {c['num_warps']}, {c['num_stages']}, use_dot={c['use_dot']}),")
+    large = [r for r in result["cases"] if r["m"] > MAX_M]
+    if large:
+        print("\nM-large cases (dot path, BM = next_pow2(M)): compute rate 2 M N K / time")
+        print("| linear | M | torch us | skinny us | speed-up | torch TFLOP/s | skinny TFLOP/s | best config | "
+              "default config |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in large:
+            t, b, d = r["torch"]["ms_graph"], r["best"]["ms_graph"], r["default"]
+            flops = 2 * r["m"] * r["n"] * r["k"]
+            print(f"| {r['name']} {r['n']}x{r['k']} | {r['m']} | {t * 1e3:.1f} | {b * 1e3:.1f} | {t / b:.2f}x | "
+                  f"{flops / (t * 1e-3) / 1e12:.0f} | {flops / (b * 1e-3) / 1e12:.0f} | {r['best']['label']} | "
+                  f"{d['label']} {d['ms_graph'] * 1e3:.1f} us |")
+    small = [r for r in result["cases"] if r["m"] <= MAX_M]
+    if small:
+        print("\nTUNED entries for kernels/gemv.py (m_bucket, N, K) -> best config:")
+        for r in small:
+            print(f"    {tuned_line(r)}")
+    if large:
+        print(f"\nM-large TUNED entries: only where skinny_linear beat F.linear (graph time, torch / skinny >= "
+              f"{MIN_SPEEDUP}) at every measured M of the bucket; an entry routes every M in (m_bucket / 2, m_bucket] "
+              "of that shape to the kernel (models/linear.py via skinny_linear_supported), so where only M = m_bucket "
+              "was measured, check the bucket's low end too (e.g. --mlarge-m 65,128).")
+        for line in mlarge_tuned_lines(large):
+            print(f"    {line}")
 
 
-def main() -> None:
+def tuned_line(r: dict) -> str:
+    c = r["best"]["config"]
+    return (f"({triton.next_power_of_2(r['m'])}, {r['n']}, {r['k']}): SkinnyConfig({c['block_n']}, {c['block_k']}, "
+            f"{c['split_k']}, {c['num_warps']}, {c['num_stages']}, use_dot={c['use_dot']}),")
+
+
+def mlarge_tuned_lines(cases: list[dict]) -> list[str]:
+    """TUNED lines for the M-large cases: per (m_bucket, N, K), the best config of the largest measured
+    M, and only if skinny_linear won at every measured M of the bucket; the rest as comments."""
+    buckets: dict[tuple[int, int, int], list[dict]] = {}
+    for r in cases:
+        buckets.setdefault((triton.next_power_of_2(r["m"]), r["n"], r["k"]), []).append(r)
+    lines = []
+    for key in sorted(buckets, key=lambda key: (key[1], key[2], key[0])):
+        rs = sorted(buckets[key], key=lambda r: r["m"])
+        speedups = [r["torch"]["ms_graph"] / r["best"]["ms_graph"] for r in rs]
+        won = all(s >= MIN_SPEEDUP for s in speedups) and all(r["best"]["rel_err"] <= 1e-2 for r in rs)
+        tag = ", ".join(f"M={r['m']} {r['name']} {s:.2f}x" for r, s in zip(rs, speedups, strict=True))
+        line = tuned_line(rs[-1])
+        lines.append(f"{line}  # {tag}" if won else f"# not routed (F.linear faster or < {MIN_SPEEDUP}x): {line}  # {tag}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    global NUM_SMS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 tiles per case, no layer stack")
     parser.add_argument("--out", default=None, help="JSON path (default $OUT/gemv.json if OUT is set)")
-    args = parser.parse_args()
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--mlarge-only", action="store_true",
+                       help="only the M-large cases (qkv, o_proj, gate_up, down at --mlarge-m rows), no layer stack")
+    group.add_argument("--no-mlarge", action="store_true", help="skip the M-large cases")
+    parser.add_argument("--mlarge-m", default=",".join(map(str, MLARGE_M)),
+                        help=f"comma-separated row counts of the M-large cases, each in {MAX_M + 1}..256 "
+                             "(default %(default)s)")
+    parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
+                        help="processes that compile the kernels before the sweep (<= 1: none; default %(default)s)")
+    args = parser.parse_args(argv)
+    mlarge_m = [int(v) for v in args.mlarge_m.split(",") if v.strip()]
+    if any(not MAX_M < v <= 256 for v in mlarge_m):
+        parser.error(f"--mlarge-m values must be in {MAX_M + 1}..256, got {args.mlarge_m}")
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA device")
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
+    NUM_SMS = props.multi_processor_count
     log(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}")
     result: dict = {"device": props.name, "num_sms": props.multi_processor_count, "torch": torch.__version__,
-                    "triton": triton.__version__, "quick": args.quick, "calls_per_graph": CALLS}
+                    "triton": triton.__version__, "quick": args.quick, "calls_per_graph": CALLS,
+                    "mlarge_m": [] if args.no_mlarge else mlarge_m}
     result["ceilings"] = ceilings()
-    result["cases"] = [run_case(name, m, args.quick) for name, m in CASES]
-    if not args.quick:
+    cases = [] if args.mlarge_only else list(CASES)
+    if not args.no_mlarge:
+        cases += [(name, m) for m in mlarge_m for name in MLARGE_SHAPES]
+    result["precompile"] = precompile(cases, args.quick, args.jobs)
+    result["cases"] = [run_case(name, m, args.quick) for name, m in cases]
+    if not args.quick and not args.mlarge_only:
         best = {r["name"]: SkinnyConfig(**r["best"]["config"]) for r in result["cases"] if r["m"] == 1}
         defaults = [default_config(1, n, k) for n, k, _ in SHAPES.values()]
         split = max(c.split_k for c in [*best.values(), *defaults])

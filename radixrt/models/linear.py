@@ -2,10 +2,12 @@
 
 A batch-1 decode step is a chain of matrix-vector products that must stream every weight once;
 cuBLAS reaches ~2.8-3.9 TB/s on the H200 for the 7B shapes and adds a split-K reduce kernel to the
-small ones. Calls with at most SKINNY_MAX_ROWS rows on CUDA go to `radixrt.kernels.skinny_linear`
-(single-launch deterministic split-K) instead, unless RADIXRT_SKINNY_GEMM=0; everything else is
-`torch.nn.functional.linear`. Measured on the H200 (docs/benchmarks.md): the 7B batch-1 decode step
-4.65 -> 4.25 ms with the launcher's default configs.
+small ones. Calls on CUDA that `radixrt.kernels.skinny_linear_supported` accepts (at most 16 rows;
+up to SKINNY_MAX_ROWS = 256 rows only for the weight shapes whose TUNED entry shows the kernel
+beating cuBLAS there) go to `radixrt.kernels.skinny_linear` (single-launch deterministic split-K)
+instead, unless RADIXRT_SKINNY_GEMM=0; everything else is `torch.nn.functional.linear`. Measured on
+the H200 (docs/benchmarks.md): the 7B batch-1 decode step 4.65 -> 4.25 ms with the launcher's
+default configs.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import torch.nn.functional as F
 import triton
 from torch import nn
 
-SKINNY_MAX_ROWS = 16
+# Most rows skinny_linear_supported may route (= radixrt.kernels.gemv.MAX_M_DOT; a cheap pre-check,
+# the per-call decision is skinny_linear_supported's).
+SKINNY_MAX_ROWS = 256
 
 
 def skinny_enabled() -> bool:
@@ -39,15 +43,22 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
     def _scratch(self, device: torch.device):
-        """Split-K scratch big enough for every row count up to SKINNY_MAX_ROWS with the default
-        configs; allocated once, outside any graph capture (the graph warm-up calls come first)."""
+        """Split-K scratch (fp32 partials >= splits * M * N, int32 counters >= row blocks) big enough
+        for every row count M <= SKINNY_MAX_ROWS that skinny_linear may be given for this weight
+        shape (skinny_rows_routed: M <= 16, and larger M only where TUNED lists the shape), with the
+        configs skinny_linear picks (default_config at this device's SM count). Depends only on
+        shapes and TUNED; allocated once, outside any graph capture (the graph warm-up calls come
+        first)."""
         if self._workspace is None:
-            from radixrt.kernels.gemv import SkinnyWorkspace, default_config
+            from radixrt.kernels.gemv import SkinnyWorkspace, default_config, skinny_rows_routed
 
             n, k = self.weight.shape
+            num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
             partials = counters = 1
             for m in range(1, SKINNY_MAX_ROWS + 1):
-                cfg = default_config(m, n, k)
+                if not skinny_rows_routed(m, n, k):
+                    continue
+                cfg = default_config(m, n, k, num_sms)
                 k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
                 partials = max(partials, triton.cdiv(k, k_per_split) * m * n)
                 counters = max(counters, triton.cdiv(n, cfg.block_n))

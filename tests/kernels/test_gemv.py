@@ -1,6 +1,7 @@
 """skinny_linear (decode GEMV) against the fp32 torch reference: both inner products (reduce, dot),
 split-K with the serial fix-up and with the second reduction kernel, bias, ragged N and K, leading
-dims, a reused workspace, argument errors; and the Qwen2.5-7B linears in bf16 on a GPU.
+dims, a reused workspace, argument errors; the dot path at M = 17..256 (BM = next_pow2(M)) and its
+routing (only shapes TUNED lists); and the Qwen2.5-7B linears in bf16 on a GPU.
 
 Tolerances (fp32 accumulation, reference in fp32 from the same inputs): CPU fp32 atol = rtol = 1e-4
 (sums of up to 160 products of N(0, 1) values, ~13 in magnitude, differ only in summation order);
@@ -12,9 +13,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
-from radixrt.kernels import SkinnyConfig, SkinnyWorkspace, skinny_linear, skinny_linear_supported
-from radixrt.kernels.gemv import default_config
+from radixrt.kernels import SkinnyConfig, SkinnyWorkspace, gemv, skinny_linear, skinny_linear_supported
+from radixrt.kernels.gemv import (
+    default_config,
+    programs_per_sm,
+    shared_memory_bytes,
+    skinny_linear_compile,
+    skinny_rows_routed,
+)
 from radixrt.kernels.reference import skinny_linear_ref
 
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3)}
@@ -101,7 +109,7 @@ def test_supported():
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: (torch.zeros(17, 64), torch.zeros(48, 64), None, None), "at most 16"),
+    (lambda: (torch.zeros(257, 64), torch.zeros(48, 64), None, None), "at most 256"),
     (lambda: (torch.zeros(1, 32), torch.zeros(48, 64), None, None), "K ="),
     (lambda: (torch.zeros(1, 64), torch.zeros(48, 64, dtype=torch.float16), None, None), "equal"),
     (lambda: (torch.zeros(1, 64, dtype=torch.int32), torch.zeros(48, 64, dtype=torch.int32), None, None), "float"),
@@ -125,6 +133,153 @@ def test_config_and_workspace_errors():
     x, w = torch.zeros(1, 64), torch.zeros(48, 64)
     with pytest.raises(ValueError, match="workspace too small"):
         skinny_linear(x, w, config=SkinnyConfig(16, 16, split_k=2), workspace=SkinnyWorkspace.allocate(8, 1, "cpu"))
+    with pytest.raises(ValueError, match="reduce path"):  # M > 16 needs the dot path
+        skinny_linear(torch.zeros(17, 64), w, config=SkinnyConfig(16, 16))
+    with pytest.raises(ValueError, match="at most 256"):
+        default_config(257, 48, 64)
+
+
+# The dot path at M > 16: BM = next_pow2(M) (32, 64, 128) rows of x per tile, x padded by repeating
+# its last row. Small N, K so the interpreter stays fast; N = 40 and K = 72 are ragged for every tile.
+DOT = SkinnyConfig(block_n=32, block_k=32, use_dot=True)
+DOT_SPLIT3 = SkinnyConfig(block_n=16, block_k=16, split_k=3, use_dot=True)
+DOT_TWO_KERNEL = SkinnyConfig(block_n=32, block_k=16, split_k=2, use_dot=True, serial_reduce=False)
+
+
+@pytest.mark.parametrize("cfg", [DOT, DOT_SPLIT3, DOT_TWO_KERNEL], ids=["dot", "dot-split3", "dot-two-kernel-split2"])
+@pytest.mark.parametrize("m, n, k, dtype, with_bias", [
+    (17, 48, 64, torch.float32, True),  # BM = 32, one row past a power of two
+    (32, 40, 72, torch.float16, False),  # ragged N and K
+    (45, 96, 80, torch.float32, False),  # BM = 64
+    (64, 40, 64, torch.float16, True),
+])
+def test_dot_path_large_m_matches_reference(device, close, cfg, m, n, k, dtype, with_bias):
+    x, w, b = _inputs(m, n, k, dtype, device, with_bias)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+    ws = SkinnyWorkspace.allocate(cfg.split_k * m * n, n, device)
+    y = skinny_linear(x, w, b, out=out, config=cfg, workspace=ws)
+    assert y is out and not torch.isnan(y).any()
+    close(y, skinny_linear_ref(x, w, b), *TOL[dtype])
+    assert int(ws.counters.abs().sum()) == 0
+
+
+def test_dot_path_large_m_default_config_and_strided_rows(device, close):
+    """No config at M = 100 (BM = 128): default_config's large-M rule; x a row-strided view with
+    leading dims [4, 25]."""
+    base = _randn(200, 48, dtype=torch.float32, device=device, seed=10)
+    x = base[::2].view(4, 25, 48)
+    w = _randn(24, 48, dtype=torch.float32, device=device, seed=11)
+    b = _randn(24, dtype=torch.float32, device=device, seed=12)
+    assert default_config(100, 24, 48).use_dot
+    y = skinny_linear(x, w, b)
+    assert y.shape == (4, 25, 24)
+    close(y, skinny_linear_ref(x, w, b), *TOL[torch.float32])
+
+
+def test_workspace_reused_across_m_buckets(device, close):
+    """One workspace, dot split-K calls at M = 3 (BM 16), 40 (BM 64) and 20 (BM 32): counters reset."""
+    ws = SkinnyWorkspace.allocate(3 * 40 * 48, 8, device)
+    for m in (3, 40, 20):
+        x, w, b = _inputs(m, 48, 64, torch.float32, device)
+        close(skinny_linear(x, w, b, config=DOT_SPLIT3, workspace=ws), skinny_linear_ref(x, w, b), 1e-4, 1e-4)
+        assert int(ws.counters.abs().sum()) == 0
+
+
+def test_default_config_large_m_rules():
+    """M of 17..256: dot path, shared memory <= 200 KB (2-byte inputs), fp32 accumulator <= 128
+    registers per thread, split-K only while the grid stays within one wave of resident programs
+    (1 or 2 per SM by shared memory) with >= 4 chunks per split and fp32 partials no larger than
+    the weight; one config per m bucket."""
+    shapes = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (152064, 3584), (256, 512)]
+    for m in (17, 32, 33, 64, 65, 128, 200, 256):
+        bm = 1 << (m - 1).bit_length()
+        for n, k in shapes:
+            cfg = default_config(m, n, k, num_sms=132)
+            assert cfg.use_dot and cfg == default_config(bm, n, k, num_sms=132), (m, n, k, cfg)
+            assert shared_memory_bytes(cfg, m) <= 200 * 1024, (m, cfg)
+            assert cfg.block_n * bm // (32 * cfg.num_warps) <= 128, (m, cfg)
+            programs = -(-n // cfg.block_n) * cfg.split_k
+            if cfg.split_k > 1:
+                assert programs <= programs_per_sm(cfg, m) * 132, (m, n, k, cfg)
+                assert k >= cfg.split_k * 4 * cfg.block_k, (m, n, k, cfg)
+                assert cfg.split_k * bm * n * 4 <= n * k * 2, (m, n, k, cfg)
+    assert default_config(128, 4608, 3584, num_sms=132) == SkinnyConfig(128, 64, 4, 4, 3, use_dot=True)
+    assert default_config(256, 3584, 18944, num_sms=132) == SkinnyConfig(128, 64, 4, 8, 3, use_dot=True)
+    assert default_config(256, 4608, 3584, num_sms=132).split_k == 2  # 144 KB: one program per SM
+    assert default_config(64, 37888, 3584, num_sms=132).split_k == 1
+    # M <= 16 unchanged by the large-M rule
+    assert default_config(16, 2048, 2048, num_sms=132) == SkinnyConfig(64, 128, 4, 4, 4, use_dot=True)
+    assert default_config(2, 2048, 2048, num_sms=132) == SkinnyConfig(16, 256, 2, 4, 1, use_dot=False)
+
+
+def test_shared_memory_bytes():
+    assert shared_memory_bytes(SkinnyConfig(64, 128, num_stages=4, use_dot=True), 8) == 4 * (16 + 64) * 128 * 2
+    assert shared_memory_bytes(SkinnyConfig(128, 64, num_stages=3, use_dot=True), 200) == 3 * (256 + 128) * 64 * 2
+    assert shared_memory_bytes(SkinnyConfig(16, 256), 1) == 0
+    assert programs_per_sm(SkinnyConfig(128, 64, num_stages=3, use_dot=True), 128) == 2  # 96 KB
+    assert programs_per_sm(SkinnyConfig(128, 64, num_stages=4, use_dot=True), 128) == 1  # 128 KB
+
+
+def test_supported_large_m_only_with_tuned_entry(monkeypatch):
+    """M > 16 is routed only where TUNED lists (next_pow2(M), N, K) with a dot config."""
+    n, k = 48, 64
+    w = torch.zeros(n, k)
+    monkeypatch.setattr(gemv, "TUNED", {})
+    for m in (17, 64, 65, 128, 256):
+        assert not skinny_linear_supported(torch.zeros(m, k), w), m
+        assert not skinny_rows_routed(m, n, k)
+    assert skinny_linear_supported(torch.zeros(16, k), w)
+    monkeypatch.setattr(gemv, "TUNED", {(128, n, k): SkinnyConfig(32, 32, use_dot=True),
+                                        (32, n, k): SkinnyConfig(16, 32),  # a reduce config cannot take M > 16
+                                        (512, n, k): SkinnyConfig(32, 32, use_dot=True)})
+    for m in (65, 100, 128):
+        assert skinny_linear_supported(torch.zeros(m, k), w), m
+        assert skinny_linear_supported(torch.zeros(m // 5, 5, k), w), m  # leading dims flattened (M = 5 * (m // 5))
+    for m in (17, 32, 64, 129, 256, 257, 300):
+        assert not skinny_linear_supported(torch.zeros(m, k), w), m
+    assert not skinny_linear_supported(torch.zeros(100, k), torch.zeros(n + 16, k))  # other shape
+    assert not skinny_linear_supported(torch.zeros(100, k, dtype=torch.float16), w)  # dtype mismatch
+    assert not skinny_linear_supported(torch.zeros(0, k), w)
+
+
+def _num_splits(cfg: SkinnyConfig, k: int) -> int:
+    """Non-empty K splits of cfg (as the launcher computes them)."""
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    return triton.cdiv(k, k_per_split)
+
+
+def test_compile_only_checks_args_and_writes_nothing(device):
+    """skinny_linear_compile takes skinny_linear's arguments, raises its errors, computes nothing (a
+    no-op in the interpreter; on a GPU it only compiles)."""
+    x, w, b = _inputs(40, 48, 64, torch.float32, device)
+    out = torch.full((40, 48), float("nan"), device=device)
+    ws = SkinnyWorkspace.allocate(3 * 40 * 48, 8, device)
+    assert skinny_linear_compile(x, w, b, out=out, config=DOT_SPLIT3, workspace=ws) is None
+    assert torch.isnan(out).all() and int(ws.counters.abs().sum()) == 0
+    with pytest.raises(ValueError, match="reduce path"):
+        skinny_linear_compile(x, w, b, config=SkinnyConfig(16, 16))
+    with pytest.raises(ValueError, match="workspace too small"):
+        skinny_linear_compile(x, w, b, config=DOT_SPLIT3, workspace=SkinnyWorkspace.allocate(8, 1, device))
+
+
+def test_linear_workspace_covers_routed_rows(monkeypatch):
+    """models.Linear sizes its split-K scratch for every M skinny_linear may get for its shape:
+    M <= 16 only without a TUNED entry, up to 128 rows with a (128, N, K) entry."""
+    from radixrt.models import linear as linear_mod
+
+    assert linear_mod.SKINNY_MAX_ROWS == gemv.MAX_M_DOT
+    n, k = 96, 1024
+    monkeypatch.setattr(gemv, "TUNED", {})
+    small = linear_mod.Linear(k, n, bias=False)._scratch(torch.device("cpu"))
+    assert small.partials.numel() == max(_num_splits(default_config(m, n, k), k) * m * n for m in range(1, 17))
+    tuned = SkinnyConfig(32, 64, split_k=4, use_dot=True)
+    monkeypatch.setattr(gemv, "TUNED", {(128, n, k): tuned})
+    big = linear_mod.Linear(k, n, bias=False)._scratch(torch.device("cpu"))
+    assert big.partials.numel() >= 4 * 128 * n and big.counters.numel() >= n // 32
+    x = _randn(128, k, dtype=torch.float32, device="cpu", seed=13) / 8
+    w = _randn(n, k, dtype=torch.float32, device="cpu", seed=14) / 8
+    assert skinny_linear_supported(x, w)
+    torch.testing.assert_close(skinny_linear(x, w, workspace=big), skinny_linear_ref(x, w), atol=1e-4, rtol=1e-4)
 
 
 # Qwen2.5-7B linears (N, K, bias): qkv, o_proj, gate_up (fused), down, lm_head
@@ -162,6 +317,31 @@ def test_skinny_linear_qwen_shapes_gpu(name, m, variant):
         assert torch.equal(y, first), "split-K result is not deterministic"
     assert int(ws.counters.abs().sum()) == 0
     torch.testing.assert_close(y.float(), torch.nn.functional.linear(x, w, b).float(), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name, m, serial", [(name, m, True) for name in ("qkv", "o_proj", "gate_up", "down")
+                                             for m in (64, 256)] + [("qkv", 100, False)])
+def test_skinny_linear_large_m_gpu(name, m, serial):
+    """The dot path at M = 64..256 (BM up to 256) with the default configs (and the two-kernel
+    split-K reduction at M = 100), compiled, in bf16 on the Qwen2.5-7B shapes."""
+    n, k, with_bias = QWEN_7B[name]
+    dev = torch.device("cuda")
+    x, w, b = _inputs(m, n, k, torch.bfloat16, dev, with_bias)
+    x, w = x / 8, w / 8
+    cfg = default_config(m, n, k, torch.cuda.get_device_properties(dev).multi_processor_count)
+    if not serial:
+        cfg = SkinnyConfig(cfg.block_n, cfg.block_k, max(2, cfg.split_k), cfg.num_warps, cfg.num_stages, True,
+                           serial_reduce=False)
+    ws = SkinnyWorkspace.allocate(cfg.split_k * m * n, n, dev)
+    y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
+    skinny_linear(x, w, b, out=y, config=cfg, workspace=ws)
+    ref = skinny_linear_ref(x, w, b)
+    assert not torch.isnan(y).any()
+    assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() <= 1e-2
+    torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    assert int(ws.counters.abs().sum()) == 0
 
 
 @pytest.mark.gpu
