@@ -31,7 +31,7 @@ for s in "$@"; do
     tune-pipelined) stage tune-pipelined 420 python3 bench/kernels/tune_pipelined.py --out "$OUT/tune-pipelined.json" ;;
     cascade-probe) stage cascade-probe 150 python3 bench/kernels/cascade_probe.py --out "$OUT/cascade-probe.json" ;;
     engine-sp) stage engine-sp 200 python3 bench/gpu_engine.py --only shared-prefix,kernels --out "$OUT/engine-sp.json" ;;
-    engine-tiles) for t in 128,64,8,3:4 64,64,4,2:4 64,64,4,3:4 64,64,4,3:2; do
+    engine-tiles) for t in 128,64,8,3:4 64,64,4,2:4 64,64,4,3:4; do
         stage "engine-tile-${t//[,:]/-}" 120 python3 bench/gpu_engine.py --only shared-prefix --repeat 3 \
           --cascade-tile "${t%%:*}" --cascade-prefix-splits "${t##*:}" --out "$OUT/engine-tile-${t//[,:]/-}.json"
       done ;;
@@ -45,6 +45,7 @@ for s in "$@"; do
     peers-shared-gen3) stage peers-shared-gen3 200 python3 bench/peers.py run --model-config qwen2.5-7b \
         --workload shared-prefix --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 \
         --output-len 64 --baselines hf_generate --repeat 3 --output-json "$OUT/peers-shared-gen3.json" ;;
+    gemv-mlarge) stage gemv-mlarge 200 python3 bench/kernels/bench_gemv.py --mlarge-only --out "$OUT/gemv-mlarge.json" ;;
     gemv) stage gemv-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
         tests/worker/test_gpu_model.py
       stage gemv 150 python3 bench/kernels/bench_gemv.py --out "$OUT/gemv.json" ;;
