@@ -45,6 +45,11 @@ for s in "$@"; do
     peers-shared-gen3) stage peers-shared-gen3 200 python3 bench/peers.py run --model-config qwen2.5-7b \
         --workload shared-prefix --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 \
         --output-len 64 --baselines hf_generate --repeat 3 --output-json "$OUT/peers-shared-gen3.json" ;;
+    peers-random-gen3) stage peers-random-gen3 260 python3 bench/peers.py run --model-config qwen2.5-7b \
+        --workload random --num-prompts 256 --input-len 512 --output-len 256 --baselines hf_generate --repeat 3 \
+        --output-json "$OUT/peers-random-gen3.json" ;;
+    engine-workloads) stage engine-workloads 200 python3 bench/gpu_engine.py --only random,shared-prefix,multi-turn \
+        --out "$OUT/engine-workloads.json" ;;
     gemv-mlarge) stage gemv-mlarge 200 python3 bench/kernels/bench_gemv.py --mlarge-only --out "$OUT/gemv-mlarge.json" ;;
     gemv) stage gemv-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
         tests/worker/test_gpu_model.py
