@@ -42,6 +42,9 @@ for s in "$@"; do
     peers-shared) stage peers-shared 200 python3 bench/peers.py run --model-config qwen2.5-7b --workload shared-prefix \
         --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 --output-len 64 \
         --output-json "$OUT/peers-shared.json" ;;
+    peers-shared-3) stage peers-shared-3 300 python3 bench/peers.py run --model-config qwen2.5-7b --workload shared-prefix \
+        --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 --output-len 64 \
+        --repeat 3 --output-json "$OUT/peers-shared-3.json" ;;
     peers-shared-gen3) stage peers-shared-gen3 200 python3 bench/peers.py run --model-config qwen2.5-7b \
         --workload shared-prefix --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 \
         --output-len 64 --baselines hf_generate --repeat 3 --output-json "$OUT/peers-shared-gen3.json" ;;
