@@ -66,6 +66,8 @@ for s in "$@"; do
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;
     serving-tp) stage serving-tp 420 python3 bench/gpu_serving.py --configs A,D --phases overlap,throughput \
         --out-dir "$OUT/serving-tp" --budget-s 400 ;;
+    serving-a-tp) stage serving-a-tp 200 python3 bench/gpu_serving.py --configs A --phases throughput \
+        --out-dir "$OUT/serving-a-tp" --budget-s 180 ;;
     serving) stage serving 560 python3 bench/gpu_serving.py --out-dir "$OUT/serving" --budget-s 530 ;;
     *) echo "unknown stage $s" ;;
   esac
