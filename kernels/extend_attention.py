@@ -34,7 +34,9 @@ def _online_softmax_step(s, m_i, l_i, acc):
     return p, m_new, l_new, acc * alpha[:, None]
 
 
-@triton.jit
+# The page table's width varies from pass to pass; specialised (== 1, divisible by 16) it would compile
+# new variants mid-serving, seconds each (warmup_extend in the attention backend compiles the rest).
+@triton.jit(do_not_specialize=["stride_pt_b"])
 def _extend_attn_kernel(
     q, k_new, v_new, k_buf, v_buf, o,
     page_table, prefix_lens, extend_lens, extend_start_loc,

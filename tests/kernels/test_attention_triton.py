@@ -172,3 +172,35 @@ def test_triton_backend_matches_torch_backend(device):
             outs.append(backend.forward(q, k, v, 0, SCALE))
         torch.testing.assert_close(outs[0], outs[1].to(outs[0].dtype), atol=1e-4, rtol=1e-4)
         assert torch.equal(pools[0].k_buffers[0], pools[1].k_buffers[0])
+
+
+def test_warmup_extend_covers_both_extend_configs(device, monkeypatch):
+    """warmup_extend runs extend attention once per config that _pick_config can give on a GPU (64-row
+    blocks for short prompts, 128-row otherwise), so no prefill compiles one mid-serving; it writes
+    nothing to the pool."""
+    import sys
+
+    ext_mod = sys.modules["radixrt.kernels.extend_attention"]
+    pick, seen = ext_mod._pick_config, []
+
+    def spy(head_dim, dev, max_extend_len=1 << 30, max_seq_len=None):
+        seen.append((head_dim, max_extend_len, max_seq_len))
+        return pick(head_dim, dev, max_extend_len, max_seq_len)
+
+    monkeypatch.setattr(ext_mod, "_pick_config", spy)
+    gen = torch.Generator().manual_seed(3)
+    pool = Pool(PAGE, [torch.randn(PAGE * 2, HKV, D, generator=gen).to(device)],
+                [torch.randn(PAGE * 2, HKV, D, generator=gen).to(device)])
+    before = [b.clone() for b in pool.k_buffers + pool.v_buffers]
+    TritonAttnBackend(pool).warmup_extend(HQ)
+    # the configs the warm-up's (max_extend_len, max_seq_len) hints select on a GPU, at this test's
+    # head dim and at Qwen2.5-7B's 128 (two configs there), against every config reachable
+    gpu = torch.device("cuda")  # only the device type is read
+    assert seen and all(hd == D for hd, _, _ in seen)
+    for head_dim in (D, 128):
+        configs = {tuple(sorted(pick(head_dim, gpu, e, s).items())) for _, e, s in seen}
+        every = {tuple(sorted(pick(head_dim, gpu, e, s).items())) for e in (1, 512, 4096)
+                 for s in (16, 1024, 2176, None)}
+        assert configs == every
+    assert len(every) == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, pool.k_buffers + pool.v_buffers, strict=True))
