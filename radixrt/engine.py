@@ -35,7 +35,7 @@ class Engine:
 
     Raises:
         radixrt.models.loader.ModelLoadError: the model cannot be found or read.
-        ValueError: a bad ServerArgs value or sampling parameter (message names it).
+        ValueError: a bad ServerArgs value (message names it); from generate, see there.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -90,7 +90,19 @@ class Engine:
                  ) -> list[dict[str, Any]]:
         """Generate for every prompt (text or token ids) and return, in order, dicts with
         `text`, `output_ids` and `meta_info` (prompt_tokens, completion_tokens, cached_tokens,
-        finish_reason). Stop strings in `stop` end a request and are trimmed from `text`."""
+        finish_reason). Stop strings in `stop` end a request and are trimmed from `text`.
+
+        A request the scheduler refuses (an empty or too long prompt, token ids outside the
+        vocabulary, a bad sampling value such as a negative temperature) comes back with
+        finish_reason "abort" and meta_info["error"]; the others still run.
+
+        Raises:
+            ValueError: sampling_params is not one dict, or one dict per prompt (before anything
+                is queued); a prompt is neither a string nor a flat sequence of integer token ids,
+                or is text while the model has no tokenizer. Prompts are converted as they are
+                queued, so the requests of this call queued before the bad prompt are aborted
+                first: nothing of the call stays queued or running.
+        """
         if isinstance(prompts, np.ndarray):  # one prompt [T], or prompts [N, T]
             prompts = [prompts] if prompts.ndim == 1 else list(prompts)
         elif isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int | np.integer)):

@@ -233,7 +233,8 @@ def extend_shape(name: str, pool: bk.Pool, prefix_lens: list[int], extend_lens: 
     out = torch.empty_like(q)
 
     def run():
-        K.extend_attention(q, k, v, pool.k, pool.v, table, *meta, PAGE, None, max(extend_lens), out=out)
+        K.extend_attention(q, k, v, pool.k, pool.v, table, *meta, PAGE, None, max(extend_lens), out=out,
+                           max_seq_len=max(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)))
     return name, run, 4 * HQ * D * pairs
 
 

@@ -204,3 +204,29 @@ def test_warmup_extend_covers_both_extend_configs(device, monkeypatch):
         assert configs == every
     assert len(every) == 2
     assert all(torch.equal(a, b) for a, b in zip(before, pool.k_buffers + pool.v_buffers, strict=True))
+
+
+@pytest.mark.parametrize("max_suffix_len,fused", [(128, True), (4096, False)])
+def test_prepare_caps_prefix_splits_of_the_fused_form(device, max_suffix_len, fused):
+    """A long shared prefix with short suffixes runs the fused form (one suffix split), its prefix
+    splits capped at CASCADE_FUSED_MAX_PREFIX_SPLITS; long suffixes run the three-launch form, whose
+    prefix splits are not capped there (host-side choice only: nothing is launched)."""
+    from radixrt.worker.attention_triton import CASCADE_FUSED_MAX_PREFIX_SPLITS
+
+    pool = Pool(PAGE, [torch.zeros(PAGE * 2, HKV, D, device=device)], [torch.zeros(PAGE * 2, HKV, D, device=device)])
+    backend = TritonAttnBackend(pool)
+    ints = {"dtype": torch.int32, "device": device}
+    cascade = CascadeMeta(members=torch.arange(2, **ints), starts=torch.tensor([0, 2], **ints),
+                          prefix_lens=torch.tensor([32768], **ints), kv_start=torch.full((2,), 32768, **ints),
+                          max_group_size=2, max_prefix_len=32768, max_suffix_len=max_suffix_len, num_q_heads=HQ)
+    meta = ForwardMeta(mode=ForwardMode.DECODE, page_size=PAGE, page_table=torch.zeros(2, 1, **ints),
+                       seq_lens=torch.full((2,), 32768 + max_suffix_len, **ints), extend_lens=torch.ones(2, **ints),
+                       prefix_lens=torch.full((2,), 32767 + max_suffix_len, **ints),
+                       extend_start_loc=torch.arange(2, **ints), out_cache_loc=torch.zeros(2, **ints),
+                       positions=torch.zeros(2, **ints), max_seq_len=32768 + max_suffix_len, max_extend_len=1,
+                       cascade=cascade)
+    backend.prepare(meta)
+    if fused:
+        assert backend._num_kv_splits == 1 and backend._num_prefix_splits == CASCADE_FUSED_MAX_PREFIX_SPLITS
+    else:
+        assert backend._num_kv_splits >= 2 and backend._num_prefix_splits > CASCADE_FUSED_MAX_PREFIX_SPLITS
