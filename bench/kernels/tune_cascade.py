@@ -291,18 +291,27 @@ def extend_part(rows: list[dict]) -> None:
               flush=True)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", nargs="+", default=["cascade", "decode1", "extend"])
-    p.add_argument("--out", default="tune_cascade.json")
+def sweep_main(doc: str, parts: dict, default_out: str) -> int:
+    """CLI shared by the sweep scripts: run the `--part`s (names of `parts`, each a function filling a
+    list of result rows) in order, printing a header per part, and write the rows as JSON to `--out`
+    even when a part fails."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", nargs="+", default=list(parts), choices=list(parts))
+    p.add_argument("--out", default=default_out)
     ns = p.parse_args()
     rows: list[dict] = []
     try:
         for part in ns.part:
-            {"cascade": cascade_part, "decode1": decode1_part, "extend": extend_part}[part](rows)
+            print(f"--- {part}", flush=True)
+            parts[part](rows)
     finally:
         Path(ns.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     return 0
+
+
+def main() -> int:
+    return sweep_main(__doc__, {"cascade": cascade_part, "decode1": decode1_part, "extend": extend_part},
+                      "tune_cascade.json")
 
 
 if __name__ == "__main__":

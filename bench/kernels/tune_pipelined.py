@@ -18,8 +18,6 @@ Every timed variant also reports its error against the fp32 reference where one 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -156,18 +154,8 @@ def extend_part(rows: list[dict]) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", nargs="+", default=["cascade", "decode", "extend"])
-    p.add_argument("--out", default="tune_pipelined.json")
-    ns = p.parse_args()
-    rows: list[dict] = []
-    try:
-        for part in ns.part:
-            print(f"--- {part}", flush=True)
-            {"cascade": cascade_part, "decode": decode_part, "extend": extend_part}[part](rows)
-    finally:
-        Path(ns.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-    return 0
+    return tc.sweep_main(__doc__, {"cascade": cascade_part, "decode": decode_part, "extend": extend_part},
+                         "tune_pipelined.json")
 
 
 if __name__ == "__main__":
