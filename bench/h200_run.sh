@@ -28,6 +28,8 @@ for s in "$@"; do
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     gemm-layouts) stage gemm-layouts 150 python3 bench/kernels/gemm_layouts.py --out "$OUT/gemm-layouts.json" ;;
     tune-cascade) stage tune-cascade 240 python3 bench/kernels/tune_cascade.py --out "$OUT/tune-cascade.json" ;;
+    tune-pipelined-cold) stage tune-pipelined-cold 300 python3 bench/kernels/tune_pipelined.py --part cascade --cold-l2 \
+        --out "$OUT/tune-pipelined-cold.json" ;;
     tune-pipelined) stage tune-pipelined 420 python3 bench/kernels/tune_pipelined.py --out "$OUT/tune-pipelined.json" ;;
     cascade-probe) stage cascade-probe 150 python3 bench/kernels/cascade_probe.py --out "$OUT/cascade-probe.json" ;;
     engine-sp) stage engine-sp 200 python3 bench/gpu_engine.py --only shared-prefix,kernels --out "$OUT/engine-sp.json" ;;

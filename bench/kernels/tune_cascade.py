@@ -44,8 +44,23 @@ EXTEND_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 4, 2), (128, 32, 4
                   (128, 128, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (64, 64, 4, 3)]
 
 
-def graph_us(run, reps: int = 8) -> float:
-    """Device time of one run(), from a CUDA graph of `reps` back-to-back calls (run called once first)."""
+# Cold-L2 mode (tune_pipelined.py --cold-l2): every timed call is preceded by a write of this buffer
+# (larger than the H200's 50 MB L2), as in the engine, where a layer's weights stream through L2
+# between two attention calls; the flush's own time is measured alone and subtracted.
+L2_FLUSH: torch.Tensor | None = None
+
+
+def set_cold_l2(on: bool, megabytes: int = 256) -> None:
+    global L2_FLUSH
+    L2_FLUSH = torch.empty(megabytes << 18, dtype=torch.float32, device=DEV) if on else None
+
+
+def _flush() -> None:
+    if L2_FLUSH is not None:
+        L2_FLUSH.zero_()
+
+
+def _graph_us(run, reps: int) -> float:
     run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -55,14 +70,24 @@ def graph_us(run, reps: int = 8) -> float:
     return bk.bench_ms(graph.replay) * 1e3 / reps
 
 
+def graph_us(run, reps: int = 8) -> float:
+    """Device time of one run(), from a CUDA graph of `reps` back-to-back calls (run called once
+    first); in cold-L2 mode each call follows an L2 flush, whose time alone is subtracted."""
+    if L2_FLUSH is None:
+        return _graph_us(run, reps)
+    return _graph_us(lambda: (_flush(), run()), reps) - _graph_us(_flush, reps)
+
+
 def kernel_us(run, reps: int = 20) -> dict[str, float]:
-    """Device time per call of each kernel that run() launches (torch.profiler, eager calls)."""
+    """Device time per call of each Triton kernel that run() launches (torch.profiler, eager calls;
+    in cold-L2 mode each call follows an L2 flush, which is not a Triton kernel and is not counted)."""
     from torch.profiler import ProfilerActivity, profile
 
     run()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
+            _flush()
             run()
         torch.cuda.synchronize()
     out = {}
@@ -294,12 +319,15 @@ def extend_part(rows: list[dict]) -> None:
 def sweep_main(doc: str, parts: dict, default_out: str) -> int:
     """CLI shared by the sweep scripts: run the `--part`s (names of `parts`, each a function filling a
     list of result rows) in order, printing a header per part, and write the rows as JSON to `--out`
-    even when a part fails."""
+    even when a part fails. `--cold-l2`: time every call after an L2 flush (set_cold_l2)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", nargs="+", default=list(parts), choices=list(parts))
     p.add_argument("--out", default=default_out)
+    p.add_argument("--cold-l2", action="store_true",
+                   help="flush L2 before every timed call (engine-like: K/V come from HBM); graph and profiler times")
     ns = p.parse_args()
-    rows: list[dict] = []
+    set_cold_l2(ns.cold_l2)
+    rows: list[dict] = [{"part": "settings", "cold_l2": ns.cold_l2}]
     try:
         for part in ns.part:
             print(f"--- {part}", flush=True)

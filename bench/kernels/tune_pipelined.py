@@ -14,6 +14,10 @@ cascade : 128 decoding requests sharing a 2,048-token prefix with 128-192 privat
 decode  : plain decode, configs (key block, warps, stages) over batch x context shapes (graph replay).
 extend  : extend configs over the prefill shapes of the workloads (tune_cascade.extend_shapes).
 Every timed variant also reports its error against the fp32 reference where one is cheap.
+--cold-l2 flushes L2 before every timed call of the cascade part: in the engine the prefix K/V come
+from HBM, and with them hot in L2 (the default) the 128-row tile measured 17.7 against 20.3 us but
+equal in the engine (docs/benchmarks.md, session 5). (decode and extend time through
+bench_kernels, which does not flush.)
 """
 
 from __future__ import annotations
