@@ -221,3 +221,44 @@ def test_triton_backend_decode_cuda_graph(paged_batch):
     ref = decode_attention_ref(q, b.k_buffer, b.v_buffer, meta.page_table, meta.seq_lens, PAGE, D ** -0.5)
     assert torch.equal(b.k_buffer[meta.out_cache_loc], k)  # the graph stored this step's K
     check_attention(o, ref)
+
+
+def test_backend_start_compiles_every_extend_variant():
+    """After TritonAttnBackend's start-up warm-ups, extends of any config and any page-table width
+    (short prompts, long prompts, short extends over a prefix; widths 1, 16, 17, 80) compile
+    no new extend-attention variant: a compile mid-serving stalls a pass for seconds. q/k/v are
+    views of one QKV row, as the model passes them."""
+    pytest.importorskip("orjson")  # radixrt.protocol needs it
+    from triton import knobs
+
+    from radixrt.worker.attention_triton import TritonAttnBackend
+
+    dev, pages = torch.device("cuda"), 128
+
+    class Pool:
+        page_size = PAGE
+        k_buffers = [torch.zeros(pages * PAGE, HKV, D, device=dev, dtype=BF16)]
+        v_buffers = [torch.zeros(pages * PAGE, HKV, D, device=dev, dtype=BF16)]
+
+    TritonAttnBackend(Pool(), num_q_heads=HQ, max_batch_size=8)
+    compiled: list[str] = []
+
+    def hook(*, fn, **_):
+        compiled.append(fn.name)  # returning None lets the compile go ahead
+
+    previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hook
+    try:
+        i32 = {"dtype": torch.int32, "device": dev}
+        for width in (1, 16, 17, 80):  # 80 pages: a 1,264-token prefix, past the short-prompt bound
+            for prefix, new, hint in ((0, 8, 8), (0, 2000, 2000), (width * PAGE - 16, 16, width * PAGE), (4, 4, None)):
+                prefix = max(0, min(prefix, width * PAGE - new))
+                qkv = torch.randn(new, (HQ + 2 * HKV) * D, device=dev, dtype=BF16)
+                q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=-1)
+                table = torch.arange(width, **i32).remainder(pages).view(1, width)
+                extend_attention(q.view(new, HQ, D), k.view(new, HKV, D), v.view(new, HKV, D), Pool.k_buffers[0],
+                                 Pool.v_buffers[0], table, torch.tensor([prefix], **i32), torch.tensor([new], **i32),
+                                 torch.zeros(1, **i32), PAGE, None, new, max_seq_len=hint)
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+    assert "_extend_attn_kernel" not in compiled, compiled
