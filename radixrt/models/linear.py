@@ -17,8 +17,9 @@ import torch.nn.functional as F
 import triton
 from torch import nn
 
-# Most rows skinny_linear_supported may route (= radixrt.kernels.gemv.MAX_M_DOT; a cheap pre-check,
-# the per-call decision is skinny_linear_supported's).
+# Most rows skinny_linear_supported may route (= radixrt.kernels.gemv.MAX_M_DOT); each Linear bounds
+# its calls by the rows routed for its own shape (_routed_rows), the per-call decision is
+# skinny_linear_supported's.
 SKINNY_MAX_ROWS = 256
 
 
@@ -32,15 +33,28 @@ class Linear(nn.Linear):
     """nn.Linear (weight [N, K], optional bias [N]); x [..., K] -> [..., N] in x's dtype."""
 
     _workspace = None  # SkinnyWorkspace, allocated at the first skinny call (shapes only)
+    _max_rows = None  # largest M routed to skinny_linear for this weight shape (from TUNED; cached)
     _skinny = skinny_enabled()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._skinny and x.is_cuda and x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS:
+        # the per-shape bound keeps calls of 17..256 rows, routed nowhere unless TUNED lists the shape,
+        # off skinny_linear_supported's per-call checks (eager mixed passes make ~110 such calls)
+        if self._skinny and x.is_cuda and x.dim() == 2 and x.shape[0] <= self._routed_rows():
             from radixrt.kernels import skinny_linear, skinny_linear_supported
 
             if skinny_linear_supported(x, self.weight):
                 return skinny_linear(x, self.weight, self.bias, workspace=self._scratch(x.device))
         return F.linear(x, self.weight, self.bias)
+
+    def _routed_rows(self) -> int:
+        """The largest M <= SKINNY_MAX_ROWS that skinny_rows_routed accepts for this weight's shape
+        (16 unless TUNED lists larger row buckets for it); computed once."""
+        if self._max_rows is None:
+            from radixrt.kernels.gemv import skinny_rows_routed
+
+            n, k = self.weight.shape
+            self._max_rows = max((m for m in range(1, SKINNY_MAX_ROWS + 1) if skinny_rows_routed(m, n, k)), default=0)
+        return self._max_rows
 
     def _scratch(self, device: torch.device):
         """Split-K scratch (fp32 partials >= splits * M * N, int32 counters >= row blocks) big enough
