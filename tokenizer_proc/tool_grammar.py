@@ -1,0 +1,132 @@
+"""tool_choice -> a grammar for the grammar engine (xgrammar structural tags), and the plan for a request.
+
+"required" and a named choice force the output to be calls (one, or one or more when
+parallel_tool_calls) whose names are tools' names and whose arguments match each tool's JSON schema,
+so even a 135M model emits valid calls. "auto" is free text parsed afterwards, except that when some
+tool has `strict: true` the arguments are constrained once a call starts (a triggered structural tag).
+
+The grammar is an xgrammar structural tag (JSON text, kind "structural_tag"): it embeds each tool's
+JSON schema as is, so building it needs no xgrammar here, and the engine compiles it with
+GrammarCompiler.compile_structural_tag. The forced text is exactly what tool_prompt.render_call_block
+renders back into the history (hermes), so the agent loop's next prompt extends the cached one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .tool_prompt import CALL_CLOSE, CALL_OPEN, CALL_SEPARATOR
+from .tool_protocol import NamedToolChoice, ToolDefinition, ToolFields
+
+_LOOSE_ARGUMENTS: dict[str, Any] = {"type": "object"}  # a non-strict tool's arguments under "auto"
+# Whitespace between JSON tokens of the arguments, at most this many characters in a row: room for the
+# usual `{"a": 1, "b": 2}` spacing, none for the endless indentation small models fall into.
+MAX_JSON_WHITESPACE = 1
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """A grammar for the grammar engine: `kind` names the dialect, `text` is the grammar itself."""
+
+    kind: Literal["structural_tag", "ebnf", "json_schema", "regex"]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class _CallFormat:
+    """How one call is written, as begin/end strings around its arguments (a JSON object)."""
+
+    parser: str
+    begin: str         # format string with {name}: the JSON-encoded function name
+    end: str
+    separator: str     # between parallel calls
+    trigger: str       # the prefix of every call (for "auto" with strict tools)
+
+
+_FORMATS = {
+    "hermes": _CallFormat("hermes", CALL_OPEN + '{{"name": {name}, "arguments": ', "}" + CALL_CLOSE,
+                          CALL_SEPARATOR, "<tool_call>"),
+    "llama3_json": _CallFormat("llama3_json", '{{"name": {name}, "parameters": ', "}", "; ",
+                               '{"name": '),
+}
+_FORMAT_OF_PARSER = {"hermes": "hermes", "qwen": "hermes", "qwen25": "hermes",
+                     "llama3_json": "llama3_json", "llama3": "llama3_json"}
+
+
+def _tag(fmt: _CallFormat, tool: ToolDefinition, schema: dict[str, Any]) -> dict[str, Any]:
+    name = json.dumps(tool.function.name, ensure_ascii=False)
+    return {"type": "tag", "begin": fmt.begin.format(name=name),
+            "content": {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE},
+            "end": fmt.end}
+
+
+def _forced(fmt: _CallFormat, tools: Sequence[ToolDefinition], parallel: bool) -> dict[str, Any]:
+    tags = [_tag(fmt, t, t.schema()) for t in tools]
+    if parallel:
+        return {"type": "tags_with_separator", "tags": tags, "separator": fmt.separator,
+                "at_least_one": True}
+    return tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
+
+
+def _triggered(fmt: _CallFormat, tools: Sequence[ToolDefinition], parallel: bool) -> dict[str, Any]:
+    tags = [_tag(fmt, t, t.schema() if t.function.strict else _LOOSE_ARGUMENTS) for t in tools]
+    return {"type": "triggered_tags", "triggers": [fmt.trigger], "tags": tags,
+            "stop_after_first": not parallel}
+
+
+def tool_grammar(tools: Sequence[ToolDefinition], tool_choice: str | NamedToolChoice, parallel: bool,
+                 parser: str = "hermes") -> tuple[GrammarSpec | None, str]:
+    """The grammar for a tool_choice, and the parser that reads output made under it.
+
+    tool_choice "none" or "auto" without strict tools: (None, parser). "required": calls of any tool;
+    named: calls of that tool only; "auto" with a strict tool: free text, calls constrained once they
+    start. Formats: hermes (also for "qwen"), llama3_json. A parser without a grammar form (pythonic)
+    gets the hermes grammar for forced choices, and so the hermes parser; "auto" stays unconstrained.
+
+    Raises:
+        ValueError: a named choice that is not in tools (ToolFields already rejects it).
+    """
+    fmt = _FORMATS.get(_FORMAT_OF_PARSER.get(parser, ""))
+    if tool_choice == "none" or not tools:
+        return None, parser
+    if tool_choice == "auto":
+        if fmt is None or not any(t.function.strict for t in tools):
+            return None, parser
+        body = _triggered(fmt, tools, parallel)
+    else:
+        fmt = fmt or _FORMATS["hermes"]
+        chosen = list(tools)
+        if isinstance(tool_choice, NamedToolChoice):
+            chosen = [t for t in tools if t.function.name == tool_choice.function.name]
+            if not chosen:
+                raise ValueError(f"tool_choice: function {tool_choice.function.name!r} is not in tools")
+        body = _forced(fmt, chosen, parallel)
+    text = json.dumps({"type": "structural_tag", "format": body}, ensure_ascii=False)
+    return GrammarSpec("structural_tag", text), fmt.parser
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """What the chat handler does with a request's tools.
+
+    render_tools: the tools for the prompt (also for tool_choice "none", so that the prompt, and so the
+        radix-cache prefix, does not change with tool_choice). parser: the --tool-call-parser name for
+        the output, None when it is plain content. grammar: the grammar to sample under, or None.
+    """
+
+    render_tools: list[ToolDefinition]
+    parser: str | None
+    grammar: GrammarSpec | None
+
+
+def plan_tools(fields: ToolFields, parser: str) -> ToolPlan:
+    """Plan a request from its validated tool fields and the server's parser name."""
+    tools = list(fields.tools or [])
+    choice = fields.effective_tool_choice()
+    if choice == "none" or not tools:
+        return ToolPlan(tools, None, None)
+    grammar, out_parser = tool_grammar(tools, choice, fields.allows_parallel(), parser)
+    return ToolPlan(tools, out_parser, grammar)

@@ -1,0 +1,279 @@
+"""The tool-call parser contract: result types, the streaming interface, and the pieces every format shares.
+
+A format is one incremental state machine (a `ToolCallStream`). Streaming feeds it text deltas; the
+full-text `ToolParser.parse` feeds the whole text as one delta through the same machine, so both paths
+reach identical calls by construction wherever the machine does not depend on where the text was split
+(tests check every split point). The one difference: `parse` sees the end of the text before deciding,
+so a call whose arguments never closed or are not a JSON object falls back to content there, while a
+stream has already sent that call's first deltas and cannot take them back.
+
+Machines never raise on model output: text that does not read as a call is content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+def new_call_id() -> str:
+    """A fresh OpenAI-style tool call id: "call_" + 24 hex digits."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """One complete call. `arguments` is JSON text, verbatim from the model when it wrote an object."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        """The `message.tool_calls[i]` item of a chat completion."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of call number `index` (0-based within the choice). `id` and `name` are set on the first
+    delta of each call only; `arguments` is the next fragment of the JSON text (may be "")."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        """The `delta.tool_calls[i]` item of a chat completion chunk."""
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(slots=True)
+class ParsedOutput:
+    """A whole completion split into content text ("" when none) and calls."""
+
+    content: str
+    tool_calls: list[ToolCall]
+
+
+@dataclass(slots=True)
+class StreamDelta:
+    """What one fed text delta released: content text and call deltas, in the order they occurred
+    (content before a call's first delta in the same StreamDelta came first in the text)."""
+
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _CallRecord:
+    index: int
+    id: str
+    name: str
+    arguments: str = ""
+    source: str = ""     # the model's text of the whole call, to fall back to as content
+    closed: bool = False  # the arguments value ended
+
+
+@dataclass(slots=True)
+class _Dropped:
+    text: str  # whitespace dropped beside a call; restored by parse when that call falls back to content
+
+
+class Emitter:
+    """Collects what a machine recognised: the ordered segments (content strings and calls) for `parse`,
+    and the not-yet-taken StreamDelta for streaming. Owned by one machine."""
+
+    def __init__(self, new_id: Callable[[], str]) -> None:
+        self.segments: list[str | _CallRecord | _Dropped] = []
+        self._new_id = new_id
+        self._num_calls = 0
+        self._delta = StreamDelta()
+
+    def text(self, s: str) -> None:
+        if s:
+            self.segments.append(s)
+            self._delta.content += s
+
+    def dropped(self, s: str) -> None:
+        """Whitespace beside a call that is not content (see _Dropped)."""
+        if s:
+            self.segments.append(_Dropped(s))
+
+    def start_call(self, name: str, source: str) -> _CallRecord:
+        rec = _CallRecord(self._num_calls, self._new_id(), name, source=source)
+        self._num_calls += 1
+        self.segments.append(rec)
+        self._delta.tool_calls.append(ToolCallDelta(rec.index, "", rec.id, name))
+        return rec
+
+    def arguments(self, rec: _CallRecord, s: str) -> None:
+        if not s:
+            return
+        rec.arguments += s
+        rec.source += s
+        last = self._delta.tool_calls[-1] if self._delta.tool_calls else None
+        if last is not None and last.index == rec.index:
+            last.arguments += s
+        else:
+            self._delta.tool_calls.append(ToolCallDelta(rec.index, s))
+
+    def whole_call(self, name: str, arguments: str, source: str) -> None:
+        rec = self.start_call(name, "")
+        self.arguments(rec, arguments)
+        rec.source, rec.closed = source, True
+
+    def take(self) -> StreamDelta:
+        d, self._delta = self._delta, StreamDelta()
+        return d
+
+
+class ToolCallStream(ABC):
+    """One choice's incremental parser. Feed text deltas in order, then call finish() once.
+
+    Raises: nothing on any text (malformed calls become content).
+    """
+
+    def __init__(self, new_id: Callable[[], str]) -> None:
+        self.out = Emitter(new_id)
+        self.buf = ""
+
+    def feed(self, delta: str) -> StreamDelta:
+        """Add the next piece of generated text; returns what can be released now."""
+        self.buf += delta
+        self._run(final=False)
+        return self.out.take()
+
+    def finish(self) -> StreamDelta:
+        """The text is complete: release everything still held back."""
+        self._run(final=True)
+        return self.out.take()
+
+    @abstractmethod
+    def _run(self, final: bool) -> None:
+        """Consume self.buf as far as possible, emitting into self.out; keep what is undecided."""
+
+
+class ToolParser(ABC):
+    """A tool-call output format. `new_id` makes call ids (tests pass a deterministic one)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, new_id: Callable[[], str] = new_call_id) -> None:
+        self.new_id = new_id
+
+    @abstractmethod
+    def stream(self) -> ToolCallStream:
+        """A fresh incremental parser for one choice."""
+
+    def parse(self, text: str) -> ParsedOutput:
+        """The whole output -> content and complete calls (see the module docstring for fallbacks)."""
+        s = self.stream()
+        s.feed(text)
+        s.finish()
+        segs = s.out.segments
+        failed = [isinstance(g, _CallRecord) and not (g.closed and is_json_object(g.arguments)) for g in segs]
+        content: list[str] = []
+        calls: list[ToolCall] = []
+        for i, seg in enumerate(segs):
+            if isinstance(seg, str):
+                content.append(seg)
+            elif isinstance(seg, _Dropped):
+                if (i > 0 and failed[i - 1]) or (i + 1 < len(segs) and failed[i + 1]):
+                    content.append(seg.text)
+            elif failed[i]:
+                content.append(seg.source)
+            else:
+                calls.append(ToolCall(seg.id, seg.name, seg.arguments))
+        return ParsedOutput("".join(content), calls)
+
+
+def is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def call_from_json(obj: Any) -> tuple[str, str] | None:
+    """{"name": str, "arguments"|"parameters": object or JSON text} -> (name, arguments text), else None.
+
+    A missing arguments key means no arguments ("{}")."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, dict):
+        return obj["name"], json.dumps(args, ensure_ascii=False)
+    if isinstance(args, str):
+        return obj["name"], args
+    return None
+
+
+# `{"name": "<name>", "arguments": ` (or "parameters"): a call whose arguments can stream.
+CALL_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+def header_name(raw: str) -> str | None:
+    """The JSON string body captured by CALL_HEADER, decoded; None when its escapes are invalid."""
+    try:
+        return json.loads(f'"{raw}"')
+    except ValueError:
+        return None
+
+
+def held_prefix_len(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag` (it may become the tag)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+class JsonValueScan:
+    """Finds the end of one JSON object or array from its first character, fed in pieces.
+
+    Tracks only string/escape state and bracket depth: it does not validate the JSON (parse does)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escape = False
+        self.done = False
+
+    def feed(self, s: str) -> int:
+        """Consume characters of s; returns how many, stopping just after the closing bracket."""
+        for i, c in enumerate(s):
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                elif c == "\\":
+                    self.escape = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth <= 0:
+                    self.done = True
+                    return i + 1
+        return len(s)
+
+
+def json_value_end(text: str, start: int) -> int | None:
+    """End index (exclusive) of the object/array starting at text[start], or None if it does not close."""
+    scan = JsonValueScan()
+    n = scan.feed(text[start:])
+    return start + n if scan.done else None
