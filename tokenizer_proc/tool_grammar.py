@@ -58,9 +58,8 @@ _FORMAT_OF_PARSER = {"hermes": "hermes", "qwen": "hermes", "qwen25": "hermes",
 
 def _tag(fmt: _CallFormat, tool: ToolDefinition, schema: dict[str, Any]) -> dict[str, Any]:
     name = json.dumps(tool.function.name, ensure_ascii=False)
-    return {"type": "tag", "begin": fmt.begin.format(name=name),
-            "content": {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE},
-            "end": fmt.end}
+    content = {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    return {"type": "tag", "begin": fmt.begin.format(name=name), "content": content, "end": fmt.end}
 
 
 def _forced(fmt: _CallFormat, tools: Sequence[ToolDefinition], parallel: bool) -> dict[str, Any]:

@@ -138,15 +138,19 @@ class Emitter:
         return d
 
 
-class ToolCallStream(ABC):
+class ToolCallStream:
     """One choice's incremental parser. Feed text deltas in order, then call finish() once.
 
+    A format is a state machine: `state` names the method `_<state>(final) -> bool` that consumes
+    `buf` (emitting into `out`); it returns True when it changed state and the next one should run,
+    False when it needs more text (or, with final, is done).
     Raises: nothing on any text (malformed calls become content).
     """
 
-    def __init__(self, new_id: Callable[[], str]) -> None:
+    def __init__(self, new_id: Callable[[], str], state: str) -> None:
         self.out = Emitter(new_id)
         self.buf = ""
+        self.state = state
 
     def feed(self, delta: str) -> StreamDelta:
         """Add the next piece of generated text; returns what can be released now."""
@@ -159,9 +163,16 @@ class ToolCallStream(ABC):
         self._run(final=True)
         return self.out.take()
 
-    @abstractmethod
+    def _decided_lead(self, tag: str, final: bool) -> str | None:
+        """The buffer without leading whitespace, or None while it may still become `tag` (and more
+        text is coming)."""
+        s = self.buf.lstrip()
+        return None if may_become(s, tag) and not final else s
+
     def _run(self, final: bool) -> None:
         """Consume self.buf as far as possible, emitting into self.out; keep what is undecided."""
+        while getattr(self, "_" + self.state)(final):
+            pass
 
 
 class ToolParser(ABC):
@@ -229,6 +240,11 @@ def header_name(raw: str) -> str | None:
         return json.loads(f'"{raw}"')
     except ValueError:
         return None
+
+
+def may_become(text: str, tag: str) -> bool:
+    """`text` is empty or a proper prefix of `tag`: more text may still complete the tag."""
+    return not text or (tag.startswith(text) and text != tag)
 
 
 def held_prefix_len(text: str, tag: str) -> int:

@@ -22,6 +22,7 @@ from .tool_parser_base import (
     header_name,
     held_prefix_len,
     json_value_end,
+    may_become,
 )
 
 
@@ -58,63 +59,49 @@ class _Content:
         self.after_call = True
 
 
-class _HermesStream(ToolCallStream):
-    START, END = "<tool_call>", "</tool_call>"
+class _JsonCallStream(ToolCallStream):
+    """Shared states of the JSON formats: content up to a tag, arguments streamed as they arrive,
+    and a whole JSON call decided at once. `TAG` opens calls; `after_tag` is the state it leads to."""
 
-    def __init__(self, parser: ToolParser) -> None:
-        super().__init__(parser.new_id)
-        self.state = "text"
+    TAG = ""
+    after_tag = ""
+
+    def __init__(self, parser: ToolParser, state: str) -> None:
+        super().__init__(parser.new_id, state)
         self.content = _Content(self)
         self.call: _CallRecord | None = None
         self.scan = JsonValueScan()
 
-    def _run(self, final: bool) -> None:
-        step = {"text": self._text, "header": self._header, "block": self._block,
-                "args": self._args, "tail": self._tail}
-        while step[self.state](final):
-            pass
-
     def _text(self, final: bool) -> bool:
-        i = self.buf.find(self.START)
+        i = self.buf.find(self.TAG)
         if i >= 0:
             self.content.emit(self.buf[:i], hold_tail=True)
-            self.buf, self.state = self.buf[i + len(self.START):], "header"
+            self.buf, self.state = self.buf[i + len(self.TAG):], self.after_tag
             return True
-        keep = len(self.buf) if final else len(self.buf) - held_prefix_len(self.buf, self.START)
+        keep = len(self.buf) if final else len(self.buf) - held_prefix_len(self.buf, self.TAG)
         self.content.emit(self.buf[:keep], hold_tail=not final)
         self.buf = self.buf[keep:]
         return False
 
-    def _header(self, final: bool) -> bool:
-        m = CALL_HEADER.match(self.buf)
-        if m and m.end() < len(self.buf):
-            name = header_name(m.group(1))
-            if self.buf[m.end()] == "{" and name is not None:
-                self.content.call_started()
-                self.call = self.out.start_call(name, self.START + self.buf[:m.end()])
-                self.buf, self.state, self.scan = self.buf[m.end():], "args", JsonValueScan()
-                return True
-            self.state = "block"  # arguments as a JSON string, or not a call: decide on the whole block
-            return True
-        if self.END in self.buf or final:
-            self.state = "block"
-            return True
-        return False
-
-    def _block(self, final: bool) -> bool:
-        j = self.buf.find(self.END)
-        if j < 0 and not final:
+    def _streamed_call(self, header: re.Match[str], source_prefix: str) -> bool:
+        """Start a call whose header matched, if its arguments open an object; True if started."""
+        name = header_name(header.group(1))
+        if self.buf[header.end()] != "{" or name is None:
             return False
-        end = j + len(self.END) if j >= 0 else len(self.buf)
-        body, source = self.buf[:j if j >= 0 else len(self.buf)], self.START + self.buf[:end]
-        self.buf, self.state = self.buf[end:], "text"
+        self.content.call_started()
+        self.call = self.out.start_call(name, source_prefix + self.buf[:header.end()])
+        self.buf, self.state, self.scan = self.buf[header.end():], "args", JsonValueScan()
+        return True
+
+    def _whole_call(self, body: str, source: str) -> bool:
+        """A call given as one JSON text: emit it, or its source as content; True if it was a call."""
         try:
             call = call_from_json(json.loads(body))
         except ValueError:
             call = None
         if call is None:
             self.content.emit(source, hold_tail=True)
-            return True
+            return False
         self.content.call_started()
         self.out.whole_call(call[0], call[1], source)
         self.content.call_ended()
@@ -130,18 +117,50 @@ class _HermesStream(ToolCallStream):
         self.call.closed, self.state = True, "tail"
         return True
 
-    def _tail(self, final: bool) -> bool:
+    def _end_call(self, taken: int, state: str) -> bool:
         assert self.call is not None
+        self.call.source += self.buf[:taken]
+        self.buf, self.state = self.buf[taken:], state
+        self.content.call_ended()
+        return True
+
+
+class _HermesStream(_JsonCallStream):
+    TAG, END = "<tool_call>", "</tool_call>"
+    after_tag = "header"
+
+    def __init__(self, parser: ToolParser) -> None:
+        super().__init__(parser, "text")
+
+
+    def _header(self, final: bool) -> bool:
+        m = CALL_HEADER.match(self.buf)
+        if m and m.end() < len(self.buf):
+            if not self._streamed_call(m, self.TAG):
+                self.state = "block"  # arguments as a JSON string, or not a call: decide on the block
+            return True
+        if self.END in self.buf or final:
+            self.state = "block"
+            return True
+        return False
+
+    def _block(self, final: bool) -> bool:
+        j = self.buf.find(self.END)
+        if j < 0 and not final:
+            return False
+        end = j + len(self.END) if j >= 0 else len(self.buf)
+        body, source = self.buf[:j if j >= 0 else len(self.buf)], self.TAG + self.buf[:end]
+        self.buf, self.state = self.buf[end:], "text"
+        self._whole_call(body, source)
+        return True
+
+    def _tail(self, final: bool) -> bool:
         m = re.match(r"\s*\}?\s*", self.buf)
         assert m is not None
         rest = self.buf[m.end():]
-        if not final and (not rest or (self.END.startswith(rest) and rest != self.END)):
+        if not final and may_become(rest, self.END):
             return False  # the end tag may still come
-        taken = m.end() + (len(self.END) if rest.startswith(self.END) else 0)
-        self.call.source += self.buf[:taken]
-        self.buf, self.state = self.buf[taken:], "text"
-        self.content.call_ended()
-        return True
+        return self._end_call(m.end() + (len(self.END) if rest.startswith(self.END) else 0), "text")
 
 
 class HermesParser(ToolParser):
@@ -154,46 +173,26 @@ class HermesParser(ToolParser):
         return _HermesStream(self)
 
 
-class _Llama3Stream(ToolCallStream):
+class _Llama3Stream(_JsonCallStream):
     """Calls are a run of JSON objects at the start of the output (after optional `<|python_tag|>`), or
     after a `<|python_tag|>` that follows content; separated by whitespace, ';' or ','."""
 
     TAG = "<|python_tag|>"
+    after_tag = "sep"
 
     def __init__(self, parser: ToolParser) -> None:
-        super().__init__(parser.new_id)
-        self.state = "lead"
-        self.content = _Content(self)
-        self.call: _CallRecord | None = None
-        self.scan = JsonValueScan()
+        super().__init__(parser, "lead")
 
-    def _run(self, final: bool) -> None:
-        step = {"lead": self._lead, "text": self._text, "sep": self._sep, "object": self._object,
-                "args": self._args, "tail": self._tail}
-        while step[self.state](final):
-            pass
 
     def _lead(self, final: bool) -> bool:
-        s = self.buf.lstrip()
-        if not s or (self.TAG.startswith(s) and s != self.TAG):
-            if final:
-                self.state = "text"
-            return final
-        self.state = "sep" if s.startswith(("{", self.TAG)) else "text"
-        if self.state == "sep":
-            self.buf = s.removeprefix(self.TAG)
+        s = self._decided_lead(self.TAG, final)
+        if s is None:
+            return False
+        if s.startswith(("{", self.TAG)):
+            self.buf, self.state = s.removeprefix(self.TAG), "sep"
+        else:
+            self.state = "text"
         return True
-
-    def _text(self, final: bool) -> bool:
-        i = self.buf.find(self.TAG)
-        if i >= 0:
-            self.content.emit(self.buf[:i], hold_tail=True)
-            self.buf, self.state = self.buf[i + len(self.TAG):], "sep"
-            return True
-        keep = len(self.buf) if final else len(self.buf) - held_prefix_len(self.buf, self.TAG)
-        self.content.emit(self.buf[:keep], hold_tail=not final)
-        self.buf = self.buf[keep:]
-        return False
 
     def _sep(self, final: bool) -> bool:
         s = self.buf.lstrip(" \t\r\n;,")
@@ -205,52 +204,22 @@ class _Llama3Stream(ToolCallStream):
 
     def _object(self, final: bool) -> bool:
         m = CALL_HEADER.match(self.buf)
-        if m and m.end() < len(self.buf) and self.buf[m.end()] == "{" and header_name(m.group(1)) is not None:
-            self.content.call_started()
-            self.call = self.out.start_call(header_name(m.group(1)) or "", self.buf[:m.end()])
-            self.buf, self.state, self.scan = self.buf[m.end():], "args", JsonValueScan()
+        if m and m.end() < len(self.buf) and self._streamed_call(m, ""):
             return True
-        end = json_value_end(self.buf, 0)
         if m and m.end() >= len(self.buf) and not final:
             return False  # the arguments value has not started yet
+        end = json_value_end(self.buf, 0)
         if end is None and not final:
             return False
-        end = end or len(self.buf)
-        source, self.buf = self.buf[:end], self.buf[end:]
-        try:
-            call = call_from_json(json.loads(source))
-        except ValueError:
-            call = None
-        if call is None:
-            self.content.emit(source, hold_tail=True)
-            self.state = "text"
-            return True
-        self.content.call_started()
-        self.out.whole_call(call[0], call[1], source)
-        self.content.call_ended()
-        self.state = "sep"
-        return True
-
-    def _args(self, final: bool) -> bool:
-        assert self.call is not None
-        n = self.scan.feed(self.buf)
-        self.out.arguments(self.call, self.buf[:n])
-        self.buf = self.buf[n:]
-        if not self.scan.done:
-            return False
-        self.call.closed, self.state = True, "tail"
+        source, self.buf = self.buf[:end or len(self.buf)], self.buf[end or len(self.buf):]
+        self.state = "sep" if self._whole_call(source, source) else "text"
         return True
 
     def _tail(self, final: bool) -> bool:
-        assert self.call is not None
         m = re.match(r"\s*\}", self.buf)
         if m is None and not final and not self.buf.strip():
             return False  # the object's closing brace may still come
-        taken = m.end() if m else 0
-        self.call.source += self.buf[:taken]
-        self.buf, self.state = self.buf[taken:], "sep"
-        self.content.call_ended()
-        return True
+        return self._end_call(m.end() if m else 0, "sep")
 
 
 class Llama3JsonParser(ToolParser):
@@ -326,21 +295,14 @@ class _PythonicStream(ToolCallStream):
     WRAP_START, WRAP_END = "<|python_start|>", "<|python_end|>"
 
     def __init__(self, parser: ToolParser) -> None:
-        super().__init__(parser.new_id)
-        self.state = "lead"
+        super().__init__(parser.new_id, "lead")
         self.content = _Content(self)
 
-    def _run(self, final: bool) -> None:
-        step = {"lead": self._lead, "list": self._list, "wrap_end": self._wrap_end, "text": self._text}
-        while step[self.state](final):
-            pass
 
     def _lead(self, final: bool) -> bool:
-        s = self.buf.lstrip()
-        if not s or (self.WRAP_START.startswith(s) and s != self.WRAP_START):
-            if final:
-                self.state = "text"
-            return final
+        s = self._decided_lead(self.WRAP_START, final)
+        if s is None:
+            return False
         s = s.removeprefix(self.WRAP_START).lstrip()
         if s.startswith("["):
             self.buf, self.state = s, "list"
@@ -350,7 +312,7 @@ class _PythonicStream(ToolCallStream):
 
     def _wrap_end(self, final: bool) -> bool:
         s = self.buf.lstrip()
-        if not final and (not s or (self.WRAP_END.startswith(s) and s != self.WRAP_END)):
+        if not final and may_become(s, self.WRAP_END):
             return False  # the closing wrapper may still come
         self.buf, self.state = s.removeprefix(self.WRAP_END), "text"
         return True

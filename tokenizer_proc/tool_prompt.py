@@ -61,7 +61,8 @@ def render_call_block(name: str, arguments: str) -> str:
     """One call in the hermes form the grammar forces: `<tool_call>\\n{"name": ..., "arguments": ...}\\n
     </tool_call>`; `arguments` (JSON text) goes in verbatim, so a call the model wrote renders back
     byte-identically."""
-    return f'{CALL_OPEN}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {arguments}}}{CALL_CLOSE}'
+    name_json = json.dumps(name, ensure_ascii=False)
+    return f'{CALL_OPEN}{{"name": {name_json}, "arguments": {arguments}}}{CALL_CLOSE}'
 
 
 def _role(m: ChatMessage) -> str:

@@ -49,8 +49,8 @@ def test_full_agent_request_parses() -> None:
              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
     ]
-    req = parse_body(ToolChatRequest, body(messages=history, tools=[WEATHER],
-                                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    req = parse_body(ToolChatRequest, body(messages=history, tools=[WEATHER], tool_choice=named,
                                            parallel_tool_calls=False))
     assert isinstance(req.tool_choice, NamedToolChoice) and req.tool_choice.function.name == "get_weather"
     assert not req.allows_parallel()
