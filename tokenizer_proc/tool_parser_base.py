@@ -68,15 +68,18 @@ class ParsedOutput:
 
 @dataclass(slots=True)
 class StreamDelta:
-    """What one fed text delta released: content text and call deltas, in the order they occurred
-    (content before a call's first delta in the same StreamDelta came first in the text)."""
+    """What one fed text delta released: content text and call deltas. When one delta holds text on
+    both sides of a call, all of its content is in `content` (send it first: it is mostly the text
+    before the call; text after the last call is rare and clients read the two apart anyway)."""
 
     content: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 @dataclass(slots=True)
-class _CallRecord:
+class CallRecord:
+    """A call as a machine recognised it (owned by its Emitter; ParsedOutput copies what is valid)."""
+
     index: int
     id: str
     name: str
@@ -95,7 +98,7 @@ class Emitter:
     and the not-yet-taken StreamDelta for streaming. Owned by one machine."""
 
     def __init__(self, new_id: Callable[[], str]) -> None:
-        self.segments: list[str | _CallRecord | _Dropped] = []
+        self.segments: list[str | CallRecord | _Dropped] = []
         self._new_id = new_id
         self._num_calls = 0
         self._delta = StreamDelta()
@@ -110,14 +113,14 @@ class Emitter:
         if s:
             self.segments.append(_Dropped(s))
 
-    def start_call(self, name: str, source: str) -> _CallRecord:
-        rec = _CallRecord(self._num_calls, self._new_id(), name, source=source)
+    def start_call(self, name: str, source: str) -> CallRecord:
+        rec = CallRecord(self._num_calls, self._new_id(), name, source=source)
         self._num_calls += 1
         self.segments.append(rec)
         self._delta.tool_calls.append(ToolCallDelta(rec.index, "", rec.id, name))
         return rec
 
-    def arguments(self, rec: _CallRecord, s: str) -> None:
+    def arguments(self, rec: CallRecord, s: str) -> None:
         if not s:
             return
         rec.arguments += s
@@ -193,7 +196,7 @@ class ToolParser(ABC):
         s.feed(text)
         s.finish()
         segs = s.out.segments
-        failed = [isinstance(g, _CallRecord) and not (g.closed and is_json_object(g.arguments)) for g in segs]
+        failed = [isinstance(g, CallRecord) and not (g.closed and is_json_object(g.arguments)) for g in segs]
         content: list[str] = []
         calls: list[ToolCall] = []
         for i, seg in enumerate(segs):

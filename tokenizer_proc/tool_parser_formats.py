@@ -17,7 +17,7 @@ from .tool_parser_base import (
     JsonValueScan,
     ToolCallStream,
     ToolParser,
-    _CallRecord,
+    CallRecord,
     call_from_json,
     header_name,
     held_prefix_len,
@@ -69,7 +69,7 @@ class _JsonCallStream(ToolCallStream):
     def __init__(self, parser: ToolParser, state: str) -> None:
         super().__init__(parser.new_id, state)
         self.content = _Content(self)
-        self.call: _CallRecord | None = None
+        self.call: CallRecord | None = None
         self.scan = JsonValueScan()
 
     def _text(self, final: bool) -> bool:
