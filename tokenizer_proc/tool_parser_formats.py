@@ -14,10 +14,10 @@ from typing import Any
 
 from .tool_parser_base import (
     CALL_HEADER,
+    CallRecord,
     JsonValueScan,
     ToolCallStream,
     ToolParser,
-    CallRecord,
     call_from_json,
     header_name,
     held_prefix_len,
