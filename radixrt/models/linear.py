@@ -53,7 +53,8 @@ class Linear(nn.Linear):
             from radixrt.kernels.gemv import skinny_rows_routed
 
             n, k = self.weight.shape
-            self._max_rows = max((m for m in range(1, SKINNY_MAX_ROWS + 1) if skinny_rows_routed(m, n, k)), default=0)
+            routed = (m for m in range(1, SKINNY_MAX_ROWS + 1) if skinny_rows_routed(m, n, k))
+            self._max_rows = max(routed, default=0)
         return self._max_rows
 
     def _scratch(self, device: torch.device):
@@ -67,7 +68,8 @@ class Linear(nn.Linear):
             from radixrt.kernels.gemv import SkinnyWorkspace, default_config, skinny_rows_routed
 
             n, k = self.weight.shape
-            num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+            num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
+                       if device.type == "cuda" else 132)
             partials = counters = 1
             for m in range(1, SKINNY_MAX_ROWS + 1):
                 if not skinny_rows_routed(m, n, k):

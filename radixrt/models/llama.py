@@ -2,7 +2,7 @@
 
 A batch is one flat sequence of T new tokens from B requests (no padding); attention across
 requests is kept apart by the attention backend, which reads each request's cached K/V from the
-paged pool (see worker/forward_meta.py). Architecture differences are config flags
+paged pool (the contract: radixrt/attention/base.py). Architecture differences are config flags
 (`ModelConfig.qkv_bias`, `qk_norm`, `tie_word_embeddings`, `rope_scaling`).
 
 Weights are stored fused (q|k|v and gate|up) for two large matmuls instead of five;
@@ -16,11 +16,11 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from radixrt.attention.base import AttentionBackend, ForwardMeta
 from radixrt.models import ops
 from radixrt.models.linear import Linear
 from radixrt.models.model_config import ModelConfig
 from radixrt.models.rope import build_cos_sin_cache
-from radixrt.worker.forward_meta import AttentionBackend, ForwardMeta
 
 
 class RMSNorm(nn.Module):

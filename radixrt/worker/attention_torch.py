@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixrt.worker.forward_meta import ForwardMeta, KVPool
+from radixrt.attention.base import AttentionBackend, ForwardMeta, KVPool
 
 
 @dataclass(slots=True)
@@ -26,8 +26,8 @@ class _Group:
     mask: torch.Tensor  # [G, L, S] bool: query may attend key
 
 
-class TorchAttnBackend:
-    """Implements forward_meta.AttentionBackend with gathers and dense masked softmax.
+class TorchAttnBackend(AttentionBackend):
+    """Implements attention.base.AttentionBackend with gathers and dense masked softmax.
 
     Args:
         pool: the paged K/V pool (k_buffers / v_buffers per layer).

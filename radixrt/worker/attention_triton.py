@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from radixrt.attention.base import AttentionBackend, ForwardMeta, KVPool
 from radixrt.kernels import (
     cascade_decode_attention,
     choose_num_kv_splits,
@@ -29,7 +30,6 @@ from radixrt.kernels import (
 )
 from radixrt.kernels.cascade_attention import default_tile
 from radixrt.protocol import ForwardMode
-from radixrt.worker.forward_meta import ForwardMeta, KVPool
 
 DEFAULT_NUM_SMS = 132  # H200; used when the pool is not on a CUDA device
 # A cascade pass whose suffix ranges ([kv_start, seq_len) of grouped requests, whole sequences of the
@@ -41,8 +41,8 @@ CASCADE_FUSED_MAX_SUFFIX = 512
 CASCADE_FUSED_MAX_PREFIX_SPLITS = 4
 
 
-class TritonAttnBackend:
-    """AttentionBackend over a paged KV pool (see forward_meta.AttentionBackend for the contract).
+class TritonAttnBackend(AttentionBackend):
+    """AttentionBackend over a paged KV pool (see attention.base.AttentionBackend for the contract).
 
     kv_pool            : object with page_size and per-layer k_buffers / v_buffers [S, Hkv, D]
     num_q_heads        : if given, the decode workspace is allocated now (else at the first decode)
@@ -106,10 +106,11 @@ class TritonAttnBackend:
         q, k, v = qkv.split([num_q_heads * d, hkv * d, hkv * d], dim=-1)
         q, k, v = q.view(2, num_q_heads, d), k.view(2, hkv, d), v.view(2, hkv, d)
         i32 = {"dtype": torch.int32, "device": dev}
-        meta = (torch.zeros(1, 1, **i32), torch.ones(1, **i32), torch.full((1,), 2, **i32), torch.zeros(1, **i32))
+        meta = (torch.zeros(1, 1, **i32), torch.ones(1, **i32), torch.full((1,), 2, **i32),
+                torch.zeros(1, **i32))
         for max_seq_len in (ps, None):  # short -> 64-row blocks; unknown/long -> 128-row blocks
-            extend_attention(q, k, v, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0], *meta, ps, None, 2,
-                             max_seq_len=max_seq_len)
+            extend_attention(q, k, v, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0], *meta, ps, None,
+                             2, max_seq_len=max_seq_len)
 
     def _splits(self, batch_size: int, max_seq_len: int) -> int:
         return choose_num_kv_splits(batch_size, self.num_kv_heads, max_seq_len, self.num_sms,
@@ -174,7 +175,8 @@ class TritonAttnBackend:
         mid_o = mid_lse = None
         rows = batch_size * splits
         if rows * num_q_heads <= self._mid_lse.numel():
-            mid_o = self._mid_o[: rows * num_q_heads * head_dim].view(batch_size, num_q_heads, splits, head_dim)
+            mid_o = self._mid_o[: rows * num_q_heads * head_dim].view(batch_size, num_q_heads, splits,
+                                                                      head_dim)
             mid_lse = self._mid_lse[: rows * num_q_heads].view(batch_size, num_q_heads, splits)
         return decode_attention(q, k_buffer, v_buffer, meta.page_table, meta.seq_lens, meta.page_size,
                                 scale, splits, mid_o=mid_o, mid_lse=mid_lse)

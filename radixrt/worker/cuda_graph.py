@@ -28,9 +28,10 @@ cascade graph, runs eagerly.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from radixrt.attention.base import AttentionBackend, CascadeMeta, ForwardMeta
 from radixrt.protocol import ForwardMode
-from radixrt.worker.forward_meta import CascadeMeta, ForwardMeta
 
 MAX_CASCADE_GROUPS = 8
 
@@ -53,25 +54,29 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
 
 
 class CudaGraphRunner:
-    """Captures and replays decode graphs for a ModelRunner's model and attention backend.
+    """Captures and replays decode graphs for a model and its attention backend.
 
     Args:
-        runner: the ModelRunner (uses model, backend, device, page_size, context_len,
-            max_pages_per_req, config.vocab_size).
+        model: the model (its `config` gives vocab_size and num_heads); called as in forward_pass.
+        backend: the attention backend over the worker's KV pool (captured graphs keep using it).
+        device: the CUDA device. page_size: tokens per page. context_len: longest sequence a graph
+            replays (the backend is prepared with it as max_seq_len).
+        max_pages_per_req: width of the device page table (a replay's page_table must match it).
         max_bs: largest batch served by a graph; larger decode batches run eagerly.
         cascade: also capture cascade graphs (the backend supports ForwardMeta.cascade).
 
     The logits returned by `replay` are a view of a static buffer, valid until the next replay.
     """
 
-    def __init__(self, runner, max_bs: int, cascade: bool = False) -> None:
-        self.model = runner.model
-        self.backend = runner.backend
-        self.page_size = runner.page_size
-        self.context_len = runner.context_len
+    def __init__(self, model: nn.Module, backend: AttentionBackend, *, device: torch.device, page_size: int,
+                 context_len: int, max_pages_per_req: int, max_bs: int, cascade: bool = False) -> None:
+        self.model = model
+        self.backend = backend
+        self.page_size = page_size
+        self.context_len = context_len
         self.sizes = graph_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        dev, n = runner.device, self.max_bs
+        dev, n = device, self.max_bs
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
         self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -79,9 +84,9 @@ class CudaGraphRunner:
         self.prefix_lens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.extend_lens = torch.ones(n, dtype=torch.int32, device=dev)
         self.extend_start_loc = torch.arange(n, dtype=torch.int32, device=dev)
-        self.page_table = torch.zeros(n, runner.max_pages_per_req, dtype=torch.int32, device=dev)
-        self.logits = torch.zeros(n, runner.config.vocab_size, dtype=torch.float32, device=dev)
-        self.num_q_heads = runner.config.num_heads
+        self.page_table = torch.zeros(n, max_pages_per_req, dtype=torch.int32, device=dev)
+        self.logits = torch.zeros(n, model.config.vocab_size, dtype=torch.float32, device=dev)
+        self.num_q_heads = model.config.num_heads
         self.kv_start = torch.zeros(n, dtype=torch.int32, device=dev)
         self.members = torch.zeros(n, dtype=torch.int32, device=dev)
         self.group_starts = torch.zeros(MAX_CASCADE_GROUPS + 1, dtype=torch.int32, device=dev)
@@ -91,7 +96,7 @@ class CudaGraphRunner:
         self.cascade_sizes = cascade_batch_sizes(self.max_bs) if cascade else []
         # (bs, fused) -> graph; fused graphs serve replays whose suffixes are all <= fused_max_suffix
         self.cascade_graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
-        self.fused_max_suffix = min(int(getattr(self.backend, "cascade_fused_max_suffix", 0)), self.context_len)
+        self.fused_max_suffix = min(int(backend.cascade_fused_max_suffix), self.context_len)
         with torch.inference_mode():
             for bs in reversed(self.sizes):
                 self._capture(bs)
@@ -172,5 +177,6 @@ class CudaGraphRunner:
         self.group_starts[g + 1:].fill_(m)  # empty groups
         self.group_prefix_lens[:g].copy_(c.prefix_lens)
         self.group_prefix_lens[g:].zero_()
-        self.cascade_graphs[bs, self.fused_max_suffix > 0 and c.max_suffix_len <= self.fused_max_suffix].replay()
+        fused = self.fused_max_suffix > 0 and c.max_suffix_len <= self.fused_max_suffix
+        self.cascade_graphs[bs, fused].replay()
         return self.logits[:n]

@@ -3,17 +3,16 @@
 slot = page * page_size + offset. Page 0 is reserved: it is the sink that padded tokens (CUDA-graph
 padding) write to, and no real request ever reads it. The scheduler owns which pages are in use;
 this pool only stores tensors and performs the copies a ForwardBatch asks for (copy-on-write).
+How many pages fit on a device is decided in memory_profile.py.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
 
 class PagedKVPool:
-    """K/V buffers `[num_slots, num_kv_heads, head_dim]` per layer (implements forward_meta.KVPool).
+    """K/V buffers `[num_slots, num_kv_heads, head_dim]` per layer (implements attention.base.KVPool).
 
     Args:
         num_pages: pages including the reserved page 0.
@@ -74,44 +73,3 @@ class PagedKVPool:
         for buf in (*self.k_buffers, *self.v_buffers):
             pages = buf.view(self.num_pages, ps, self.num_kv_heads, self.head_dim)  # [P, ps, Hkv, D]
             pages[dst] = pages[src]
-
-
-# --------------------------------------------------------------------------- CUDA sizing
-GIB = 1 << 30
-MIN_SLACK_BYTES = 512 << 20  # allocator fragmentation, cuBLAS/Triton workspaces, NCCL later
-
-
-def measure_peak_bytes(run: Callable[[], object], device: torch.device) -> int:
-    """Peak extra CUDA memory (bytes) allocated while `run()` executes; frees what it cached."""
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    run()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - base
-    torch.cuda.empty_cache()
-    return max(0, peak)
-
-
-def cuda_pool_tokens(device: torch.device, mem_fraction_static: float, kv_bytes_per_token: int,
-                     activation_reserve_bytes: int, page_size: int) -> int:
-    """Tokens of KV pool that fit on `device`, called after the weights are loaded.
-
-    mem_fraction_static is the share of the device's total memory for weights + KV pool (as in
-    SGLang); what is already in use (weights, CUDA context, other processes) counts against it.
-    The pool is also capped so that `activation_reserve_bytes` stays free for the forward passes.
-
-    Raises:
-        RuntimeError: less than two pages would fit (message says which flag to change).
-    """
-    free, total = torch.cuda.mem_get_info(device)
-    used = total - free
-    budget = min(int(total * mem_fraction_static) - used, free - activation_reserve_bytes)
-    tokens = (max(0, budget) // kv_bytes_per_token) // page_size * page_size
-    if tokens < 2 * page_size:
-        raise RuntimeError(
-            f"no GPU memory left for the KV pool: {used / GIB:.1f} GiB in use of {total / GIB:.1f} GiB, "
-            f"activations need {activation_reserve_bytes / GIB:.2f} GiB; raise --mem-fraction-static "
-            "or lower --chunked-prefill-size / --max-running-requests")
-    return tokens

@@ -41,7 +41,8 @@ def penalized_indices(batch: ForwardBatch) -> np.ndarray:
 
 
 def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor | None,
-                    frequency: torch.Tensor, presence: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
+                    frequency: torch.Tensor, presence: torch.Tensor,
+                    repetition: torch.Tensor) -> torch.Tensor:
     """Penalised logits (a new tensor).
 
     Args:
@@ -105,8 +106,8 @@ class PenaltyState:
                                      self._t(batch.presence_penalty[idx], torch.float32),
                                      self._t(rep_np, torch.float32))
         if has_bias:
-            out.index_put_((self._t(batch.logit_bias_idx, torch.int64), self._t(batch.logit_bias_ids, torch.int64)),
-                           self._t(batch.logit_bias_vals, torch.float32), accumulate=True)
+            where = (self._t(batch.logit_bias_idx, torch.int64), self._t(batch.logit_bias_ids, torch.int64))
+            out.index_put_(where, self._t(batch.logit_bias_vals, torch.float32), accumulate=True)
         return out
 
     def record(self, batch: ForwardBatch, next_ids: torch.Tensor) -> None:

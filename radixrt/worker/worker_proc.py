@@ -2,7 +2,8 @@
 
 Sockets (see radixrt/ipc.py): binds `worker_in` (scheduler -> worker), connects
 `scheduler_results` (worker -> scheduler) and `launcher_in` (handshake). Start-up failures are
-reported to the launcher as one `Fatal` line and exit code 1 (2 for a ModelLoadError); `WorkerControl("shutdown")` exits 0.
+reported to the launcher as one `Fatal` line and exit code 1 (2 for a ModelLoadError);
+`WorkerControl("shutdown")` exits 0.
 """
 
 from __future__ import annotations

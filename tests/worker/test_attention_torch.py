@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from radixrt.attention.base import ForwardMeta
 from radixrt.protocol import ForwardMode
 from radixrt.worker.attention_torch import TorchAttnBackend
-from radixrt.worker.forward_meta import ForwardMeta
 from radixrt.worker.kv_pool import PagedKVPool
 
 

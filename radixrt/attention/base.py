@@ -1,16 +1,22 @@
-"""Per-pass metadata on the worker's device, and the attention-backend contract.
+"""The attention-backend contract: per-pass metadata, the KV pool a backend reads, and the backend.
 
-Built once per forward pass from a `protocol.ForwardBatch` (B requests, T new tokens) and handed
-to every attention layer. Backends: `attention_torch.TorchAttnBackend` (CPU reference, CI) and
-`attention_triton.TritonAttnBackend` (CUDA, kernels in `radixrt.kernels`).
+A neutral module: the models (`radixrt.models`) call attention through `AttentionBackend` and read
+`ForwardMeta`; the worker (`radixrt.worker`) builds the metadata and owns the implementations,
+`worker/attention_torch.TorchAttnBackend` (CPU reference, CI) and `worker/attention_triton.
+TritonAttnBackend` (CUDA, kernels in `radixrt.kernels`). Neither side imports the other for this.
 
 KV layout (see docs/memory.md): per layer, K and V buffers `[num_slots, num_kv_heads, head_dim]`,
 num_slots = num_pages * page_size, slot = page * page_size + offset. Page 0 is the sink for
 padded tokens (e.g. CUDA-graph padding) and is never read by a real request.
+
+Ownership: the scheduler decides which pages and slots a pass uses; the worker applies those
+decisions to its device page table and pool before the pass and builds one `ForwardMeta` per pass
+(`worker/device_batch.py`); a backend only reads the metadata and writes K/V at the slots it names.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,7 +50,8 @@ class CascadeMeta:
 
 @dataclass(slots=True)
 class ForwardMeta:
-    """Device tensors describing one pass. All int tensors are int32 unless noted.
+    """Device tensors describing one pass over B requests and T new tokens. All int tensors are
+    int32 unless noted.
 
     mode              ForwardMode (EXTEND, DECODE or MIXED; DECODE means every extend_len == 1)
     page_size         tokens per page
@@ -57,6 +64,9 @@ class ForwardMeta:
     positions         [T]  int64 position of each new token
     max_seq_len, max_extend_len : host ints (kernel grid sizes, no device sync needed)
     cascade           CascadeMeta when a DECODE batch has groups of requests sharing prefix pages
+
+    The tensors stay alive and unchanged until the pass's last layer has run; a CUDA graph keeps
+    static ones and updates them in place between replays (worker/cuda_graph.py).
     """
 
     mode: ForwardMode
@@ -82,7 +92,11 @@ class ForwardMeta:
 
 
 class KVPool(Protocol):
-    """Paged K/V storage owned by the worker (implementation: worker/kv_pool.py)."""
+    """Paged K/V storage owned by the worker (implementation: worker/kv_pool.PagedKVPool).
+
+    A backend writes only the slots of `ForwardMeta.out_cache_loc` and reads only the pages of
+    `ForwardMeta.page_table`; `copy_pages` (copy-on-write) is the worker's, called before a pass.
+    """
 
     page_size: int
     k_buffers: list[torch.Tensor]  # per layer [num_slots, num_kv_heads, head_dim]
@@ -91,16 +105,30 @@ class KVPool(Protocol):
     def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None: ...
 
 
-class AttentionBackend(Protocol):
-    """What an attention layer calls. `prepare` once per pass, then `forward` per layer.
+class AttentionBackend(ABC):
+    """What an attention layer calls: `prepare` once per pass, then `forward` once per layer.
 
-    forward(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], layer_id, scale) -> o [T, Hq, D]:
-    stores k, v into the pool at meta.out_cache_loc, then computes for each new token causal
-    attention over its request's whole sequence (cached prefix read through page_table, plus the
-    new tokens up to and including itself). GQA: query head h uses KV head h // (Hq // Hkv).
+    A backend is built by the worker over one KV pool and used for every pass on that pool. It may
+    keep a reference to the last prepared `ForwardMeta` until the next `prepare`. A backend whose
+    `forward` makes no host synchronisation and allocates only its output can be captured in a CUDA
+    graph (the Triton one; the torch reference syncs in `prepare` and cannot).
     """
 
-    def prepare(self, meta: ForwardMeta) -> None: ...
+    # Longest suffix ([kv_start, seq_len)) of a cascade pass that the backend runs in its fused form;
+    # 0 = no fused form. CUDA graphs capture a second set of cascade graphs up to this bound.
+    cascade_fused_max_suffix: int = 0
 
+    @abstractmethod
+    def prepare(self, meta: ForwardMeta) -> None:
+        """Take this pass's metadata (before the first layer); may pick launch parameters."""
+
+    @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                scale: float) -> torch.Tensor: ...
+                scale: float) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] (model dtype; may be strided views) -> o [T, Hq, D].
+
+        Stores k, v into layer `layer_id` of the pool at meta.out_cache_loc, then computes for each
+        new token causal attention over its request's whole sequence (cached prefix read through
+        page_table, plus the new tokens up to and including itself), scaled by `scale`. GQA: query
+        head h uses KV head h // (Hq // Hkv). Only valid after `prepare` of the same pass.
+        """

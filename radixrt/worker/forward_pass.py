@@ -1,0 +1,110 @@
+"""The steps of one forward pass, as functions of the device state they are given.
+
+    stage_batch     upload the batch, apply its page-table writes, then its copy-on-write page
+                    copies (the scheduler's order), and build the pass's ForwardMeta
+    eager_logits    run the model through an attention backend; logits of each request's last token
+    sample_outputs  penalties and logit bias, sampling, logprobs: what goes back to the scheduler
+
+Each takes the model, KV pool, backend, page table and penalty state explicitly, so the same steps
+serve the ModelRunner's passes and the memory profile's worst-case pass over a throwaway pool
+(memory_profile.py). None of them waits for the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from radixrt import protocol
+from radixrt.attention.base import AttentionBackend, ForwardMeta
+from radixrt.models.model_config import ModelConfig
+from radixrt.worker import sampler
+from radixrt.worker.device_batch import DeviceBatch, upload_batch
+from radixrt.worker.kv_pool import PagedKVPool
+from radixrt.worker.penalties import PenaltyState
+
+
+def stage_batch(batch: protocol.ForwardBatch, req_to_page: torch.Tensor, pool: PagedKVPool,
+                config: ModelConfig) -> tuple[ForwardMeta, DeviceBatch]:
+    """Upload `batch` to req_to_page's device, apply its memory ops to `req_to_page`
+    [rows, max_pages] int32 and `pool`, and return (ForwardMeta, DeviceBatch).
+
+    Three host-to-device copies in all (int64, int32, float32 groups); no device sync. The
+    returned input_ids still hold the batch's placeholders.
+    """
+    db = upload_batch(batch, req_to_page.device, config.vocab_size)
+    if len(batch.upd_rows):
+        req_to_page[db.upd_rows, db.upd_cols] = db.upd_pages
+    if len(batch.cow_src):
+        pool.copy_pages(db.cow_src, db.cow_dst)
+    return db.forward_meta(req_to_page, pool.page_size, config.num_heads), db
+
+
+def eager_logits(model: nn.Module, backend: AttentionBackend, meta: ForwardMeta,
+                 input_ids: torch.Tensor) -> torch.Tensor:
+    """Run `model` over the pass's T tokens ([T] int64 ids) and return logits [B, V] float32 of
+    each request's last new token."""
+    backend.prepare(meta)
+    hidden = model(input_ids, meta.positions, meta, backend)  # [T, H]
+    last = (meta.extend_start_loc + meta.extend_lens - 1).long()  # [B]
+    return model.compute_logits(hidden[last])
+
+
+@dataclass(slots=True)
+class PassOutputs:
+    """What a pass sends back, on the device or (after `to_host`) in pinned host memory.
+
+    next_token_ids [B] int32; when the batch asked for logprobs: logprobs [B] float32 (of the raw
+    logits), top_logprob_ids [B * N] int32 and top_logprobs [B * N] float32 (N = top_logprobs_num).
+    """
+
+    next_token_ids: torch.Tensor
+    logprobs: torch.Tensor | None = None
+    top_logprob_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+
+    def to_host(self) -> PassOutputs:
+        """Device -> pinned host copies queued behind the pass (itself off CUDA); read them only
+        after the pass's end event has completed."""
+        if self.next_token_ids.device.type != "cuda":
+            return self
+        return PassOutputs(next_token_ids=_to_pinned(self.next_token_ids), logprobs=_to_pinned(self.logprobs),
+                           top_logprob_ids=_to_pinned(self.top_logprob_ids),
+                           top_logprobs=_to_pinned(self.top_logprobs))
+
+    def fill(self, res: protocol.ForwardResult) -> None:
+        """Copy the (host) outputs into `res`."""
+        res.next_token_ids = self.next_token_ids.numpy()
+        if self.logprobs is not None:
+            res.logprobs = self.logprobs.numpy().astype(np.float32)
+            res.top_logprob_ids = self.top_logprob_ids.numpy()
+            res.top_logprobs = self.top_logprobs.numpy().astype(np.float32)
+
+
+def _to_pinned(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
+def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampler.SamplingTensors,
+                   penalties: PenaltyState) -> tuple[torch.Tensor, PassOutputs]:
+    """Sample the next token of each request from logits [B, V] float32.
+
+    Seeds the penalty rows the scheduler just assigned, applies penalties and logit bias to a copy
+    of the logits (what is sampled), samples, counts the sampled tokens of penalised requests, and
+    takes logprobs of the raw logits when asked. Returns (next ids [B] int64 on the device, outputs).
+    """
+    penalties.prepare(batch)
+    next_ids = sampler.sample(penalties.process(logits, batch), st)
+    penalties.record(batch, next_ids)
+    out = PassOutputs(next_ids.to(torch.int32))
+    if batch.return_logprob:
+        chosen, top_ids, top_vals = sampler.logprobs_of(logits, next_ids, batch.top_logprobs_num)
+        out.logprobs, out.top_logprob_ids, out.top_logprobs = (chosen, top_ids.reshape(-1).to(torch.int32),
+                                                               top_vals.reshape(-1))
+    return next_ids, out
