@@ -11,7 +11,7 @@ import pytest
 
 from radixrt.tokenizer_proc.manager import SHUTDOWN_ERROR, Inbox, TokenChunk
 from radixrt.tokenizer_proc.request_state import RequestHandle, SampleSpec
-from radixrt.tokenizer_proc.serving_common import ChunkEncoder, sse
+from radixrt.tokenizer_proc.sse import ChunkEncoder, sse
 
 from .conftest import Scripts
 from .fakes import Front
@@ -116,7 +116,8 @@ def test_a_stream_that_falls_behind_catches_up_in_fewer_events(fr: Front, front_
     front_scripts.text = "one two three four five six seven eight nine ten " * 3
     ids = front_scripts.ids()
     fr.sched.burst = True
-    body = {"model": fr.served_model, "prompt": "x", "max_tokens": 500, "stream": True, "return_token_ids": True}
+    body = {"model": fr.served_model, "prompt": "x", "max_tokens": 500, "stream": True,
+            "return_token_ids": True}
     with httpx.stream("POST", fr.base_url + "/v1/completions", json=body, timeout=30) as r:
         events = [orjson.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     with_tokens = [e for e in events if e["choices"][0]["token_ids"]]
