@@ -82,7 +82,10 @@ def chat_logprobs(texts: TokenTexts, lps: list[TokenLogprob]) -> list[dict[str, 
 
 
 class CompletionLogprobs:
-    """Accumulates the legacy completions `logprobs` object {tokens, token_logprobs, top_logprobs, text_offset}."""
+    """Accumulates the legacy completions `logprobs` object.
+
+    The object: {tokens, token_logprobs, top_logprobs, text_offset}.
+    """
 
     def __init__(self, texts: TokenTexts, text_offset: int = 0) -> None:
         self.texts = texts

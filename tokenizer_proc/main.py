@@ -33,7 +33,7 @@ from radixrt.ipc import IpcAddresses, Sender
 
 from .manager import TokenizerManager
 from .server import create_app
-from .serving_common import ServingContext
+from .serving_context import ServingContext
 
 logger = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 2  # in-flight requests get this long; the launcher kills at 5 s

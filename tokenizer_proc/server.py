@@ -15,9 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from .errors import APIError, install_handlers
+from .http_io import json_response
 from .serving_chat import chat_completions
-from .serving_common import ServingContext, json_response
 from .serving_completions import completions
+from .serving_context import ServingContext
 from .serving_generate import generate
 
 ASGIApp = Callable[[dict[str, Any], Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]],

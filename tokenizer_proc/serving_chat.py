@@ -1,46 +1,30 @@
-"""POST /v1/chat/completions: chat template, sampling, and the two response shapes (JSON and SSE)."""
+"""POST /v1/chat/completions: chat template, then the `chat.completion` body or its SSE chunks."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from .errors import bad_request
+from .http_io import read_json
 from .logprobs import chat_logprobs
 from .openai_protocol import ChatCompletionRequest
+from .openai_response import now_s, usage_of, usage_tail
+from .request_checks import check_model, parse_body
 from .request_state import RequestHandle, SampleEvent
-from .serving_common import (
-    SSE_DONE,
-    ChunkEncoder,
-    ServingContext,
-    build_sampling,
-    check_model,
-    check_prompt,
-    collect,
-    guard_stream,
-    json_response,
-    make_specs,
-    new_handle,
-    now_s,
-    open_stream,
-    parse_body,
-    read_json,
-    sse,
-    tokenize,
-    until_disconnect,
-    usage,
-    usage_of,
-)
+from .respond import Collected, respond
+from .serving_context import ServingContext
+from .sse import ChunkEncoder
+from .submission import admit, openai_submission, tokenize
 
 
 def _template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     out = []
     for m in req.messages:
-        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.flat_content()}
+        role = "system" if m.role == "developer" else m.role
+        d: dict[str, Any] = {"role": role, "content": m.flat_content()}
         if m.name is not None:
             d["name"] = m.name
         if m.tool_call_id is not None:
@@ -68,72 +52,52 @@ async def chat_prompt_ids(ctx: ServingContext, req: ChatCompletionRequest) -> li
 
 
 async def chat_completions(ctx: ServingContext, request: Request) -> Response:
+    """Validate, render the template, admit one prompt x n samples, answer as JSON or SSE."""
     body = parse_body(ChatCompletionRequest, await read_json(request, ctx.args.max_request_body_bytes))
     check_model(ctx, body.model)
     ids = await chat_prompt_ids(ctx, body)
-    check_prompt(ctx, ids)
-    max_new = body.max_new_tokens()
-    sampling = build_sampling(body, max_new, ctx)
-    n = body.n or 1
-    specs = make_specs([ids], n, sampling, body.stop_list(), body.skip_special_tokens is not False)
-    handle = new_handle(ctx, specs, stream=bool(body.stream), return_logprob=bool(body.logprobs),
-                        top_logprobs_num=body.top_logprobs or 0)
-    meta = {"id": f"chatcmpl-{handle.id}", "created": now_s(), "model": ctx.served_model}
-    if body.stream:
-        events = await open_stream(handle)
-        gen = _stream(ctx, body, handle, events, meta)
-        return StreamingResponse(guard_stream(gen), media_type="text/event-stream")
-    choices = await until_disconnect(request, collect(handle))
-    out = [{"index": i, "message": {"role": "assistant", "content": c.text},
-            "logprobs": {"content": chat_logprobs(ctx.texts, c.logprobs)} if body.logprobs else None,
-            "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
-           for i, c in sorted(choices.items())]
-    return json_response({**meta, "object": "chat.completion", "choices": out,
-                          "usage": usage_of(choices, n)})
+    sub = openai_submission(ctx, body, [ids], prompt_param="messages", max_new_tokens=body.max_new_tokens(),
+                            return_logprob=bool(body.logprobs), top_logprobs_num=body.top_logprobs or 0)
+    handle = admit(ctx, sub)
+    return await respond(request, handle, ChatWriter(ctx, body, handle))
 
 
-async def _stream(ctx: ServingContext, body: ChatCompletionRequest, handle: RequestHandle,
-                  batches: AsyncIterator[list[SampleEvent]], meta: dict[str, Any]) -> AsyncIterator[bytes]:
-    """SSE chunks: a role delta per choice, content deltas, a finish chunk per choice, usage, [DONE].
+class ChatWriter:
+    """Chat bodies (a ResponseWriter): `chat.completion`, or SSE chunks of `chat.completion.chunk`.
 
-    One bytes object (one socket write) per wake-up, as in serving_completions._stream.
+    A stream: a role delta per choice, content deltas, a finish chunk per choice, the usage chunk
+    (with `stream_options.include_usage`), [DONE].
     """
-    with_usage = body.include_usage()
-    base = {**meta, "object": "chat.completion.chunk"}
-    extra = {"usage": None} if with_usage else {}
-    enc = ChunkEncoder(base, extra)
 
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, lps: Any = None) -> bytes:
-        return enc({"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish})
+    def __init__(self, ctx: ServingContext, req: ChatCompletionRequest, handle: RequestHandle) -> None:
+        self.ctx, self.req, self.handle = ctx, req, handle
+        self.meta = {"id": f"chatcmpl-{handle.id}", "created": now_s(), "model": ctx.served_model}
+        self.n = req.n or 1
+        self.with_usage = req.include_usage()
+        self.chunk_meta = {**self.meta, "object": "chat.completion.chunk"}
+        self.enc = ChunkEncoder(self.chunk_meta, {"usage": None} if self.with_usage else {})
 
-    def tail() -> list[bytes]:
-        out = []
-        if with_usage:
-            u = usage_of(last, body.n or 1) if last else usage(0, 0, 0)
-            out.append(sse({**base, "choices": [], "usage": u}))
-        out.append(SSE_DONE)
-        return out
+    def body(self, choices: dict[int, Collected]) -> dict[str, Any]:
+        want_lp = bool(self.req.logprobs)
+        out = [{"index": i, "message": {"role": "assistant", "content": c.text},
+                "logprobs": {"content": chat_logprobs(self.ctx.texts, c.logprobs)} if want_lp else None,
+                "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
+               for i, c in sorted(choices.items())]
+        return {**self.meta, "object": "chat.completion", "choices": out, "usage": usage_of(choices, self.n)}
 
-    last: dict[int, SampleEvent] = {}
-    try:
-        yield b"".join(chunk(st.spec.index, {"role": "assistant", "content": ""})
-                       for st in sorted(handle.samples.values(), key=lambda s: s.spec.index))
-        done = False
-        async for batch in batches:
-            parts = []
-            for ev in batch:
-                last[ev.index] = ev
-                if ev.text or ev.logprobs:
-                    lps = {"content": chat_logprobs(ctx.texts, ev.logprobs)} if body.logprobs else None
-                    parts.append(chunk(ev.index, {"content": ev.text}, None, lps))
-                if ev.finish_reason is not None:
-                    parts.append(chunk(ev.index, {}, ev.finish_reason))
-            if handle.all_finished:
-                parts.extend(tail())
-                done = True
-            if parts:
-                yield parts[0] if len(parts) == 1 else b"".join(parts)
-        if not done:
-            yield b"".join(tail())
-    finally:
-        handle.finish(sys.exc_info()[1])
+    def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None, lps: Any = None) -> bytes:
+        return self.enc({"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish})
+
+    def head(self) -> list[bytes]:
+        samples = sorted(self.handle.samples.values(), key=lambda s: s.spec.index)
+        return [b"".join(self._chunk(st.spec.index, {"role": "assistant", "content": ""}) for st in samples)]
+
+    def event(self, ev: SampleEvent, parts: list[bytes]) -> None:
+        if ev.text or ev.logprobs:
+            lps = {"content": chat_logprobs(self.ctx.texts, ev.logprobs)} if self.req.logprobs else None
+            parts.append(self._chunk(ev.index, {"content": ev.text}, None, lps))
+        if ev.finish_reason is not None:
+            parts.append(self._chunk(ev.index, {}, ev.finish_reason))
+
+    def tail(self, last: dict[int, SampleEvent]) -> list[bytes]:
+        return usage_tail(self.chunk_meta, self.with_usage, last, self.n)

@@ -135,7 +135,8 @@ def _fake_logprobs(tok: int, k: int) -> tuple[float, list[int], list[float]]:
     return lp, ids, vals
 
 
-def _batch(items: list[tuple[str, list[int], str | None, str | None, int]], reqs: Any) -> protocol.TokenOutBatch:
+def _batch(items: list[tuple[str, list[int], str | None, str | None, int]],
+           reqs: Any) -> protocol.TokenOutBatch:
     out = protocol.TokenOutBatch()
     offsets, ids, lps, tids, tvals = [0], [], [], [], []
     for rid, toks, finish, err, count in items:

@@ -129,7 +129,8 @@ def test_generate_stream_and_errors(fr: Front) -> None:
     events = sse_events(httpx.post(fr.base_url + "/generate", json={"text": "Hi", "stream": True}))
     assert events[-1]["text"] == REPLY and events[-1]["meta_info"]["finish_reason"] == "stop"
     for body, param in [({"text": "x", "input_ids": [1]}, "text"), ({}, "text"),
-                        ({"text": "x", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+                        ({"text": "x", "sampling_params": {"temperature": -1}},
+                         "sampling_params.temperature"),
                         ({"text": "x", "sampling_params": {"max_new_tokens": "5"}},
                          "sampling_params.max_new_tokens"),
                         ({"text": "x", "sampling_params": {"bogus": 1}}, "sampling_params.bogus")]:

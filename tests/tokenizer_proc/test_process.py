@@ -109,7 +109,8 @@ def test_sigterm_ends_in_flight_requests_with_an_error(tok_model_dir: Path, tmp_
     threads = [threading.Thread(target=stream), threading.Thread(
         target=lambda: plain.append(httpx.post(base + "/v1/completions", json=body, timeout=30)))]
     try:
-        assert isinstance(launcher.recv(timeout_ms=60_000), protocol.Ready), (tmp_path / "tok.log").read_text()
+        ready = launcher.recv(timeout_ms=60_000)
+        assert isinstance(ready, protocol.Ready), (tmp_path / "tok.log").read_text()
         for t in threads:
             t.start()
         assert streaming.wait(20) and wait_for(lambda: len(sched.received) == 2, 20)
@@ -122,7 +123,8 @@ def test_sigterm_ends_in_flight_requests_with_an_error(tok_model_dir: Path, tmp_
         assert lines[-1] == "data: [DONE]", lines
         err = orjson.loads(lines[-2].removeprefix("data: "))["error"]
         assert err["message"] == "server is shutting down" and err["type"] == "service_unavailable", err
-        assert plain[0].status_code == 503 and plain[0].json()["error"]["message"] == "server is shutting down"
+        assert plain[0].status_code == 503
+        assert plain[0].json()["error"]["message"] == "server is shutting down"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -10,8 +10,9 @@ import orjson
 import pytest
 
 from radixrt.tokenizer_proc.manager import SHUTDOWN_ERROR, Inbox, TokenChunk
-from radixrt.tokenizer_proc.request_state import RequestHandle, SampleSpec
-from radixrt.tokenizer_proc.serving_common import ChunkEncoder, sse
+from radixrt.tokenizer_proc.request_state import RequestHandle, SampleEvent, SampleSpec
+from radixrt.tokenizer_proc.respond import Collected, open_stream, stream_events
+from radixrt.tokenizer_proc.sse import ChunkEncoder, sse
 
 from .conftest import Scripts
 from .fakes import Front
@@ -102,6 +103,53 @@ def test_shutdown_error_reaches_the_reader(tokenizer: Any) -> None:
     assert err.status == 503 and err.message == "server is shutting down"
 
 
+class _RecordingWriter:
+    """A ResponseWriter whose chunks name what stream_events handed it."""
+
+    def body(self, choices: dict[int, Collected]) -> Any:
+        raise AssertionError("a stream has no body")
+
+    def head(self) -> list[bytes]:
+        return [b"head;"]
+
+    def event(self, ev: SampleEvent, parts: list[bytes]) -> None:
+        parts.append(f"{ev.index}:{ev.text}:{ev.finish_reason};".encode())
+
+    def tail(self, last: dict[int, SampleEvent]) -> list[bytes]:
+        return [f"tail{sorted(last)};".encode()]
+
+
+def test_stream_events_writes_once_per_wake_up_and_the_last_write_carries_the_tail(tokenizer: Any) -> None:
+    hi = list(tokenizer.encode("Hello world", add_special_tokens=False))
+    specs = [SampleSpec(index=i, input_ids=[1, 2, 3], sampling={}, stop=[]) for i in range(2)]
+    manager = _Manager()
+
+    async def run() -> tuple[list[bytes], RequestHandle]:
+        h = RequestHandle(manager, tokenizer, specs, stream=True)  # type: ignore[arg-type]
+        r0, r1 = list(h.samples)
+        h.queue.put_nowait(_chunk(r0, hi[:1]))
+        gen = stream_events(h, await open_stream(h), _RecordingWriter())
+        writes = [await anext(gen), await anext(gen)]
+        h.queue.put_nowait(_chunk(r0, [], "length"))
+        h.queue.put_nowait(_chunk(r1, hi, "stop"))
+        writes += [w async for w in gen]
+        return writes, h
+
+    writes, h = asyncio.run(run())
+    first = tokenizer.decode(hi[:1])
+    assert writes == [b"head;", f"0:{first}:None;".encode(),
+                      b"0::length;1:Hello world:stop;tail[0, 1];"]
+    assert h.outcome == "ok" and set(manager.released) == set(h.samples) and not manager.aborted
+
+
+def test_collected_joins_text_and_keeps_the_last_counts() -> None:
+    c = Collected()
+    c.add(SampleEvent(0, "Hel", [1], [], None, None, 4, 1, 2))
+    c.add(SampleEvent(0, "lo", [2, 3], [], "stop", "\n", 4, 3, 2))
+    assert (c.text, c.token_ids, c.finish_reason, c.matched_stop) == ("Hello", [1, 2, 3], "stop", "\n")
+    assert (c.prompt_tokens, c.completion_tokens, c.cached_tokens) == (4, 3, 2)
+
+
 @pytest.mark.parametrize(("meta", "extra"), [
     ({"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m"}, {}),
     ({"id": "c", "object": "chat.completion.chunk", "created": 5, "model": "m"}, {"usage": None}),
@@ -116,7 +164,8 @@ def test_a_stream_that_falls_behind_catches_up_in_fewer_events(fr: Front, front_
     front_scripts.text = "one two three four five six seven eight nine ten " * 3
     ids = front_scripts.ids()
     fr.sched.burst = True
-    body = {"model": fr.served_model, "prompt": "x", "max_tokens": 500, "stream": True, "return_token_ids": True}
+    body = {"model": fr.served_model, "prompt": "x", "max_tokens": 500, "stream": True,
+            "return_token_ids": True}
     with httpx.stream("POST", fr.base_url + "/v1/completions", json=body, timeout=30) as r:
         events = [orjson.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     with_tokens = [e for e in events if e["choices"][0]["token_ids"]]

@@ -1,0 +1,69 @@
+"""HTTP plumbing of the handlers: the body read with a size cap, JSON replies, client disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+
+from .errors import APIError, ClientGone, bad_request
+
+T = TypeVar("T")
+
+
+async def read_json(request: Request, max_bytes: int) -> Any:
+    """The request body as JSON, read with a size cap.
+
+    Raises:
+        APIError: 413 when larger than `max_bytes`; 400 when empty or not valid JSON.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise APIError(413, f"request body is larger than {max_bytes} bytes")
+    buf = bytearray()
+    async for part in request.stream():
+        buf += part
+        if len(buf) > max_bytes:
+            raise APIError(413, f"request body is larger than {max_bytes} bytes")
+    if not buf:
+        raise bad_request("request body is empty; expected a JSON object")
+    try:
+        return orjson.loads(bytes(buf))
+    except orjson.JSONDecodeError as e:
+        raise bad_request(f"request body is not valid JSON: {e}") from None
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    """`obj` serialized with orjson as an application/json response."""
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (which aborts its samples) if the client disconnects.
+
+    Raises:
+        ClientGone: the client went away first.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def wait_disconnect() -> None:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()

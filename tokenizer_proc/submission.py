@@ -1,0 +1,107 @@
+"""The one path from a validated request to a RequestHandle: prompt token ids + sampling -> samples.
+
+Every protocol handler ends its translation in a Submission (checked prompt token ids, a
+SamplingParams dict, n, stop strings, stream and logprob flags) and calls `admit`, which fans it out
+into samples (prompt x n), applies the server's in-flight limits and returns the RequestHandle.
+The samples' GenerateReqs go to the scheduler when the handle is entered (respond.respond does that).
+`openai_submission` is the translation of anything spelled with OpenAI's SamplingFields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import APIError
+from .openai_protocol import SamplingFields
+from .request_checks import check_prompts
+from .request_sampling import build_sampling
+from .request_state import RequestHandle, SampleSpec
+from .serving_context import ServingContext
+
+_OFFLOAD_CHARS = 32_768  # tokenize prompts longer than this in a thread, off the event loop
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """A validated request in the engine's terms; what every protocol translates into."""
+
+    prompts: list[list[int]]  # token ids per prompt, already checked (check_prompts)
+    sampling: dict[str, Any]  # SamplingParams.to_dict()
+    stop: list[str]  # stop strings, matched on each sample's text
+    n: int = 1  # samples per prompt
+    skip_special_tokens: bool = True
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+
+async def tokenize(ctx: ServingContext, text: str) -> list[int]:
+    """Encode text (special tokens in the text are parsed, no BOS/EOS added beyond the template's own).
+
+    Texts longer than 32 Ki characters are encoded in a worker thread, off the event loop."""
+    def run() -> list[int]:
+        return list(ctx.tokenizer.encode(text, add_special_tokens=False))
+    if len(text) > _OFFLOAD_CHARS:
+        return await asyncio.to_thread(run)
+    return run()
+
+
+def openai_submission(ctx: ServingContext, req: SamplingFields, prompts: list[list[int]], *,
+                      prompt_param: str, max_new_tokens: int | None, return_logprob: bool,
+                      top_logprobs_num: int) -> Submission:
+    """The Submission of a request with OpenAI sampling fields: prompts checked first, then sampling.
+
+    Raises:
+        APIError: 400 naming `prompt_param` for a bad prompt, or the sampling field at fault.
+    """
+    check_prompts(ctx, prompts, prompt_param)
+    sampling = build_sampling(req, max_new_tokens, ctx)
+    return Submission(prompts=prompts, sampling=sampling, stop=req.stop_list(), n=req.n or 1,
+                      skip_special_tokens=req.skip_special_tokens is not False, stream=bool(req.stream),
+                      return_logprob=return_logprob, top_logprobs_num=top_logprobs_num)
+
+
+def make_specs(prompts: list[list[int]], n: int, sampling: dict[str, Any], stop: list[str],
+               skip_special_tokens: bool) -> list[SampleSpec]:
+    """Choice index = prompt_index * n + j (OpenAI's order for several prompts with n > 1).
+
+    With a `seed` and n > 1, sample j gets seed + j: the n choices differ from each other, and the
+    same request gives the same n choices again."""
+    def sampling_of(j: int) -> dict[str, Any]:
+        sp = dict(sampling)
+        if sp.get("seed") is not None and n > 1:
+            sp["seed"] = (int(sp["seed"]) + j) & 0x7FFFFFFF
+        return sp
+
+    return [SampleSpec(index=p * n + j, input_ids=ids, sampling=sampling_of(j), stop=stop,
+                       skip_special_tokens=skip_special_tokens)
+            for p, ids in enumerate(prompts) for j in range(n)]
+
+
+def new_handle(ctx: ServingContext, specs: list[SampleSpec], *, stream: bool, return_logprob: bool = False,
+               top_logprobs_num: int = 0) -> RequestHandle:
+    """A handle for `specs`.
+
+    Raises:
+        APIError: 503 while shutting down; 400 when `specs` alone exceed what the server tracks at
+            once; 429 when the server already tracks too many samples.
+    """
+    if ctx.manager.closing:
+        raise APIError(503, "server is shutting down")
+    if len(specs) > ctx.manager.max_inflight:  # could never be admitted: not worth a retry
+        raise APIError(400, f"the request has {len(specs)} samples (prompts x n); this server takes at "
+                       f"most {ctx.manager.max_inflight} at once (--max-running-requests + "
+                       "--max-queued-requests)", param="n")
+    if not ctx.manager.has_capacity(len(specs)):
+        raise APIError(429, "too many requests in flight; retry later")
+    return RequestHandle(ctx.manager, ctx.tokenizer, specs, stream=stream, return_logprob=return_logprob,
+                         top_logprobs_num=top_logprobs_num, on_done=ctx.on_done)
+
+
+def admit(ctx: ServingContext, sub: Submission) -> RequestHandle:
+    """`sub` fanned out into samples (make_specs) under a new handle (new_handle; same errors)."""
+    specs = make_specs(sub.prompts, sub.n, sub.sampling, sub.stop, sub.skip_special_tokens)
+    return new_handle(ctx, specs, stream=sub.stream, return_logprob=sub.return_logprob,
+                      top_logprobs_num=sub.top_logprobs_num)
