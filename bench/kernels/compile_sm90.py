@@ -10,7 +10,7 @@ and nothing is pipelined, which would make the check below meaningless). For eac
 `num` of every `ttg.async_wait` in the TTGIR is reported: a wait for fewer than all outstanding
 copies (num > 0) inside a loop means K/V blocks stay in flight while a block is computed. Variants
 marked `pipelined` must show one per paged loop (the page ids are loaded a step ahead for this:
-kernels/decode_attention.py, prefetch_pages); the script fails if they do not.
+kernels/paged_loop.py, prefetch_pages); the script fails if they do not.
 
     python3 bench/kernels/compile_sm90.py          # exit status 1 if any variant fails
 """
