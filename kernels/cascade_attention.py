@@ -47,7 +47,8 @@ from .paged_loop import paged_attn_loop
 
 # Integer arguments that change from pass to pass are not specialised (each new value class would
 # compile a variant mid-serving); the mid_o strides are multiples of HEAD_DIM, so their
-# specialisation is stable, and it matters: unspecialised they made this stage ~1.8x slower (H200).
+# specialisation is stable, and it matters: unspecialised they made this stage ~1.8x slower (H200,
+# 2026-11-30, 128 requests sharing 2,048 tokens: 43.6 against 24.7 us per call).
 @triton.jit(do_not_specialize=["num_groups", "num_prefix_splits", "stride_ml_b", "stride_ml_h"])
 def _cascade_prefix_kernel(
     q, k_buf, v_buf, page_table, group_members, group_starts, group_prefix_lens, mid_o, mid_lse,
@@ -60,7 +61,9 @@ def _cascade_prefix_kernel(
     # grid (row block, KV head, split). Row blocks are numbered group after group: group g owns
     # cdiv(members_g * GROUP, BLOCK_M) consecutive blocks; this program finds its group by walking
     # the (few) groups. Programs past the last block, and empty (padding) groups, do no work, so a
-    # CUDA graph padded with empty groups costs only the blocks of its real groups.
+    # CUDA graph padded with empty groups costs only the blocks of its real groups. (H200, 2026-11-30:
+    # with 8 groups, 7 of them empty, a grid of (group x row block) ran this stage in 127.8 us, as the
+    # real group's programs waited behind ~980 empty ones; numbered this way, 32.1 us in the engine.)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -136,9 +139,11 @@ def default_tile(head_dim: int, device: torch.device) -> CascadeTile:
     """Stage-A tile. On the GPU, for D <= 128: 128 rows x 64 tokens, 8 warps, 3 stages (q 32 KB +
     3 x (K 16 KB + V 16 KB) of shared memory, so one program per SM), the best of 9 tiles x 4 split
     counts on an H200 for 128 requests sharing a 2,048-token prefix once the page ids were loaded a
-    step ahead (bench/kernels/tune_pipelined.py, docs/benchmarks.md): 17.7 us against 20.3 us for
-    the previous 64 x 64 / 4 warps / 2 stages. Larger heads halve the key block. CPU (interpreter):
-    small blocks exercise the loops."""
+    step ahead (2026-11-30, bench/lab/sweep_attention.py, profiler): 17.7 us against 20.3 us for
+    the previous 64 x 64 / 4 warps / 2 stages. In the engine (shared-prefix, median of 3) the two
+    tiles and 64 x 64 / 3 stages gave 9,810 / 9,822 / 9,756 tok/s: equal, as there the prefix K/V
+    come from HBM (`sweep_attention.py --cold-l2` times that case; not yet run). Larger heads halve
+    the key block. CPU (interpreter): small blocks exercise the loops."""
     if device.type != "cuda":
         return CascadeTile(16, 16, 4, 1)
     if next_pow2(head_dim) <= 128:
@@ -154,7 +159,7 @@ def choose_num_prefix_splits(num_groups: int, max_group_size: int, num_q_heads: 
     At most one stage-A program per SM over (group x row block, KV head, split), since the default
     tile fills an SM's shared memory, and at least 256 prefix tokens per split: every split costs a
     [rows, D] fp32 partial written and merged, which for a whole group is comparable to the prefix
-    K/V it replaces. (On an H200, 128 requests sharing 2,048 tokens: 4 splits = 112 programs ran
+    K/V it replaces. (On an H200, 2026-11-30, 128 requests sharing 2,048 tokens: 4 splits = 112 programs ran
     stage A in 17.7 us, 3 in 21.3 us, 8 in 22.8 us.) block_m must match the tile used. A CUDA graph
     captured with max_prefix_len >= every replayed prefix stays valid (the kernel clips split ranges
     on the device).

@@ -50,7 +50,8 @@ def _decode_split_kernel(
     MERGE_PREFIX: tl.constexpr, PREFIX_SLOTS: tl.constexpr,
 ):
     # DIRECT_OUT (num_splits == 1): the program covers the whole range, so it writes the normalised
-    # output to o itself and no merge stage runs. MERGE_PREFIX (cascade, with DIRECT_OUT): before
+    # output to o itself and no merge stage runs (H200, 2026-11-30, batch 256 x 768 tokens: 101.7
+    # against 109.9 us for split + merge). MERGE_PREFIX (cascade, with DIRECT_OUT): before
     # that, it folds in the prefix partials that the cascade prefix stage left in mid slots
     # 1 .. num_prefix_splits of rows with kv_start > 0 (log-sum-exp merge), so the cascade needs
     # two launches instead of three.
@@ -163,9 +164,14 @@ def _pick_config(head_dim: int, group: int, device: torch.device, merge_prefix: 
         return {**cfg, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
     if merge_prefix and cfg["BLOCK_D"] <= 128:
         # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests
-        # in 19 us against 26 us with 128-key blocks (H200, bench/kernels/tune_cascade.py)
+        # (2,048 shared + 128-192 own tokens) in 19 us against 26 us with 128-key blocks (H200,
+        # 2026-11-30, profiler; 3 stages and other suffix configs in bench/lab/sweep_attention.py
+        # were no faster)
         return {**cfg, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-    # picked on an H200 (bench/kernels/tune_attention.py); long key blocks keep more bytes in flight
+    # long key blocks keep more bytes in flight. H200, 2026-11-30 (bench/lab/sweep_attention.py,
+    # decode part, graph replay): over 7 batch x context shapes x 8 configs of 2-6 stages this
+    # 2-stage config was the best or within 3% (x1.03 at 128 x 400, x1.02 at 1 x 8,192); 64 x 4,096
+    # ran in 145.4 us, 87% of the copy ceiling
     return {**cfg, "BLOCK_N": 128 if cfg["BLOCK_D"] <= 128 else 64, "num_warps": 4, "num_stages": 2}
 
 
@@ -175,7 +181,9 @@ def choose_num_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
 
     Aim for about 4 programs per SM over (request, KV head, split), but give each split at least
     128 tokens, so short sequences are not cut into slivers whose merge costs more than it saves.
-    (4 per SM and the cap of 64 were the best of those tried on an H200, bench/kernels/tune_attention.py.)
+    (4 per SM and the cap of 64 were the best of 2-16 per SM and caps 64 / 128 on an H200, 2026-11-29,
+    over 6 batch x context shapes; that sweep's output was not kept. Rerun: bench/lab/sweep_attention.py
+    times the decode configs, the split count comes from this function.)
     The result depends only on the arguments, so a CUDA graph captured with max_seq_len set to the
     longest sequence it will replay stays valid (the kernel clips the split ranges on the device).
     """
