@@ -37,7 +37,6 @@ compiles (estimated 1-1.5 minutes; --mlarge-only runs just those; --quick: fewer
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing
 import os
@@ -54,6 +53,8 @@ import triton
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from bench import common  # noqa: E402
+from bench.common import rel_err  # noqa: E402
 from bench.kernels_import import import_kernels  # noqa: E402
 
 import_kernels()
@@ -96,24 +97,12 @@ def log(msg: str) -> None:
 
 
 def bench_ms(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
+    return common.cuda_ms(fn, warmup=5, rep=25)
 
 
 def graph_ms(calls) -> float:
-    """Median time per call of a CUDA graph replaying calls() (every call already run once eagerly)."""
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    ms = bench_ms(graph.replay)
-    del graph
-    return ms
-
-
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    if torch.isnan(y).any():
-        return float("nan")
-    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+    """Median time of a CUDA graph replaying calls() (every call already run once eagerly)."""
+    return common.graph_ms(calls, timer=bench_ms)
 
 
 def ceilings() -> dict:
@@ -442,12 +431,10 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA device")
     torch.manual_seed(0)
-    props = torch.cuda.get_device_properties(0)
-    NUM_SMS = props.multi_processor_count
-    log(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}")
-    result: dict = {"device": props.name, "num_sms": props.multi_processor_count, "torch": torch.__version__,
-                    "triton": triton.__version__, "quick": args.quick, "calls_per_graph": CALLS,
+    result: dict = {**common.run_header(), "quick": args.quick, "calls_per_graph": CALLS,
                     "mlarge_m": [] if args.no_mlarge else mlarge_m}
+    NUM_SMS = result["num_sms"]
+    log(f"{result['device']}, {NUM_SMS} SMs, torch {torch.__version__}, triton {triton.__version__}")
     result["ceilings"] = ceilings()
     cases = [] if args.mlarge_only else list(CASES)
     if not args.no_mlarge:
@@ -464,10 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     ok = all(r["best"]["rel_err"] <= 1e-2 for r in result["cases"])
     result["correct"] = ok
     print(f"\ncorrectness (best configs, rel err <= 1e-2): {'PASS' if ok else 'FAIL'}")
-    out_path = args.out or (str(Path(os.environ["OUT"]) / "gemv.json") if os.environ.get("OUT") else None)
-    if out_path:
-        Path(out_path).write_text(json.dumps(result, indent=2))
-        print(f"wrote {out_path}")
+    common.write_json(common.out_path(args.out, "gemv.json"), result)
     if not ok:
         sys.exit(1)
 
