@@ -278,7 +278,8 @@ async def _raw_request(host: str, port: int, body: bytes) -> StreamResult:
     try:
         head = await reader.readuntil(b"\r\n\r\n")
         if b" 200 " not in head.split(b"\r\n", 1)[0]:
-            res.ok, res.error = False, head.split(b"\r\n", 1)[0].decode() + " " + (await reader.read()).decode()[:300]
+            res.ok, res.error = False, head.split(b"\r\n",
+                                                  1)[0].decode() + " " + (await reader.read()).decode()[:300]
             return res
         chunked = b"transfer-encoding: chunked" in head.lower()
         buf = b""
@@ -461,7 +462,8 @@ def run_server_case(args: argparse.Namespace, pass_ms: float, model_dir: Path, t
         (probe_dir / "sitecustomize.py").write_text(_GC_PROBE)
         env["PYTHONPATH"] = os.pathsep.join(x for x in (str(probe_dir), env.get("PYTHONPATH")) if x)
         env["GC_PROBE_OUT"] = str(gc_out)
-    tok = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
+    tok = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                           env=env)
     assert tok.stdin is not None
     tok.stdin.write(orjson.dumps(spec))
     tok.stdin.close()
@@ -476,8 +478,9 @@ def run_server_case(args: argparse.Namespace, pass_ms: float, model_dir: Path, t
             _pin(0, others)
         spy = None
         if args.py_spy:  # sampling profile of the tokenizer process over the measured window
-            spy = subprocess.Popen([shutil.which("py-spy") or "py-spy", "record", "-p", str(tok.pid), "-r", "250",
-                                    "--format", "raw", "-o", args.py_spy], stdout=subprocess.DEVNULL,
+            spy = subprocess.Popen([shutil.which("py-spy") or "py-spy", "record", "-p", str(tok.pid),
+                                    "-r", "250", "--format", "raw", "-o", args.py_spy],
+                                   stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         cpu0 = {"tokenizer": proc_cpu_s(tok.pid), "client": proc_cpu_s(os.getpid()),
@@ -542,9 +545,12 @@ def format_row(r: dict) -> str:
     extra = "".join(f" {k.removeprefix('cpu_').removesuffix('_ms_per_1k_tok')}={f(r[k], '.0f')}ms/1k-tok"
                     f"({f(r[k.replace('_ms_per_1k_tok', '_util')], '.0%')})"
                     for k in r if k.endswith("_ms_per_1k_tok"))
-    return (f"{r['mode']:<20} streams={r['streams']:<3} pass={r['pass_ms']:g}ms offered={r['offered_tok_s']:.0f} "
-            f"delivered={r['delivered_tok_s']:.0f} tok/s (in-stream {f(r['stream_tok_s'], '.0f')})  tok/chunk={r['tokens_per_chunk']:.2f}  "
-            f"ITL p50={f(r['itl_p50_ms'], '.2f')} p99={f(r['itl_p99_ms'], '.1f')} max={f(r['itl_max_ms'], '.0f')} ms "
+    return (f"{r['mode']:<20} streams={r['streams']:<3} pass={r['pass_ms']:g}ms "
+            f"offered={r['offered_tok_s']:.0f} "
+            f"delivered={r['delivered_tok_s']:.0f} tok/s (in-stream {f(r['stream_tok_s'], '.0f')})  "
+            f"tok/chunk={r['tokens_per_chunk']:.2f}  "
+            f"ITL p50={f(r['itl_p50_ms'], '.2f')} p99={f(r['itl_p99_ms'], '.1f')} "
+            f"max={f(r['itl_max_ms'], '.0f')} ms "
             f"TPOT={f(r['tpot_mean_ms'], '.2f')}ms failed={r['failed']}{extra}"
             + (f" late_passes={r['late_passes']}" if "late_passes" in r else "")
             + "".join(f" {k}={r[k]}" for k in ("gc0", "gc1", "gc2") if k in r))

@@ -46,9 +46,11 @@ def make_meta(mode: ForwardMode, reqs: list[Req], extend_lens: list[int], prefix
         table[i, : len(r.pages)] = torch.tensor(r.pages, dtype=torch.int32)
     ext = torch.tensor(extend_lens, dtype=torch.int32)
     pre = torch.tensor(prefix_lens, dtype=torch.int32)
-    loc = torch.cat([slots_of(table[i], PAGE, p, p + e) for i, (p, e) in enumerate(zip(prefix_lens, extend_lens, strict=True))])
+    loc = torch.cat([slots_of(table[i], PAGE, p, p + e)
+                     for i, (p, e) in enumerate(zip(prefix_lens, extend_lens, strict=True))])
     positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix_lens, extend_lens, strict=True)])
-    return ForwardMeta(mode=mode, page_size=PAGE, page_table=table.to(device), seq_lens=(pre + ext).to(device),
+    return ForwardMeta(mode=mode, page_size=PAGE, page_table=table.to(device),
+                       seq_lens=(pre + ext).to(device),
                        extend_lens=ext.to(device), prefix_lens=pre.to(device),
                        extend_start_loc=(torch.cumsum(ext, 0, dtype=torch.int32) - ext).to(device),
                        out_cache_loc=loc.to(device), positions=positions.to(device),
@@ -121,9 +123,11 @@ def test_triton_backend_cascade_decode(device, fused_max_suffix, splits):
     both give attention over each request's whole history."""
     gen = torch.Generator().manual_seed(3)
     num_pages = 32
-    pool = Pool(PAGE, [torch.randn(num_pages * PAGE, HKV, D, generator=gen, device=device) for _ in range(LAYERS)],
+    pool = Pool(PAGE,
+                [torch.randn(num_pages * PAGE, HKV, D, generator=gen, device=device) for _ in range(LAYERS)],
                 [torch.randn(num_pages * PAGE, HKV, D, generator=gen, device=device) for _ in range(LAYERS)])
-    backend = TritonAttnBackend(pool, num_q_heads=HQ, max_batch_size=8, cascade_fused_max_suffix=fused_max_suffix)
+    backend = TritonAttnBackend(pool, num_q_heads=HQ, max_batch_size=8,
+                                cascade_fused_max_suffix=fused_max_suffix)
     a, c = Req(pages=[5, 9]), Req(pages=list(range(10, 23)))
     run_pass(backend, ForwardMode.EXTEND, [a, c], [20, 200], gen, device, torch.float32, 1e-4)
     b = Req(pages=[5, 2], history=[(kk[:16], vv[:16]) for kk, vv in a.history])
@@ -137,7 +141,8 @@ def test_triton_backend_cascade_decode(device, fused_max_suffix, splits):
 
 
 def test_triton_backend_requires_prepare(device):
-    pool = Pool(PAGE, [torch.zeros(PAGE * 2, HKV, D, device=device)], [torch.zeros(PAGE * 2, HKV, D, device=device)])
+    pool = Pool(PAGE, [torch.zeros(PAGE * 2, HKV, D, device=device)],
+                [torch.zeros(PAGE * 2, HKV, D, device=device)])
     backend = TritonAttnBackend(pool)
     with pytest.raises(RuntimeError):
         backend.forward(torch.zeros(1, HQ, D, device=device), torch.zeros(1, HKV, D, device=device),
@@ -213,14 +218,17 @@ def test_prepare_caps_prefix_splits_of_the_fused_form(device, max_suffix_len, fu
     prefix splits are not capped there (host-side choice only: nothing is launched)."""
     from radixrt.worker.attention_triton import CASCADE_FUSED_MAX_PREFIX_SPLITS
 
-    pool = Pool(PAGE, [torch.zeros(PAGE * 2, HKV, D, device=device)], [torch.zeros(PAGE * 2, HKV, D, device=device)])
+    pool = Pool(PAGE, [torch.zeros(PAGE * 2, HKV, D, device=device)],
+                [torch.zeros(PAGE * 2, HKV, D, device=device)])
     backend = TritonAttnBackend(pool)
     ints = {"dtype": torch.int32, "device": device}
     cascade = CascadeMeta(members=torch.arange(2, **ints), starts=torch.tensor([0, 2], **ints),
                           prefix_lens=torch.tensor([32768], **ints), kv_start=torch.full((2,), 32768, **ints),
-                          max_group_size=2, max_prefix_len=32768, max_suffix_len=max_suffix_len, num_q_heads=HQ)
+                          max_group_size=2, max_prefix_len=32768, max_suffix_len=max_suffix_len,
+                          num_q_heads=HQ)
     meta = ForwardMeta(mode=ForwardMode.DECODE, page_size=PAGE, page_table=torch.zeros(2, 1, **ints),
-                       seq_lens=torch.full((2,), 32768 + max_suffix_len, **ints), extend_lens=torch.ones(2, **ints),
+                       seq_lens=torch.full((2,), 32768 + max_suffix_len, **ints),
+                       extend_lens=torch.ones(2, **ints),
                        prefix_lens=torch.full((2,), 32767 + max_suffix_len, **ints),
                        extend_start_loc=torch.arange(2, **ints), out_cache_loc=torch.zeros(2, **ints),
                        positions=torch.zeros(2, **ints), max_seq_len=32768 + max_suffix_len, max_extend_len=1,

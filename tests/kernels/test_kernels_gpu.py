@@ -90,7 +90,8 @@ def _cascade_splits(c, prefix_len: int) -> tuple[int, int]:
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     longest_own = int((c.seq_lens - c.kv_start).max())
     splits = choose_num_kv_splits(c.q.shape[0], HKV, longest_own, num_sms)
-    prefix_splits = choose_num_prefix_splits(c.group_starts.shape[0] - 1, c.max_group_size, HQ, HKV, prefix_len,
+    prefix_splits = choose_num_prefix_splits(c.group_starts.shape[0] - 1, c.max_group_size, HQ, HKV,
+                                             prefix_len,
                                              num_sms)
     return splits, prefix_splits
 
@@ -117,7 +118,8 @@ def test_cascade_decode_attention_cuda_graph(fused):
     """Capture the cascade once, then shrink the shared prefix and change the suffixes, pages and
     queries in place: lengths are read on the device, so the replay is exact."""
     gen = torch.Generator().manual_seed(22)
-    c = make_cascade_batch([(2048, [200] * 48), (1024, [200] * 16)], [2000] * 4, PAGE, HQ, HKV, D, BF16, seed=22)
+    c = make_cascade_batch([(2048, [200] * 48), (1024, [200] * 16)], [2000] * 4, PAGE, HQ, HKV, D, BF16,
+                           seed=22)
     splits, prefix_splits = _cascade_splits(c, 2048)
     splits = 1 if fused else max(2, splits)
     out = torch.empty_like(c.q, memory_format=torch.contiguous_format)
@@ -191,7 +193,8 @@ def test_triton_backend_decode_cuda_graph(paged_batch):
         v_buffers = [b.v_buffer]
 
     meta = ForwardMeta(mode=ForwardMode.DECODE, page_size=PAGE, page_table=b.page_table, seq_lens=b.seq_lens,
-                       extend_lens=b.extend_lens, prefix_lens=b.prefix_lens, extend_start_loc=b.extend_start_loc,
+                       extend_lens=b.extend_lens, prefix_lens=b.prefix_lens,
+                       extend_start_loc=b.extend_start_loc,
                        out_cache_loc=b.out_cache_loc, positions=b.seq_lens.long() - 1, max_seq_len=max_len,
                        max_extend_len=1)
     backend = TritonAttnBackend(Pool(), num_q_heads=HQ, max_batch_size=64)
@@ -212,7 +215,8 @@ def test_triton_backend_decode_cuda_graph(paged_batch):
     new_lens = torch.randint(1, max_len + 1, (batch_size,), generator=gen).to(torch.int32)
     meta.seq_lens.copy_(new_lens)
     meta.page_table.copy_(meta.page_table[torch.randperm(batch_size, generator=gen)])
-    slots = [int(meta.page_table[i, (n - 1) // PAGE]) * PAGE + (n - 1) % PAGE for i, n in enumerate(new_lens.tolist())]
+    slots = [int(meta.page_table[i, (n - 1) // PAGE]) * PAGE + (n - 1) % PAGE for i,
+             n in enumerate(new_lens.tolist())]
     meta.out_cache_loc.copy_(torch.tensor(slots))
     for t in (q, k, v):
         t.copy_(torch.randn(t.shape, generator=gen).to(t))
@@ -250,13 +254,16 @@ def test_backend_start_compiles_every_extend_variant():
     try:
         i32 = {"dtype": torch.int32, "device": dev}
         for width in (1, 16, 17, 80):  # 80 pages: a 1,264-token prefix, past the short-prompt bound
-            for prefix, new, hint in ((0, 8, 8), (0, 2000, 2000), (width * PAGE - 16, 16, width * PAGE), (4, 4, None)):
+            for prefix, new, hint in ((0, 8, 8), (0, 2000, 2000), (width * PAGE - 16, 16, width * PAGE),
+                                      (4, 4, None)):
                 prefix = max(0, min(prefix, width * PAGE - new))
                 qkv = torch.randn(new, (HQ + 2 * HKV) * D, device=dev, dtype=BF16)
                 q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=-1)
                 table = torch.arange(width, **i32).remainder(pages).view(1, width)
-                extend_attention(q.view(new, HQ, D), k.view(new, HKV, D), v.view(new, HKV, D), Pool.k_buffers[0],
-                                 Pool.v_buffers[0], table, torch.tensor([prefix], **i32), torch.tensor([new], **i32),
+                extend_attention(q.view(new, HQ, D), k.view(new, HKV, D), v.view(new, HKV, D),
+                                 Pool.k_buffers[0],
+                                 Pool.v_buffers[0], table, torch.tensor([prefix], **i32),
+                                 torch.tensor([new], **i32),
                                  torch.zeros(1, **i32), PAGE, None, new, max_seq_len=hint)
         torch.cuda.synchronize()
     finally:
