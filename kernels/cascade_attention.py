@@ -99,15 +99,11 @@ def _cascade_prefix_kernel(
     # the rows' queries [BLOCK_M, BLOCK_D], gathered from their requests; padding rows are zero
     qm = tl.load(q + b[:, None] * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
                  mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
     # The prefix is read through the first member's page-table row (page ids loaded one step ahead,
     # so the K/V addresses never wait on a load of the same step); one K/V read serves every row.
-    m_i, l_i, acc = paged_attn_loop(qm, m_i, l_i, acc, k_buf, v_buf, page_table + first_b * stride_pt_b, kvh,
-                                    start, end, qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
-                                    PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    m_i, l_i, acc = paged_attn_loop(qm, k_buf, v_buf, page_table + first_b * stride_pt_b, kvh, start, end,
+                                    qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                                    BLOCK_M, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
 
     # partial result and its log2-sum-exp per row; an empty split writes zeros and lse = -inf
     has_keys = l_i > 0.0

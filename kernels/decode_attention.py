@@ -77,14 +77,10 @@ def _decode_split_kernel(
     # the group's queries [BLOCK_H, BLOCK_D]; padding rows are zero and never stored
     qg = tl.load(q + b * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
                  mask=mask_h[:, None] & mask_d[None, :], other=0.0)
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-
     # stream [start, end) once for the whole group (page ids loaded one step ahead)
-    m_i, l_i, acc = paged_attn_loop(qg, m_i, l_i, acc, k_buf, v_buf, page_table + b * stride_pt_b, kvh,
-                                    start, end, qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
-                                    PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end, qk_scale,
+                                    stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                                    BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
 
     if MERGE_PREFIX:
         # a prefix partial (o_p normalised, lse_p = log2 of its softmax sum) is the state

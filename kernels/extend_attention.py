@@ -70,14 +70,10 @@ def _extend_attn_kernel(
     # this block of queries [BLOCK_M, BLOCK_D]; padded rows/dims are zero
     qb = tl.load(q + (tok0 + offs_m)[:, None] * stride_q_t + row_head[:, None] * stride_q_h + offs_d[None, :],
                  mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
     # 1) cached prefix: gather key/value rows through the page table, mask the ragged end
-    m_i, l_i, acc = paged_attn_loop(qb, m_i, l_i, acc, k_buf, v_buf, page_table + b * stride_pt_b, kvh, 0,
-                                    prefix_len, qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
-                                    PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    m_i, l_i, acc = paged_attn_loop(qb, k_buf, v_buf, page_table + b * stride_pt_b, kvh, 0, prefix_len,
+                                    qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                                    BLOCK_M, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
 
     # 2) new tokens strictly before this query block: every key is visible to every query row
     for n0 in range(0, mb * BLOCK_M, BLOCK_N):

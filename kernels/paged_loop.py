@@ -43,16 +43,20 @@ def online_softmax_step(s, m_i, l_i, acc):
 
 
 @triton.jit
-def paged_attn_loop(qb, m_i, l_i, acc, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
+def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
                     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
-                    PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online softmax of the query rows `qb` [M, BLOCK_D] over positions [start, end) of one paged
+                    ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online softmax of the query rows `qb` [ROWS, BLOCK_D] over positions [start, end) of one paged
     sequence (page-table row `pt_row`) in KV head `kvh`, in blocks of BLOCK_N positions.
 
-    m_i, l_i [M] and acc [M, BLOCK_D] (fp32) are the running state, returned updated; qk_scale
-    includes log2(e). Positions at and past `end` are masked; an empty range returns the state
-    unchanged. Page ids are loaded one block ahead (prefetch_pages)."""
+    Returns the softmax state (m_i, l_i [ROWS], acc [ROWS, BLOCK_D], fp32; log2 units: qk_scale
+    includes log2(e)), started empty (m = -inf, l = 0, acc = 0, which an empty range returns), for
+    the caller to normalise or to continue. Positions at and past `end` are masked. Page ids are
+    loaded one block ahead (prefetch_pages)."""
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
