@@ -10,7 +10,9 @@ Runs, in one process and one `radixrt.Engine` (dummy weights of a real shape):
      `shared-prefix` cascade attention off (on by default), each with its output tok/s, cache hit rate and
      fraction of the roofline (bench/roofline.py); on `random`, the KV waste (slots allocated to
      running requests but unused, summed over passes).
-Results are appended to --out (JSON) after each stage, so a run cut short keeps what it finished.
+Results are appended to --out (JSON) after each stage, so a run cut short keeps what it finished;
+the run ends with a table of the headline figures (`headline_figures`), which
+`bench/compare_results.py` compares with bench/results/engine.md.
 
     python3 bench/gpu_engine.py --model-path bench/configs/qwen2.5-7b-instruct --out $OUT/engine.json
     python3 bench/gpu_engine.py --model-path <dir> --device cpu --small   # smoke test on a CPU
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench.common import measure_ceilings as common_ceilings  # noqa: E402
+from bench.common import median as _median  # noqa: E402
+from bench.common import run_header, write_json  # noqa: E402
 from bench.offline import run_workload  # noqa: E402
 from bench.roofline import Hardware, ModelShape, roofline  # noqa: E402
 from bench.workloads import WorkloadSpec  # noqa: E402
@@ -38,26 +42,22 @@ from radixrt.scheduler.scheduler_proc import build_scheduler  # noqa: E402
 
 
 def measure_ceilings(device: str) -> Hardware:
-    """Copy bandwidth (bytes read + written per s) and bf16 matmul FLOP/s, medians of CUDA events."""
+    """Copy bandwidth (bytes read + written per s, 2 GiB) and bf16 matmul FLOP/s, medians of CUDA
+    events, freed before the engine sizes its KV pool; fixed stand-ins on a CPU."""
     if device != "cuda":
         return Hardware(copy_bytes_per_s=1e10, matmul_flops_per_s=1e11)
-    from triton.testing import do_bench
-
-    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
-    dst = torch.empty_like(src)
-    copy_ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    mm_ms = do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
-    src = dst = a = b = None  # free before the engine sizes its KV pool
-    torch.cuda.empty_cache()
-    return Hardware(copy_bytes_per_s=2 * (1 << 30) * 2 / (copy_ms * 1e-3),
-                    matmul_flops_per_s=2 * 8192**3 / (mm_ms * 1e-3))
+    c = common_ceilings(copy_gib=2, warmup=50, rep=300)
+    return Hardware(copy_bytes_per_s=c["copy_bytes_per_s"], matmul_flops_per_s=c["matmul_flops_per_s"])
 
 
-def _median(xs: list[float]) -> float | None:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else None
+def traced(engine: Engine, fn: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """fn()'s result and the Engine's per-pass trace over it (mode, tokens, device busy and idle
+    time, host times per pass). The only place that reads Engine.trace."""
+    engine.trace = []
+    try:
+        return fn(), engine.trace
+    finally:
+        engine.trace = None
 
 
 def trace_summary(trace: list[dict[str, Any]], decode_only: bool = True) -> dict[str, Any]:
@@ -118,7 +118,8 @@ def profile_kernels(engine: Engine, spec: WorkloadSpec, cascade: bool, top: int 
     print(f"kernels, {spec.name} cascade={'on' if cascade else 'off'}: "
           f"{sum(r['device_us_total'] for r in rows) / 1e3:.1f} ms device in all", flush=True)
     for r in rows[:top]:
-        print(f"  {r['device_us_total'] / 1e3:9.3f} ms {r['calls']:7d}x {r['device_us_total'] / r['calls']:9.1f} us"
+        print(f"  {r['device_us_total'] / 1e3:9.3f} ms {r['calls']:7d}x "
+              f"{r['device_us_total'] / r['calls']:9.1f} us"
               f"  {r['name']}", flush=True)
     return rows[:40]
 
@@ -136,12 +137,14 @@ def cprofile_host(engine: Engine, spec: WorkloadSpec, top: int = 30) -> list[dic
     run_workload(engine, spec.build())
     prof.disable()
     st = pstats.Stats(prof)
-    rows = [{"function": f"{Path(f).name}:{line}({fn})", "calls": nc, "tottime_ms": tt * 1e3, "cumtime_ms": ct * 1e3}
+    rows = [{"function": f"{Path(f).name}:{line}({fn})", "calls": nc, "tottime_ms": tt * 1e3,
+             "cumtime_ms": ct * 1e3}
             for (f, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items()]  # type: ignore[attr-defined]
     rows.sort(key=lambda r: -r["tottime_ms"])
     print(f"host profile, {spec.name}: top functions by own time", flush=True)
     for r in rows[:top]:
-        print(f"  {r['tottime_ms']:9.1f} ms own {r['cumtime_ms']:9.1f} ms cum {r['calls']:8d}x  {r['function']}",
+        print(f"  {r['tottime_ms']:9.1f} ms own {r['cumtime_ms']:9.1f} ms cum {r['calls']:8d}x  "
+              f"{r['function']}",
               flush=True)
     return rows[:60]
 
@@ -155,12 +158,10 @@ def idle_at_batch(engine: Engine, batch: int, small: bool) -> list[dict[str, Any
         engine.overlap = overlap
         engine.generate(prompts[:2], {**params, "max_new_tokens": 4})  # warm-up
         engine.scheduler.flush_cache()
-        engine.trace = []
         t = time.perf_counter()
-        engine.generate(prompts, params)
+        _, trace = traced(engine, lambda: engine.generate(prompts, params))
         wall = time.perf_counter() - t
-        summary = trace_summary(engine.trace)
-        engine.trace = None
+        summary = trace_summary(trace)
         engine.scheduler.flush_cache()
         out.append({"overlap": overlap, "batch": batch, "wall_s": wall,
                     "output_tok_s": batch * params["max_new_tokens"] / wall, **summary})
@@ -228,8 +229,10 @@ def decode_step_ms(engine: Engine, prompt_len: int, steps: int) -> float:
 def workloads(small: bool, vocab: int) -> list[WorkloadSpec]:
     lo = min(1000, vocab // 2)
     if small:
-        return [WorkloadSpec(name="random", num_prompts=8, input_len=64, output_len=8, vocab_size=vocab, min_token_id=lo),
-                WorkloadSpec(name="shared-prefix", prompts_per_group=8, system_prompt_len=128, question_len=16,
+        return [WorkloadSpec(name="random", num_prompts=8, input_len=64, output_len=8, vocab_size=vocab,
+                             min_token_id=lo),
+                WorkloadSpec(name="shared-prefix", prompts_per_group=8, system_prompt_len=128,
+                             question_len=16,
                              output_len=8, vocab_size=vocab, min_token_id=lo),
                 WorkloadSpec(name="multi-turn", num_clients=2, num_turns=3, input_len=64, turn_len=16,
                              output_len=8, vocab_size=vocab, min_token_id=lo)]
@@ -245,11 +248,9 @@ def bench_workload(engine: Engine, spec: WorkloadSpec, cache_on: bool, shape: Mo
     args = dataclasses.replace(engine.args, disable_radix_cache=not cache_on,
                                disable_cascade_attention=not cascade)
     engine.scheduler = build_scheduler(args, engine.info)  # same worker, fresh tree
-    engine.trace = []
-    res = run_workload(engine, spec.build())
-    res["trace"] = trace_summary(engine.trace, decode_only=False)
-    res["passes"] = pass_rows(engine.trace)
-    engine.trace = None
+    res, trace = traced(engine, lambda: run_workload(engine, spec.build()))
+    res["trace"] = trace_summary(trace, decode_only=False)
+    res["passes"] = pass_rows(trace)
     reuse = "compute" if cache_on else "none"
     bound = roofline(shape, hw, spec.build(), reuse)
     res.update(cache_on=cache_on, cascade=cascade, roofline=bound,
@@ -274,7 +275,109 @@ def _cascade_overrides(tile: str | None, splits: int | None) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def bench_decode_b1(engine: Engine, hw: Hardware, small: bool) -> dict[str, Any]:
+    """Batch-1 TPOT with overlap on and off, with device busy / idle per pass, against reading the
+    weights (embeddings excluded) once at the copy ceiling."""
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in engine.runner.model.named_parameters()
+                       if "embed_tokens" not in n)
+    b1 = {}
+    for overlap in (True, False):
+        engine.overlap = overlap
+        step, trace = traced(engine, lambda: decode_step_ms(engine, 128, 16 if small else 128))
+        b1["overlap" if overlap else "no_overlap"] = {"ms_per_token": step, **trace_summary(trace)}
+    engine.overlap = True
+    out = {**b1, "ms_per_token": b1["overlap"]["ms_per_token"], "weight_bytes": weight_bytes,
+           "weights_read_ms": weight_bytes / hw.copy_bytes_per_s * 1e3}
+    print(f"batch-1 decode: {b1['overlap']['ms_per_token']:.2f} ms/token (overlap off "
+          f"{b1['no_overlap']['ms_per_token']:.2f}); device busy per pass "
+          f"{b1['overlap']['busy_ms_median']:.2f} ms, idle between passes "
+          f"{b1['overlap']['gap_ms_median']:.3f} ms; weights once at copy bandwidth: "
+          f"{out['weights_read_ms']:.2f} ms", flush=True)
+    return out
+
+
+def print_profile_b1(prof: dict[str, Any]) -> None:
+    print(f"graph replay alone (batch 1): {prof.get('graph_replay_ms_median')} ms; eager kernels "
+          f"{prof['eager_kernel_calls']} calls, {prof['eager_kernel_us_total'] / 1e3:.2f} ms device",
+          flush=True)
+    for r in prof["eager_kernels_top"][:25]:
+        print(f"  {r['device_us_total'] / 1e3:8.3f} ms {r['calls']:6d}x  {r['name']}", flush=True)
+
+
+def print_idle(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        print(f"batch {r['batch']} overlap={'on ' if r['overlap'] else 'off'}: {r['output_tok_s']:8.0f} "
+              f"tok/s, device idle {r['idle_fraction']:.1%} (median gap {r['gap_ms_median']:.3f} ms, "
+              f"busy {r['busy_ms_median']:.2f} ms)", flush=True)
+
+
+def print_workload_row(spec: WorkloadSpec, r: dict[str, Any]) -> None:
+    tr = r["trace"]
+    print(f"{spec.name:14s} cache={'on ' if r['cache_on'] else 'off'} "
+          f"cascade={'on ' if r['cascade'] else 'off'} "
+          f"{r['wall_s']:7.2f} s {r['output_throughput']:9.0f} out tok/s  hit {r['cache_hit_rate']:.2f}  "
+          f"roofline {r.get('fraction_of_roofline') or 0:.2f}  cascade passes {tr['cascade_passes']}  "
+          f"kv waste {tr['kv_waste_fraction'] or 0:.2%}  ok={r['token_counts_consistent']}  "
+          f"decode pass {tr['decode_busy_ms_median'] or 0:.2f} ms  paths {tr['paths']}", flush=True)
+    if spec.name == "shared-prefix" and r["cache_on"]:
+        print_passes(r["passes"])
+
+
+def bench_spec(engine: Engine, spec: WorkloadSpec, repeat: int, shape: ModelShape, hw: Hardware,
+               report: dict[str, Any], save: Any) -> None:
+    """One workload: a warm-up at the same shapes, the default configuration (cache and cascade on)
+    `repeat` times with its median, then one run with the cache off (not on `random`) and, on
+    `shared-prefix`, one with cascade attention off."""
+    run_workload(engine, dataclasses.replace(spec, num_prompts=min(spec.num_prompts, 4), prompts_per_group=4,
+                                             num_clients=1, output_len=2).build())
+    engine.scheduler.flush_cache()  # (kernels first used by this workload compiled in the warm-up)
+    variants = [(True, True)] if spec.name == "random" else [(True, True), (False, True)]
+    if spec.name == "shared-prefix":
+        variants.append((True, False))
+    for cache_on, cascade in variants:
+        runs = []
+        for i in range(max(1, repeat) if (cache_on and cascade) else 1):
+            r = bench_workload(engine, spec, cache_on, shape, hw, cascade)
+            r["repeat"] = i
+            runs.append(r)
+            report["results"].append(r)
+            save()
+            print_workload_row(spec, r)
+        if len(runs) > 1:
+            tput = sorted(x["output_throughput"] for x in runs)
+            med = tput[len(tput) // 2]
+            report.setdefault("medians", {})[f"{spec.name} cache={cache_on} cascade={cascade}"] = med
+            print(f"{spec.name:14s} median of {len(runs)} runs: {med:.0f} out tok/s "
+                  f"(runs: {', '.join(f'{x:.0f}' for x in tput)})", flush=True)
+
+
+def headline_figures(report: dict[str, Any]) -> dict[str, float]:
+    """The figures of bench/results/engine.md that this run measured, under the names used there."""
+    out: dict[str, float] = {}
+    b1 = report.get("decode_b1")
+    if b1:
+        out["batch-1 TPOT overlap on"] = b1["overlap"]["ms_per_token"]
+        out["batch-1 TPOT overlap off"] = b1["no_overlap"]["ms_per_token"]
+        if b1["overlap"].get("busy_ms_median") is not None:
+            out["batch-1 device time per pass"] = b1["overlap"]["busy_ms_median"]
+        out["weights read once at copy bandwidth"] = b1["weights_read_ms"]
+    if (report.get("profile_b1") or {}).get("graph_replay_ms_median") is not None:
+        out["batch-1 graph replay"] = report["profile_b1"]["graph_replay_ms_median"]
+    for name in ("random", "shared-prefix", "multi-turn"):
+        med = report.get("medians", {}).get(f"{name} cache=True cascade=True")
+        if med is not None:
+            out[f"{name} tok/s"] = med
+        for r in report["results"]:
+            if r["workload"]["name"] != name:
+                continue
+            if not r["cache_on"]:
+                out[f"{name} cache off tok/s"] = r["output_throughput"]
+            elif not r["cascade"]:
+                out[f"{name} cascade off tok/s"] = r["output_throughput"]
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", default="bench/configs/qwen2.5-7b-instruct")
     p.add_argument("--load-format", default="dummy")
@@ -289,17 +392,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="override the cascade prefix-stage tile (an A/B of tiles under real L2 traffic)")
     p.add_argument("--cascade-prefix-splits", type=int, default=None, help="override the prefix split count")
     p.add_argument("--out", default="engine.json")
-    ns = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    stages = ns.only.split(",")
     overrides = _cascade_overrides(ns.cascade_tile, ns.cascade_prefix_splits)
-    report: dict[str, Any] = {"device": torch.cuda.get_device_name() if ns.device == "cuda" else "cpu",
-                              "torch": torch.__version__, "model_path": ns.model_path, "results": [],
-                              "cascade_overrides": overrides}
+    report: dict[str, Any] = {**run_header(ns.device), "model_path": ns.model_path, "results": [],
+                              "command": " ".join(sys.argv), "cascade_overrides": overrides}
 
     def save() -> None:
-        Path(ns.out).write_text(json.dumps(report, indent=1, default=str))
+        write_json(ns.out, report)
 
     hw = measure_ceilings(ns.device)
-    report["ceilings"] = {"copy_bytes_per_s": hw.copy_bytes_per_s, "matmul_flops_per_s": hw.matmul_flops_per_s}
+    report["ceilings"] = {"copy_bytes_per_s": hw.copy_bytes_per_s,
+                          "matmul_flops_per_s": hw.matmul_flops_per_s}
     t = time.perf_counter()
     engine = Engine(model_path=ns.model_path, load_format=ns.load_format, device=ns.device,
                     max_running_requests=256, chunked_prefill_size=8192, cuda_graph_max_bs=256,
@@ -308,75 +416,28 @@ def main(argv: list[str] | None = None) -> int:
     report["worker_info"] = engine.info
     save()
     shape = ModelShape.from_config(Path(engine.model_dir) / "config.json")
-    weight_bytes = sum(p.numel() * p.element_size() for n, p in engine.runner.model.named_parameters()
-                       if "embed_tokens" not in n)
-    b1 = {}
-    for overlap in (True, False):
-        engine.overlap = overlap
-        engine.trace = []
-        step = decode_step_ms(engine, 128, 16 if ns.small else 128)
-        b1["overlap" if overlap else "no_overlap"] = {"ms_per_token": step, **trace_summary(engine.trace)}
-        engine.trace = None
-    engine.overlap = True
-    report["decode_b1"] = {**b1, "ms_per_token": b1["overlap"]["ms_per_token"], "weight_bytes": weight_bytes,
-                           "weights_read_ms": weight_bytes / hw.copy_bytes_per_s * 1e3}
-    print(f"batch-1 decode: {b1['overlap']['ms_per_token']:.2f} ms/token (overlap off "
-          f"{b1['no_overlap']['ms_per_token']:.2f}); device busy per pass "
-          f"{b1['overlap']['busy_ms_median']:.2f} ms, idle between passes {b1['overlap']['gap_ms_median']:.3f} ms; "
-          f"weights once at copy bandwidth: {report['decode_b1']['weights_read_ms']:.2f} ms", flush=True)
+    report["decode_b1"] = bench_decode_b1(engine, hw, ns.small)
     save()
-    if "profile" in ns.only.split(",") and ns.device == "cuda":
-        report["profile_b1"] = prof = profile_decode_b1(engine)
-        print(f"graph replay alone (batch 1): {prof.get('graph_replay_ms_median')} ms; eager kernels "
-              f"{prof['eager_kernel_calls']} calls, {prof['eager_kernel_us_total'] / 1e3:.2f} ms device", flush=True)
-        for r in prof["eager_kernels_top"][:25]:
-            print(f"  {r['device_us_total'] / 1e3:8.3f} ms {r['calls']:6d}x  {r['name']}", flush=True)
+    if "profile" in stages and ns.device == "cuda":
+        report["profile_b1"] = profile_decode_b1(engine)
+        print_profile_b1(report["profile_b1"])
         save()
-    if "idle" in ns.only.split(","):
+    if "idle" in stages:
         report["idle_b128"] = idle_at_batch(engine, 8 if ns.small else 128, ns.small)
-        for r in report["idle_b128"]:
-            print(f"batch {r['batch']} overlap={'on ' if r['overlap'] else 'off'}: {r['output_tok_s']:8.0f} tok/s, "
-                  f"device idle {r['idle_fraction']:.1%} (median gap {r['gap_ms_median']:.3f} ms, "
-                  f"busy {r['busy_ms_median']:.2f} ms)", flush=True)
+        print_idle(report["idle_b128"])
         save()
     for spec in workloads(ns.small, int(engine.info["vocab_size"])):
-        if spec.name not in ns.only.split(","):
+        if spec.name not in stages:
             continue
-        # warm-up at the same shapes, fewer requests: kernels first used by this workload compile here
-        run_workload(engine, dataclasses.replace(spec, num_prompts=min(spec.num_prompts, 4), prompts_per_group=4,
-                                                 num_clients=1, output_len=2).build())
-        engine.scheduler.flush_cache()
-        # (cache on, cascade on) is the default configuration; the other rows turn one off
-        variants = [(True, True)] if spec.name == "random" else [(True, True), (False, True)]
-        if spec.name == "shared-prefix":
-            variants.append((True, False))
-        for cache_on, cascade in variants:
-            runs = []
-            for i in range(max(1, ns.repeat) if (cache_on and cascade) else 1):
-                r = bench_workload(engine, spec, cache_on, shape, hw, cascade)
-                r["repeat"] = i
-                runs.append(r)
-                report["results"].append(r)
-                save()
-                tr = r["trace"]
-                print(f"{spec.name:14s} cache={'on ' if cache_on else 'off'} cascade={'on ' if cascade else 'off'} "
-                      f"{r['wall_s']:7.2f} s {r['output_throughput']:9.0f} out tok/s  hit {r['cache_hit_rate']:.2f}  "
-                      f"roofline {r.get('fraction_of_roofline') or 0:.2f}  cascade passes {tr['cascade_passes']}  "
-                      f"kv waste {tr['kv_waste_fraction'] or 0:.2%}  ok={r['token_counts_consistent']}  "
-                      f"decode pass {tr['decode_busy_ms_median'] or 0:.2f} ms  paths {tr['paths']}", flush=True)
-                if spec.name == "shared-prefix" and cache_on:
-                    print_passes(r["passes"])
-            if len(runs) > 1:
-                tput = sorted(x["output_throughput"] for x in runs)
-                med = tput[len(tput) // 2]
-                report.setdefault("medians", {})[f"{spec.name} cache={cache_on} cascade={cascade}"] = med
-                print(f"{spec.name:14s} median of {len(runs)} runs: {med:.0f} out tok/s "
-                      f"(runs: {', '.join(f'{x:.0f}' for x in tput)})", flush=True)
-        if spec.name == "shared-prefix" and "kernels" in ns.only.split(",") and ns.device == "cuda":
+        bench_spec(engine, spec, ns.repeat, shape, hw, report, save)
+        if spec.name == "shared-prefix" and "kernels" in stages and ns.device == "cuda":
             report[f"kernels_{spec.name}"] = {c: profile_kernels(engine, spec, c == "cascade")
                                               for c in ("plain", "cascade")}
             report[f"host_profile_{spec.name}"] = cprofile_host(engine, spec)
             save()
+    report["headline"] = figures = headline_figures(report)
+    save()
+    print("\n| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | {v:.2f} |" for k, v in figures.items()))
     return 0
 
 

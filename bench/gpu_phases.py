@@ -20,9 +20,11 @@ from bench.serving import BenchConfig, run_benchmark
 from bench.workloads import WorkloadSpec
 
 TPOT_B1_GOAL_MS = 4.1
-RUN_KEYS = ("max_concurrency", "num_requests", "completed", "failed", "errors", "duration_s", "request_throughput",
+RUN_KEYS = ("max_concurrency", "num_requests", "completed", "failed", "errors", "duration_s",
+            "request_throughput",
             "input_throughput", "output_throughput", "total_output_tokens", "token_counts_consistent",
-            "output_len_mismatches", "cache_hit_rate", "mean_concurrency", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+            "output_len_mismatches", "cache_hit_rate", "mean_concurrency", "ttft_ms", "tpot_ms", "itl_ms",
+            "e2e_ms")
 
 
 @dataclass(slots=True)
@@ -43,10 +45,12 @@ FULL = Sizes(long_short=LongShortParams(), batch=(128, 128, 256, 128), single=(8
              shared_prefix=dict(num_groups=1, prompts_per_group=128, system_prompt_len=2048, question_len=128,
                                 output_len=64),
              multi_turn=dict(num_clients=16, num_turns=4, input_len=1024, turn_len=128, output_len=64))
-SMALL = Sizes(long_short=LongShortParams(num_streams=4, stream_input_len=32, stream_max_tokens=2000, num_long=1,
-                                         long_input_len=600, long_first_s=1.0, short_rate=1.0, short_input_len=16,
-                                         short_output_len=4, duration_s=5.0, stream_start_timeout_s=30.0),
-              batch=(8, 16, 16, 8), single=(2, 16, 8, 1), sweep=[1, 4], sweep_prompts=[2, 8], random_io=(32, 8),
+SMALL = Sizes(long_short=LongShortParams(num_streams=4, stream_input_len=32, stream_max_tokens=2000,
+                                         num_long=1, long_input_len=600, long_first_s=1.0, short_rate=1.0,
+                                         short_input_len=16, short_output_len=4, duration_s=5.0,
+                                         stream_start_timeout_s=30.0),
+              batch=(8, 16, 16, 8), single=(2, 16, 8, 1), sweep=[1, 4], sweep_prompts=[2, 8],
+              random_io=(32, 8),
               shared_prefix=dict(num_groups=1, prompts_per_group=8, system_prompt_len=64, question_len=16,
                                  output_len=4),
               multi_turn=dict(num_clients=2, num_turns=3, input_len=32, turn_len=8, output_len=4),
@@ -108,7 +112,8 @@ def overlap(url: str, s: Sizes, vocab: int, res: dict) -> None:
         res[name] = {"num_prompts": n, "input_len": n_in, "output_len": n_out, **_run_fields(run),
                      "scheduler": scheduler_delta(before, scheduler_info(url))}
     tpot = res["batch1"]["tpot_ms"]["median"]
-    res["batch1"].update(goal_tpot_ms=TPOT_B1_GOAL_MS, meets_goal=tpot is not None and tpot <= TPOT_B1_GOAL_MS)
+    res["batch1"].update(goal_tpot_ms=TPOT_B1_GOAL_MS,
+                         meets_goal=tpot is not None and tpot <= TPOT_B1_GOAL_MS)
 
 
 def throughput(url: str, s: Sizes, vocab: int, out_dir: Path, res: dict) -> None:
@@ -180,7 +185,8 @@ def summary_rows(report: dict) -> list[dict]:
         for key in ("batch", "batch1"):
             if key in ov:
                 r = ov[key]
-                rows.append({"config": name, "what": f"overlap {key}", "flags": " ".join(c["flags"]) or "(defaults)",
+                rows.append({"config": name, "what": f"overlap {key}",
+                             "flags": " ".join(c["flags"]) or "(defaults)",
                              "output_tok_s": r.get("output_throughput"), "itl_p50": _g(r, "itl_ms", "median"),
                              "itl_p99": _g(r, "itl_ms", "p99"), "tpot_p50": _g(r, "tpot_ms", "median"),
                              "tpot_p99": _g(r, "tpot_ms", "p99"),
@@ -197,7 +203,8 @@ def summary_rows(report: dict) -> list[dict]:
         if "random" in tp:
             w = tp["random"]["kv_waste"]
             rows.append({"config": name, "what": "kv waste (random sweep)",
-                         "time_avg": w["time_avg_unused_fraction"], "aggregate": w["aggregate_unused_fraction"],
+                         "time_avg": w["time_avg_unused_fraction"],
+                         "aggregate": w["aggregate_unused_fraction"],
                          "meets_goal": w["meets_goal"]})
         for wl in ("shared-prefix", "multi-turn"):
             if wl in tp:
@@ -220,7 +227,8 @@ def format_table(report: dict) -> str:
     lines = [f"gpu_serving: {report.get('gpu') or 'no GPU name'}; small={report.get('small')}"]
     for name, c in report.get("configs", {}).items():
         status = c.get("skipped") or ("; ".join(c.get("errors") or []) or "ok")
-        lines.append(f"config {name} ({c.get('description')}): start {_fmt(c.get('server_start_s'))} s; {status}")
+        lines.append(f"config {name} ({c.get('description')}): start {_fmt(c.get('server_start_s'))} s; "
+                     f"{status}")
     for row in report.get("summary", []):
         rest = "  ".join(f"{k}={_fmt(v)}" for k, v in row.items() if k not in ("config", "what"))
         lines.append(f"  {row['config']} {row['what']:<26s} {rest}")

@@ -7,11 +7,13 @@ Builds a model directory with a stand-in tokenizer (bench/dummy_tokenizer.py) fr
 then for each server configuration starts a server (flags passed through, own process group,
 waits for /health), warms it up, runs its phases, saves JSON after each phase and kills the server:
 
-  config  server flags (+ common: --load-format dummy --max-running-requests 256)   phases
-  A       defaults: chunked prefill 8192 (CUDA), overlap scheduling on              long_short, overlap, throughput
-  B       --chunked-prefill-size 2048                                               long_short
-  C       --chunked-prefill-size -1 (no chunking)                                   long_short
-  D       --disable-overlap-schedule                                                overlap
+  config  server flags (+ common: --load-format dummy --max-running-requests 256)
+          phases
+  A       defaults: chunked prefill 8192 (CUDA), overlap scheduling on
+          long_short, overlap, throughput
+  B       --chunked-prefill-size 2048                        long_short
+  C       --chunked-prefill-size -1 (no chunking)            long_short
+  D       --disable-overlap-schedule                         overlap
 
 Phases:
   long_short  64 decoding streams, 32,000-token prompts arriving every 4 s, Poisson short requests
@@ -55,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from bench import gpu_phases  # noqa: E402
+from bench.common import git_commit  # noqa: E402
 from bench.dummy_tokenizer import make_dummy_model_dir  # noqa: E402
 from bench.server_proc import free_port  # noqa: E402
 
@@ -184,7 +187,8 @@ def _stop_all() -> None:
 
 
 _PROBE = ("import importlib.util as u\ntry:\n    ok = all(u.find_spec(m) for m in "
-          "('radixrt.cli', 'radixrt.kernels', 'radixrt.tokenizer_proc'))\nexcept ImportError:\n    ok = False\n"
+          "('radixrt.cli', 'radixrt.kernels', 'radixrt.tokenizer_proc'))\n"
+          "except ImportError:\n    ok = False\n"
           "raise SystemExit(0 if ok else 1)")
 
 
@@ -246,14 +250,6 @@ def _gpu_name() -> str | None:
         return None
 
 
-def _git_commit() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        return r.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", required=True)
@@ -270,7 +266,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=400.0,
                    help="whole-run budget: phases and configs that would not fit are skipped "
                         "(default 400: inside bench/h200_run.sh's 420 s serving stage)")
-    p.add_argument("--start-timeout-s", type=float, default=None, help="server start (default 300; 120 small)")
+    p.add_argument("--start-timeout-s", type=float, default=None,
+                   help="server start (default 300; 120 small)")
     p.add_argument("--force-overlay", action="store_true", help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     ns.configs = [c.strip().upper() for c in ns.configs.split(",") if c.strip()]
@@ -292,34 +289,128 @@ def _default_config_dir(small: bool) -> Path:
     return resolve_model_dir(None, Env.read().cache_dir, "auto")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ns = parse_args(argv)
-    t_begin = time.monotonic()
-    out_dir = Path(ns.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="gpu_serving_"))
-    model_dir = make_dummy_model_dir(ns.config_dir or _default_config_dir(ns.small), tmp / "model")
-    sizes = gpu_phases.SMALL if ns.small else gpu_phases.FULL
-    timeouts = SMALL_PHASE_TIMEOUT_S if ns.small else PHASE_TIMEOUT_S
-    report: dict[str, Any] = {
-        "schema_version": 1, "tool": "bench/gpu_serving.py", "argv": sys.argv[1:] if argv is None else argv,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "small": ns.small,
-        "gpu": _gpu_name(), "git_commit": _git_commit(), "config_dir": str(ns.config_dir or "default"),
-        "sizes": gpu_phases.sizes_dict(sizes), "configs": {}, "summary": [],
-    }
-    json_path = out_dir / "serving.json"
+class ServingRun:
+    """One benchmark run: its report (saved after every phase, atomically), its budget, and the
+    servers it starts one config at a time."""
 
-    def save() -> None:
-        tmp_json = json_path.with_suffix(".json.tmp")
+    def __init__(self, ns: argparse.Namespace, argv: list[str] | None) -> None:
+        self.ns, self.t_begin = ns, time.monotonic()
+        self.out_dir = Path(ns.out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix="gpu_serving_"))
+        self.model_dir = make_dummy_model_dir(ns.config_dir or _default_config_dir(ns.small),
+                                              self.tmp / "model")
+        self.sizes = gpu_phases.SMALL if ns.small else gpu_phases.FULL
+        self.timeouts = SMALL_PHASE_TIMEOUT_S if ns.small else PHASE_TIMEOUT_S
+        self.report: dict[str, Any] = {
+            "schema_version": 1, "tool": "bench/gpu_serving.py",
+            "argv": sys.argv[1:] if argv is None else argv,
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "small": ns.small,
+            "gpu": _gpu_name(), "git_commit": git_commit(), "config_dir": str(ns.config_dir or "default"),
+            "sizes": gpu_phases.sizes_dict(self.sizes), "configs": {}, "summary": [],
+        }
+        self.json_path = self.out_dir / "serving.json"
+        self.long_short_samples: dict[str, dict] = {}
+        self.failed = False
+        self.cwd = server_cwd(self.tmp, ns.force_overlay)
+        self.report["server_cwd"] = "repo" if self.cwd == ROOT else "overlay"
+
+    def save(self) -> None:
+        tmp_json = self.json_path.with_suffix(".json.tmp")
         try:
-            text = json.dumps(report, indent=1, default=str, allow_nan=False)
+            text = json.dumps(self.report, indent=1, default=str, allow_nan=False)
         except ValueError:  # a NaN somewhere: keep the data rather than nothing
-            text = json.dumps(report, indent=1, default=str)
+            text = json.dumps(self.report, indent=1, default=str)
         tmp_json.write_text(text)
-        tmp_json.replace(json_path)
+        tmp_json.replace(self.json_path)
 
-    def remaining() -> float:
-        return ns.budget_s - (time.monotonic() - t_begin)
+    def remaining(self) -> float:
+        return self.ns.budget_s - (time.monotonic() - self.t_begin)
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.t_begin:6.1f}s] {msg}", flush=True)
+
+    def run_config(self, name: str) -> None:
+        """Start the server of config `name`, run its selected phases, stop it."""
+        flags, phases, desc = CONFIGS[name]
+        if self.ns.small and name in SMALL_FLAGS:  # the CPU default chunk is 512: B must be smaller
+            flags, desc = SMALL_FLAGS[name]
+        phases = [ph for ph in phases if ph in self.ns.phases]
+        entry: dict[str, Any] = {"description": desc, "flags": flags, "phases": {}, "errors": []}
+        self.report["configs"][name] = entry
+        if not phases:
+            entry["skipped"] = "no selected phase"
+            return
+        if self.remaining() < 60 + min(PHASE_MIN_S[ph] for ph in phases):
+            entry["skipped"] = f"budget: {self.remaining():.0f} s left"
+            self.save()
+            return
+        all_flags = ["--model-path", str(self.model_dir), "--load-format", "dummy", "--device",
+                     self.ns.device,
+                     "--max-running-requests", "256", *flags, *shlex.split(self.ns.server_args)]
+        self.log(f"config {name} ({desc}): starting server")
+        t0 = time.monotonic()
+        server = ServerProc(all_flags, self.cwd, self.tmp / f"server-{name}.log")
+        entry["server_cmd"] = shlex.join(server.cmd[2:])
+        try:
+            server.wait_healthy(min(self.ns.start_timeout_s, max(self.remaining() - 20, 10)))
+            entry["server_start_s"] = time.monotonic() - t0
+            info = httpx.get(server.url + "/get_server_info", timeout=30, trust_env=False).json()
+            entry["worker"] = info.get("worker")
+            entry["server_args"] = {k: info.get(k) for k in ("chunked_prefill_size",
+                                                             "disable_overlap_schedule",
+                                                             "max_running_requests", "context_length")}
+            vocab = int((info.get("worker") or {}).get("vocab_size") or 32000)
+            self.log(f"  healthy after {entry['server_start_s']:.1f} s")
+            for ph in ["warmup", *phases]:
+                if not self.run_phase(entry, f"{name}: {desc}", ph, phases, server, vocab):
+                    break
+        except Exception as e:  # noqa: BLE001 - the next config may still work
+            entry["errors"].append(f"{type(e).__name__}: {e}")
+            self.failed = True
+        finally:
+            if entry["errors"]:
+                entry["server_log_tail"] = server.log_tail()
+            server.stop()
+            self.save()
+
+    def run_phase(self, entry: dict[str, Any], label: str, ph: str, phases: list[str], server: ServerProc,
+                  vocab: int) -> bool:
+        """One phase against a running server, under its timeout; False when the config should stop."""
+        left = self.remaining() - 10
+        if ph != "warmup" and left < PHASE_MIN_S[ph]:
+            entry["phases"][ph] = {"skipped": f"budget: {left:.0f} s left"}
+            return True
+        fn = gpu_phases.phase_fn(ph, server.url, self.sizes, vocab, self.out_dir,
+                                 deadline_s=min(self.timeouts[ph], left) - 8,
+                                 with_long="long_short" in phases)
+        res: dict[str, Any] = {}
+        t_ph = time.monotonic()
+        err = run_with_timeout(fn, res, min(self.timeouts[ph], max(left, 5)))
+        res = _snapshot(res)
+        res["phase_s"] = time.monotonic() - t_ph
+        if err:
+            res["error"] = err
+            entry["errors"].append(f"{ph}: {err.strip().splitlines()[-1]}")
+            self.failed = True
+        if ph == "long_short" and "samples" in res:
+            self.long_short_samples[label] = res.pop("samples")
+            res["plot"] = gpu_phases.plot_long_short(self.long_short_samples, self.out_dir)
+        entry["phases"][ph] = res
+        self.save()
+        self.log(f"  {ph}: {res['phase_s']:.1f} s{' ERROR ' + entry['errors'][-1] if err else ''}")
+        return not (err and (err.startswith("timeout") or server.proc.poll() is not None))
+
+    def finish(self) -> None:
+        _stop_all()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.report["summary"] = gpu_phases.summary_rows(self.report)
+        self.report["wall_s"] = time.monotonic() - self.t_begin
+        self.save()
+
+
+def main(argv: list[str] | None = None) -> int:
+    run = ServingRun(parse_args(argv), argv)
 
     def on_signal(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)
@@ -327,88 +418,18 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     atexit.register(_stop_all)
-    cwd = server_cwd(tmp, ns.force_overlay)
-    report["server_cwd"] = "repo" if cwd == ROOT else "overlay"
-    long_short_samples: dict[str, dict] = {}
-    failed = False
-    save()
+    run.save()
     try:
-        for name in ns.configs:
-            flags, phases, desc = CONFIGS[name]
-            if ns.small and name in SMALL_FLAGS:  # the CPU default chunk is 512: B must be smaller
-                flags, desc = SMALL_FLAGS[name]
-            phases = [ph for ph in phases if ph in ns.phases]
-            entry: dict[str, Any] = {"description": desc, "flags": flags, "phases": {}, "errors": []}
-            report["configs"][name] = entry
-            if not phases:
-                entry["skipped"] = "no selected phase"
-                continue
-            if remaining() < 60 + min(PHASE_MIN_S[ph] for ph in phases):
-                entry["skipped"] = f"budget: {remaining():.0f} s left"
-                save()
-                continue
-            all_flags = ["--model-path", str(model_dir), "--load-format", "dummy", "--device", ns.device,
-                         "--max-running-requests", "256", *flags, *shlex.split(ns.server_args)]
-            print(f"[{time.monotonic() - t_begin:6.1f}s] config {name} ({desc}): starting server", flush=True)
-            t0 = time.monotonic()
-            server = ServerProc(all_flags, cwd, tmp / f"server-{name}.log")
-            entry["server_cmd"] = shlex.join(server.cmd[2:])
-            try:
-                server.wait_healthy(min(ns.start_timeout_s, max(remaining() - 20, 10)))
-                entry["server_start_s"] = time.monotonic() - t0
-                info = httpx.get(server.url + "/get_server_info", timeout=30, trust_env=False).json()
-                entry["worker"] = info.get("worker")
-                entry["server_args"] = {k: info.get(k) for k in ("chunked_prefill_size", "disable_overlap_schedule",
-                                                                 "max_running_requests", "context_length")}
-                vocab = int((info.get("worker") or {}).get("vocab_size") or 32000)
-                print(f"[{time.monotonic() - t_begin:6.1f}s]   healthy after {entry['server_start_s']:.1f} s",
-                      flush=True)
-                for ph in ["warmup", *phases]:
-                    left = remaining() - 10
-                    if ph != "warmup" and left < PHASE_MIN_S[ph]:
-                        entry["phases"][ph] = {"skipped": f"budget: {left:.0f} s left"}
-                        continue
-                    fn = gpu_phases.phase_fn(ph, server.url, sizes, vocab, out_dir,
-                                             deadline_s=min(timeouts[ph], left) - 8,
-                                             with_long="long_short" in phases)
-                    res: dict[str, Any] = {}
-                    t_ph = time.monotonic()
-                    err = run_with_timeout(fn, res, min(timeouts[ph], max(left, 5)))
-                    res = _snapshot(res)
-                    res["phase_s"] = time.monotonic() - t_ph
-                    if err:
-                        res["error"] = err
-                        entry["errors"].append(f"{ph}: {err.strip().splitlines()[-1]}")
-                        failed = True
-                    if ph == "long_short" and "samples" in res:
-                        long_short_samples[f"{name}: {desc}"] = res.pop("samples")
-                        res["plot"] = gpu_phases.plot_long_short(long_short_samples, out_dir)
-                    entry["phases"][ph] = res
-                    save()
-                    print(f"[{time.monotonic() - t_begin:6.1f}s]   {ph}: {res['phase_s']:.1f} s"
-                          f"{' ERROR ' + entry['errors'][-1] if err else ''}", flush=True)
-                    if err and (err.startswith("timeout") or server.proc.poll() is not None):
-                        break
-            except Exception as e:  # noqa: BLE001 - the next config may still work
-                entry["errors"].append(f"{type(e).__name__}: {e}")
-                failed = True
-            finally:
-                if entry["errors"]:
-                    entry["server_log_tail"] = server.log_tail()
-                server.stop()
-                save()
+        for name in run.ns.configs:
+            run.run_config(name)
     except BaseException as e:  # SIGTERM / Ctrl-C: record it; the finally below saves and cleans up
-        report["interrupted"] = f"{type(e).__name__}: {e}"
+        run.report["interrupted"] = f"{type(e).__name__}: {e}"
         raise
     finally:
-        _stop_all()
-        shutil.rmtree(tmp, ignore_errors=True)
-        report["summary"] = gpu_phases.summary_rows(report)
-        report["wall_s"] = time.monotonic() - t_begin
-        save()
-    print(gpu_phases.format_table(report), flush=True)
-    print(f"wrote {json_path} ({report['wall_s']:.0f} s)", flush=True)
-    return 1 if failed else 0
+        run.finish()
+    print(gpu_phases.format_table(run.report), flush=True)
+    print(f"wrote {run.json_path} ({run.report['wall_s']:.0f} s)", flush=True)
+    return 1 if run.failed else 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (the device tool): install the carried wheels, then run the named
 # stages, each under its own time limit, writing results under $OUT. Usage from the repo root:
-#   bash bench/h200_run.sh tests kernels engine         # stages: see the case list below
-# Wheels come from ../shared/tools/device-wheels.sh (.whl/, carried with the call).
+#   COMMIT=$(git rev-parse --short HEAD) bash bench/h200_run.sh verify   # stages: the case list below
+# (the device copy of the tree has no .git: COMMIT names the code in the JSON). Wheels come from
+# ../shared/tools/device-wheels.sh (.whl/, carried with the call). `verify` fits one 10-minute call.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -22,55 +23,48 @@ stage() {  # stage NAME LIMIT_S CMD...
   tail -n 40 "$OUT/$name.log"
   echo "=== $name rc=$rc in $((SECONDS - t0)) s"
 }
+PEERS="python3 bench/peers.py run --model-config qwen2.5-7b"
+SHARED="--workload shared-prefix --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128
+  --output-len 64"
+RANDOM="--workload random --num-prompts 256 --input-len 512 --output-len 256"
 for s in "$@"; do
   case $s in
+    # the lead's check after a merge: every GPU test, then the engine figures of bench/results/engine.md
+    # (batch-1 decode, random, shared-prefix; same arguments as recorded) and one table against them
+    verify) stage gpu-tests 290 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+      stage engine-verify 250 python3 bench/gpu_engine.py --only profile,random,shared-prefix \
+        --out "$OUT/engine-verify.json"
+      python3 bench/compare_results.py "$OUT/engine-verify.json" ;;
     tests) stage gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
-    gemm-layouts) stage gemm-layouts 150 python3 bench/kernels/gemm_layouts.py --out "$OUT/gemm-layouts.json" ;;
-    tune-cascade) stage tune-cascade 240 python3 bench/kernels/tune_cascade.py --out "$OUT/tune-cascade.json" ;;
-    tune-pipelined-cold) stage tune-pipelined-cold 300 python3 bench/kernels/tune_pipelined.py --part cascade --cold-l2 \
-        --out "$OUT/tune-pipelined-cold.json" ;;
-    tune-pipelined) stage tune-pipelined 420 python3 bench/kernels/tune_pipelined.py --out "$OUT/tune-pipelined.json" ;;
-    cascade-probe) stage cascade-probe 150 python3 bench/kernels/cascade_probe.py --out "$OUT/cascade-probe.json" ;;
-    engine-sp) stage engine-sp 200 python3 bench/gpu_engine.py --only shared-prefix,kernels --out "$OUT/engine-sp.json" ;;
-    engine-tiles) for t in 128,64,8,3:4 64,64,4,2:4 64,64,4,3:4; do
-        stage "engine-tile-${t//[,:]/-}" 120 python3 bench/gpu_engine.py --only shared-prefix --repeat 3 \
-          --cascade-tile "${t%%:*}" --cascade-prefix-splits "${t##*:}" --out "$OUT/engine-tile-${t//[,:]/-}.json"
-      done ;;
-    engine) stage engine 250 python3 bench/gpu_engine.py --only profile,idle,random,shared-prefix,multi-turn,kernels \
-        --out "$OUT/engine.json" ;;
-    peers-random) stage peers-random 300 python3 bench/peers.py run --model-config qwen2.5-7b --workload random \
-        --num-prompts 256 --input-len 512 --output-len 256 --output-json "$OUT/peers-random.json" ;;
-    peers-shared) stage peers-shared 200 python3 bench/peers.py run --model-config qwen2.5-7b --workload shared-prefix \
-        --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 --output-len 64 \
-        --output-json "$OUT/peers-shared.json" ;;
-    peers-shared-3) stage peers-shared-3 300 python3 bench/peers.py run --model-config qwen2.5-7b --workload shared-prefix \
-        --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 --output-len 64 \
-        --repeat 3 --output-json "$OUT/peers-shared-3.json" ;;
-    peers-shared-gen3) stage peers-shared-gen3 200 python3 bench/peers.py run --model-config qwen2.5-7b \
-        --workload shared-prefix --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128 \
-        --output-len 64 --baselines hf_generate --repeat 3 --output-json "$OUT/peers-shared-gen3.json" ;;
-    peers-random-gen3) stage peers-random-gen3 260 python3 bench/peers.py run --model-config qwen2.5-7b \
-        --workload random --num-prompts 256 --input-len 512 --output-len 256 --baselines hf_generate --repeat 3 \
-        --output-json "$OUT/peers-random-gen3.json" ;;
-    engine-workloads) stage engine-workloads 200 python3 bench/gpu_engine.py --only random,shared-prefix,multi-turn \
-        --out "$OUT/engine-workloads.json" ;;
-    gemv-mlarge) stage gemv-mlarge 200 python3 bench/kernels/bench_gemv.py --mlarge-only --out "$OUT/gemv-mlarge.json" ;;
     gemv) stage gemv-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
         tests/worker/test_gpu_model.py
       stage gemv 150 python3 bench/kernels/bench_gemv.py --out "$OUT/gemv.json" ;;
-    engine-b1) RADIXRT_SKINNY_GEMM=0 stage engine-b1-torch 120 python3 bench/gpu_engine.py --only profile --out "$OUT/engine-b1-torch.json"
+    gemv-mlarge) stage gemv-mlarge 200 python3 bench/kernels/bench_gemv.py --mlarge-only --out "$OUT/gemv-mlarge.json" ;;
+    engine) stage engine 250 python3 bench/gpu_engine.py --only profile,idle,random,shared-prefix,multi-turn,kernels \
+        --out "$OUT/engine.json" ;;
+    engine-workloads) stage engine-workloads 200 python3 bench/gpu_engine.py --only random,shared-prefix,multi-turn \
+        --out "$OUT/engine-workloads.json" ;;
+    engine-sp) stage engine-sp 200 python3 bench/gpu_engine.py --only shared-prefix,kernels --out "$OUT/engine-sp.json" ;;
+    engine-b1) RADIXRT_SKINNY_GEMM=0 stage engine-b1-torch 120 python3 bench/gpu_engine.py --only profile \
+        --out "$OUT/engine-b1-torch.json"
       RADIXRT_SKINNY_GEMM=1 stage engine-b1-skinny 120 python3 bench/gpu_engine.py --only profile \
         --out "$OUT/engine-b1-skinny.json" ;;
-    engine-b1-skinny) stage engine-b1-skinny 120 python3 bench/gpu_engine.py --only profile \
-        --out "$OUT/engine-b1-skinny.json" ;;
+    # shellcheck disable=SC2086  # word splitting of the argument strings is intended
+    peers-shared) stage peers-shared 300 $PEERS $SHARED --repeat 3 --output-json "$OUT/peers-shared.json" ;;
+    # shellcheck disable=SC2086
+    peers-random) stage peers-random 260 $PEERS $RANDOM --baselines hf_generate --repeat 3 \
+        --output-json "$OUT/peers-random.json" ;;
+    serving) stage serving 560 python3 bench/gpu_serving.py --out-dir "$OUT/serving" --budget-s 530 ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;
     serving-tp) stage serving-tp 420 python3 bench/gpu_serving.py --configs A,D --phases overlap,throughput \
         --out-dir "$OUT/serving-tp" --budget-s 400 ;;
-    serving-a-tp) stage serving-a-tp 200 python3 bench/gpu_serving.py --configs A --phases throughput \
-        --out-dir "$OUT/serving-a-tp" --budget-s 180 ;;
-    serving) stage serving 560 python3 bench/gpu_serving.py --out-dir "$OUT/serving" --budget-s 530 ;;
+    lab-sweep-attention) stage lab-sweep-attention 420 python3 bench/lab/sweep_attention.py \
+        --out "$OUT/sweep-attention.json" ;;
+    lab-sweep-attention-cold) stage lab-sweep-attention-cold 300 python3 bench/lab/sweep_attention.py --part cascade \
+        --cold-l2 --out "$OUT/sweep-attention-cold.json" ;;
+    lab-gemm-layouts) stage lab-gemm-layouts 150 python3 bench/lab/gemm_layouts.py --out "$OUT/gemm-layouts.json" ;;
     *) echo "unknown stage $s" ;;
   esac
 done

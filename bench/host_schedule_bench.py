@@ -91,7 +91,8 @@ class FakeRunner:
 
     def finish(self, pending: _Pending) -> ForwardResult:
         fb = pending.fb
-        toks = (np.arange(len(fb.req_rows), dtype=np.int64) * 7919 + fb.batch_id * 104729) % self.span + self.lo
+        rows = np.arange(len(fb.req_rows), dtype=np.int64)
+        toks = (rows * 7919 + fb.batch_id * 104729) % self.span + self.lo
         return ForwardResult(batch_id=fb.batch_id, next_token_ids=toks.astype(np.int32))
 
 
@@ -137,7 +138,8 @@ class HostTimer:
         self.last_processed: int | None = None
         sched = eng.scheduler
         perf = time.perf_counter
-        schedule, process, take, add = sched.schedule, sched.process_result, sched.take_outputs, sched.add_request
+        schedule, process = sched.schedule, sched.process_result
+        take, add = sched.take_outputs, sched.add_request
 
         def timed_schedule() -> ScheduledBatch | None:
             t0 = perf()
@@ -179,7 +181,8 @@ class HostTimer:
         sched.schedule, sched.process_result, sched.take_outputs = timed_schedule, timed_process, timed_take
         sched.add_request = timed_add
 
-    def build_wrapper(self, build: Callable[[ScheduledBatch], ForwardBatch]) -> Callable[[ScheduledBatch], ForwardBatch]:
+    def build_wrapper(self, build: Callable[[ScheduledBatch], ForwardBatch]) -> Callable[[ScheduledBatch],
+                                                                                         ForwardBatch]:
         perf = time.perf_counter
 
         def timed_build(sb: ScheduledBatch) -> ForwardBatch:
@@ -206,10 +209,12 @@ def server_args(ns: argparse.Namespace) -> ServerArgs:
                       disable_overlap_schedule=getattr(ns, "disable_overlap_schedule", False))
 
 
-def run_once(ns: argparse.Namespace, spec: WorkloadSpec, profile: cProfile.Profile | None = None) -> dict[str, Any]:
+def run_once(ns: argparse.Namespace, spec: WorkloadSpec, profile: cProfile.Profile | None = None) -> dict[str,
+                                                                                                          Any]:
     """One timed run of `spec` on a fresh engine; ms per pass kind and part."""
     args = server_args(ns)
-    eng = make_engine(args, worker_info(ns.num_pages, ns.page_size, ns.max_running_requests, not ns.no_cascade))
+    eng = make_engine(args,
+                      worker_info(ns.num_pages, ns.page_size, ns.max_running_requests, not ns.no_cascade))
     timer = HostTimer(eng)
     workload = spec.build()
     orig_build, orig_generate = engine_mod.build_forward_batch, eng.generate
@@ -243,8 +248,10 @@ def run_once(ns: argparse.Namespace, spec: WorkloadSpec, profile: cProfile.Profi
         engine_mod.build_forward_batch = orig_build
         gc.callbacks.remove(on_gc)
     assert res["token_counts_consistent"], "a request produced the wrong number of tokens"
-    out: dict[str, Any] = {"wall_ms": wall_ms, "passes": len(timer.passes), "empty_schedules": timer.num_empty,
-                           "empty_schedule_ms": timer.empty_schedule_ms, "cached_tokens": res["cached_tokens"],
+    out: dict[str, Any] = {"wall_ms": wall_ms, "passes": len(timer.passes),
+                           "empty_schedules": timer.num_empty,
+                           "empty_schedule_ms": timer.empty_schedule_ms,
+                           "cached_tokens": res["cached_tokens"],
                            "pre_first_pass_ms": ((timer.t_first_schedule or t_gen[0]) - t_gen[0]) * 1e3,
                            "add_request_ms": timer.add_request_ms, "gc_ms": sum(gc_ms), "first_passes": []}
     for kind in KINDS:
@@ -264,13 +271,15 @@ def median_report(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return statistics.median(get(r) for r in runs)
 
     rep: dict[str, Any] = {k: med(lambda r, k=k: r[k]) for k in
-                           ("wall_ms", "measured_ms", "empty_schedule_ms", "pre_first_pass_ms", "add_request_ms",
+                           ("wall_ms", "measured_ms", "empty_schedule_ms", "pre_first_pass_ms",
+                            "add_request_ms",
                             "gc_ms")}
     rep.update(passes=runs[0]["passes"], empty_schedules=runs[0]["empty_schedules"],
                cached_tokens=runs[0]["cached_tokens"], runs=len(runs))
     for kind in KINDS:
         rep[kind] = {"passes": runs[0][kind]["passes"],
-                     **{part: med(lambda r, kind=kind, part=part: r[kind][part]) for part in (*PARTS, "total")}}
+                     **{part: med(lambda r, kind=kind, part=part: r[kind][part])
+                        for part in (*PARTS, "total")}}
     rep["first_passes"] = [
         {**p, **{part: statistics.median(r["first_passes"][i][part] for r in runs) for part in PARTS}}
         for i, p in enumerate(runs[0]["first_passes"])]
@@ -299,7 +308,8 @@ def fingerprint(ns: argparse.Namespace, spec: WorkloadSpec) -> str:
     """sha256 over every pass's decisions and wire messages (ForwardBatch, TokenOutBatch), the final
     page refcounts and tree, and the cached tokens."""
     args = server_args(ns)
-    eng = make_engine(args, worker_info(ns.num_pages, ns.page_size, ns.max_running_requests, not ns.no_cascade))
+    eng = make_engine(args,
+                      worker_info(ns.num_pages, ns.page_size, ns.max_running_requests, not ns.no_cascade))
     sched = eng.scheduler
     h = hashlib.sha256()
     schedule, take, build = sched.schedule, sched.take_outputs, engine_mod.build_forward_batch
@@ -338,7 +348,8 @@ def fingerprint(ns: argparse.Namespace, spec: WorkloadSpec) -> str:
         engine_mod.build_forward_batch = build
     alloc, cache = sched.kv.allocator, sched.kv.cache
     h.update(repr(([alloc.refcount(p) for p in range(1, alloc.num_pages)],
-                   [alloc.reclaimable_refs(p) for p in range(1, alloc.num_pages)], alloc.free_pages())).encode())
+                   [alloc.reclaimable_refs(p) for p in range(1, alloc.num_pages)],
+                   alloc.free_pages())).encode())
     h.update(repr(sorted((n.start, n.key, tuple(n.pages), n.lock_ref, n.last_access_time)
                          for n in cache.iter_nodes())).encode())
     h.update(repr((res["cached_tokens"], res["total_output_tokens"], cache.total_queried_tokens,
@@ -375,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {fingerprint(ns, workload_spec(name))}")
         return 0
     # warm-up: imports, first-call costs
-    run_once(ns, WorkloadSpec(name="shared-prefix", prompts_per_group=8, system_prompt_len=256, question_len=16,
+    run_once(ns,
+             WorkloadSpec(name="shared-prefix", prompts_per_group=8, system_prompt_len=256, question_len=16,
                               output_len=8, vocab_size=VOCAB))
     reports = {}
     for name in names:
@@ -389,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
             st = pstats.Stats(prof)
             rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])  # type: ignore[attr-defined]
             for (f, line, fn), (_cc, nc, tt, ct, _callers) in rows[:ns.top]:
-                print(f"  {tt * 1e3:8.1f} ms own {ct * 1e3:8.1f} ms cum {nc:8d}x  {Path(f).name}:{line}({fn})")
+                print(f"  {tt * 1e3:8.1f} ms own {ct * 1e3:8.1f} ms cum {nc:8d}x  "
+                      f"{Path(f).name}:{line}({fn})")
     if ns.json:
         Path(ns.json).write_text(json.dumps(reports, indent=1))
     return 0

@@ -68,7 +68,8 @@ def window_gaps_s(chunk_times: list[float], t0: float, t1: float) -> list[float]
     return [b - a for a, b in zip(inside, inside[1:], strict=False)]
 
 
-def summarize_long_short(streams: list[RequestOutcome], longs: list[RequestOutcome], shorts: list[RequestOutcome],
+def summarize_long_short(streams: list[RequestOutcome], longs: list[RequestOutcome],
+                         shorts: list[RequestOutcome],
                          t0: float, t1: float, timed_out: bool = False) -> dict:
     """Phase metrics from outcomes; streams need chunk_times_s; t0/t1: the window (perf_counter s)."""
     gaps = [g for s in streams for g in window_gaps_s(s.chunk_times_s or [], t0, t1)]
@@ -78,7 +79,8 @@ def summarize_long_short(streams: list[RequestOutcome], longs: list[RequestOutco
     in_window = sum(sum(t0 <= t <= t1 for t in (s.chunk_times_s or [])) for s in streams)
     short_ok = [o for o in shorts if o.ok]
     long_ok = [o for o in longs if o.ok]
-    errors = [o.error for o in [*shorts, *longs] if o.error][:MAX_ERRORS_KEPT] + stream_errors[:MAX_ERRORS_KEPT]
+    errors = [o.error for o in [*shorts, *longs] if o.error][:MAX_ERRORS_KEPT]
+    errors += stream_errors[:MAX_ERRORS_KEPT]
     short_ttft = latency_stats_ms([o.ttft_s for o in short_ok if o.ttft_s is not None])
     gaps_ms = np.asarray(gaps) * 1e3
     return {

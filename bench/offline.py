@@ -7,7 +7,8 @@ Greedy, EOS ignored, so every request produces exactly its output length.
 Usage:
     python bench/offline.py --workload shared-prefix --model-path bench/configs/qwen2.5-7b \
         --load-format dummy --device cuda --output-json out.json
-    python bench/offline.py --workload random --num-prompts 8 --input-len 64 --output-len 16  # CPU, default model
+    # CPU, default model:
+    python bench/offline.py --workload random --num-prompts 8 --input-len 64 --output-len 16
 
 Reports (JSON): wall_s, request/input/output throughput (tok/s), cached_tokens and cache_hit_rate
 (from each request's meta_info), total_output_tokens (counted from returned ids) and

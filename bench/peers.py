@@ -258,7 +258,8 @@ def run_peers(cfg: PeerConfig) -> dict:
         # the median run (by throughput; the lower middle one for an even count), with every run's
         # throughput: host speed moves these baselines between machines and calls
         result = sorted(runs, key=lambda r: r["output_tok_s"] or 0.0)[(len(runs) - 1) // 2]
-        report["baselines"][name] = {"name": name, **result, "runs_output_tok_s": [r["output_tok_s"] for r in runs],
+        report["baselines"][name] = {"name": name, **result,
+                                     "runs_output_tok_s": [r["output_tok_s"] for r in runs],
                                      "settings": settings}
     if cfg.output_json:
         Path(cfg.output_json).parent.mkdir(parents=True, exist_ok=True)
@@ -299,7 +300,8 @@ def compare(serving: dict, peers: dict, bound: dict | None = None) -> dict:
     if bound is not None:
         out["roofline"] = {"output_tok_s": bound["output_tok_s"], "total_s": bound["total_s"],
                            "prefix_reuse": bound["prefix_reuse"],
-                           "fraction_of_bound": ours / bound["output_tok_s"] if bound["output_tok_s"] else None}
+                           "fraction_of_bound": (ours / bound["output_tok_s"] if bound["output_tok_s"]
+                                                 else None)}
     return out
 
 
@@ -337,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cb-num-blocks", type=int, default=None)
     run.add_argument("--cb-max-batch-tokens", type=int, default=None)
     run.add_argument("--no-warmup", action="store_true")
-    run.add_argument("--repeat", type=int, default=1, help="timed runs of each baseline; reports the median run")
+    run.add_argument("--repeat", type=int, default=1,
+                     help="timed runs of each baseline; reports the median run")
     run.add_argument("--output-json", default=None)
     add_workload_args(run)
     ratios = sub.add_parser("ratios", help="radixrt's serving report vs a peers report")

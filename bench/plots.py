@@ -89,7 +89,8 @@ def plot_long_short(samples: dict[str, dict], path: Path) -> Path:
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(13, 4.5))
     for i, (label, s) in enumerate(samples.items()):
         color = f"C{i % 10}"
-        ax_t.plot(s.get("short_send_s", []), s.get("short_ttft_ms", []), "o", ms=3.5, color=color, label=label)
+        ax_t.plot(s.get("short_send_s", []), s.get("short_ttft_ms", []), "o", ms=3.5, color=color,
+                  label=label)
         for t in s.get("long_send_s", []):
             ax_t.axvline(t, color=color, ls=":", lw=1)
         _cdf(ax_c, list(s.get("itl_ms", [])), label)

@@ -50,11 +50,13 @@ def scheduler_delta(before: dict | None, after: dict | None) -> dict[str, Any]:
         out[key] = (m1 * n1 - m0 * n0) / steps if ok else None
     busy, gap = _diff(before, after, "gpu_busy_ms_total"), _diff(before, after, "gpu_gap_ms_total")
     out["gpu_busy_ms"], out["gpu_gap_ms"] = busy, gap
-    out["gpu_idle_fraction"] = gap / (gap + busy) if busy is not None and gap is not None and gap + busy > 0 else None
+    known = busy is not None and gap is not None and gap + busy > 0
+    out["gpu_idle_fraction"] = gap / (gap + busy) if known else None
     for key in ("num_generated_tokens", "num_finished_reqs", "num_retractions"):
         d = _diff(before, after, key)
         out[key] = None if d is None else int(d)
-    queried, matched = _diff(before, after, "total_queried_tokens"), _diff(before, after, "total_matched_tokens")
+    queried, matched = _diff(before, after, "total_queried_tokens"), _diff(before, after,
+                                                                           "total_matched_tokens")
     out["cache_hit_rate"] = matched / queried if queried and matched is not None else None
     return out
 

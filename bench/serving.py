@@ -283,13 +283,15 @@ def _fit_vocab(cfg: BenchConfig) -> BenchConfig:
     /get_server_info, and a smaller one caps the draw (other servers: the flag stands)."""
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     try:
-        r = httpx.get(cfg.base_url.rstrip("/") + "/get_server_info", headers=headers, timeout=10, trust_env=False)
+        r = httpx.get(cfg.base_url.rstrip("/") + "/get_server_info", headers=headers, timeout=10,
+                      trust_env=False)
         vocab = int(r.json()["worker"]["vocab_size"]) if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         vocab = None
     if vocab is None or vocab >= cfg.workload.vocab_size:
         return cfg
-    print(f"bench-serving: the server's vocabulary has {vocab} tokens: drawing token ids below it", file=sys.stderr)
+    print(f"bench-serving: the server's vocabulary has {vocab} tokens: drawing token ids below it",
+          file=sys.stderr)
     low = min(cfg.workload.min_token_id, vocab // 2)
     return replace(cfg, workload=replace(cfg.workload, vocab_size=vocab, min_token_id=low))
 
@@ -333,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="radixrt bench-serving", description=__doc__.split("\n")[0])
     p.add_argument("--base-url", default="http://127.0.0.1:30000")
     p.add_argument("--model", default=None, help="model name in requests (default: first of /v1/models)")
-    p.add_argument("--request-rate", type=float, default=float("inf"), help="sessions/s, Poisson (default inf)")
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="sessions/s, Poisson (default inf)")
     p.add_argument("--max-concurrency", type=int, default=None, help="max requests in flight")
     p.add_argument("--concurrency-sweep", default="", help='e.g. "1,4,16,64": one run per level')
     p.add_argument("--sweep-num-prompts", default="",
@@ -361,12 +364,14 @@ def config_from_args(ns: argparse.Namespace) -> BenchConfig:
                        concurrency_sweep=sweep, sweep_num_prompts=sweep_prompts,
                        warmup_requests=ns.warmup_requests, timeout_s=ns.timeout_s,
                        api_key=ns.api_key, flush_cache=ns.flush_cache, output_json=ns.output_json,
-                       plot_dir=ns.plot_dir, disable_tqdm=ns.disable_tqdm, extra_body=json.loads(ns.extra_body),
+                       plot_dir=ns.plot_dir, disable_tqdm=ns.disable_tqdm,
+                       extra_body=json.loads(ns.extra_body),
                        request_token_ids=not ns.no_request_token_ids)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry (also `radixrt bench-serving`). Exit 0 if every request succeeded, 1 otherwise, 2 on bad flags."""
+    """CLI entry (also `radixrt bench-serving`). Exit 0 if every request succeeded, 1 otherwise, 2 on bad
+    flags."""
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:

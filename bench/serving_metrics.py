@@ -51,7 +51,8 @@ class RequestOutcome:
     @property
     def output_tokens(self) -> int:
         """usage.completion_tokens when the server sent usage, else the stream count."""
-        return self.usage_completion_tokens if self.usage_completion_tokens is not None else self.stream_tokens
+        usage = self.usage_completion_tokens
+        return usage if usage is not None else self.stream_tokens
 
     @property
     def tpot_s(self) -> float | None:
@@ -113,7 +114,8 @@ def _token_counts(ok: list[RequestOutcome]) -> dict:
     prompt_bad = sum(o.usage_prompt_tokens is not None and o.usage_prompt_tokens != o.prompt_len for o in ok)
     return {
         "total_output_tokens_stream": sum(o.stream_tokens for o in ok),
-        "total_output_tokens_usage": sum(o.usage_completion_tokens for o in with_usage) if with_usage else None,
+        "total_output_tokens_usage": (sum(o.usage_completion_tokens for o in with_usage) if with_usage
+                                      else None),
         "usage_missing": len(ok) - len(with_usage),
         "token_count_mismatches": mismatches,
         "token_counts_consistent": mismatches == 0 and len(with_usage) == len(ok),
@@ -166,7 +168,8 @@ def format_report(report: dict) -> str:
             lines.append(f"    WARNING: stream token count != usage.completion_tokens in "
                          f"{r['token_count_mismatches']} requests ({r['usage_missing']} without usage)")
         if r["output_len_mismatches"]:
-            lines.append(f"    WARNING: {r['output_len_mismatches']} requests did not produce their output_len")
+            lines.append(f"    WARNING: {r['output_len_mismatches']} requests did not produce their "
+                         "output_len")
         for err in r["errors"]:
             lines.append(f"    error: {err}")
     return "\n".join(lines)

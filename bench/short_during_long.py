@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         t.start()
         time.sleep(ns.delay_s)
         t0 = time.perf_counter()
-        r = httpx.post(server.base_url + "/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 1},
+        r = httpx.post(server.base_url + "/v1/completions",
+                       json={"model": model, "prompt": "Hi", "max_tokens": 1},
                        timeout=600)
         latency = time.perf_counter() - t0
         t.join()

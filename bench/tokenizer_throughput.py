@@ -108,6 +108,49 @@ def _pin(pid: int, cpus: set[int]) -> None:
 
 
 # ============================================================================ fake scheduler
+def _take_messages(msgs: list[Any], live: dict[str, list[int]], tx: Any, stream_len: int,
+                   rng: np.random.Generator) -> None:
+    """Admit GenerateReqs into `live` (rid -> [position in stream, sent, max tokens, prompt len]),
+    drop aborted rids, answer control requests."""
+    from radixrt import protocol
+
+    for msg in msgs:
+        if isinstance(msg, protocol.GenerateReq):
+            mnt = msg.sampling.get("max_new_tokens") or 16
+            live[msg.rid] = [int(rng.integers(stream_len)), 0, int(mnt), len(msg.input_ids)]
+        elif isinstance(msg, protocol.AbortReq):
+            live.pop(msg.rid, None)
+        elif isinstance(msg, protocol.ControlReq):
+            tx.send(protocol.ControlResp(req_id=msg.req_id, ok=True,
+                                         data={"scheduler": {"num_running_reqs": len(live)}}))
+
+
+def _one_pass(live: dict[str, list[int]], stream: np.ndarray) -> Any:
+    """One token for every live request as a TokenOutBatch; finished requests leave `live`."""
+    from radixrt import protocol
+
+    rids = list(live)
+    out = protocol.TokenOutBatch(rids=rids)
+    ids = np.empty(len(rids), np.int32)
+    for i, rid in enumerate(rids):
+        st = live[rid]
+        ids[i] = stream[st[0] % len(stream)]
+        st[0] += 1
+        st[1] += 1
+        done = st[1] >= st[2]
+        out.finish_reasons.append("length" if done else None)
+        out.matched_stop.append(None)
+        out.prompt_tokens.append(st[3])
+        out.completion_tokens.append(st[1])
+        out.cached_tokens.append(0)
+        out.errors.append(None)
+        if done:
+            del live[rid]
+    out.offsets = np.arange(len(rids) + 1, dtype=np.int32)
+    out.output_ids = ids
+    return out
+
+
 def run_fake_scheduler(spec: dict[str, Any]) -> None:
     """Bind scheduler_in, stream one token per live request every pass_s, until SIGTERM."""
     import zmq
@@ -131,15 +174,7 @@ def run_fake_scheduler(spec: dict[str, Any]) -> None:
     while not stop[0]:
         wait_ms = max(0.0, (next_t - time.perf_counter()) * 1000)
         if rx.sock.poll(int(wait_ms) if wait_ms >= 1 else (1 if wait_ms > 0 else 0)):
-            for msg in rx.recv_all():
-                if isinstance(msg, protocol.GenerateReq):
-                    mnt = msg.sampling.get("max_new_tokens") or 16
-                    live[msg.rid] = [int(rng.integers(len(stream))), 0, int(mnt), len(msg.input_ids)]
-                elif isinstance(msg, protocol.AbortReq):
-                    live.pop(msg.rid, None)
-                elif isinstance(msg, protocol.ControlReq):
-                    tx.send(protocol.ControlResp(req_id=msg.req_id, ok=True,
-                                                 data={"scheduler": {"num_running_reqs": len(live)}}))
+            _take_messages(rx.recv_all(), live, tx, len(stream), rng)
             continue
         now = time.perf_counter()
         if now < next_t:
@@ -151,26 +186,7 @@ def run_fake_scheduler(spec: dict[str, Any]) -> None:
         if not live:
             continue
         passes += 1
-        rids = list(live)
-        out = protocol.TokenOutBatch(rids=rids)
-        ids = np.empty(len(rids), np.int32)
-        for i, rid in enumerate(rids):
-            st = live[rid]
-            ids[i] = stream[st[0] % len(stream)]
-            st[0] += 1
-            st[1] += 1
-            done = st[1] >= st[2]
-            out.finish_reasons.append("length" if done else None)
-            out.matched_stop.append(None)
-            out.prompt_tokens.append(st[3])
-            out.completion_tokens.append(st[1])
-            out.cached_tokens.append(0)
-            out.errors.append(None)
-            if done:
-                del live[rid]
-        out.offsets = np.arange(len(rids) + 1, dtype=np.int32)
-        out.output_ids = ids
-        tx.send(out)
+        tx.send(_one_pass(live, stream))
     print(json.dumps({"passes": passes, "late_passes": late}), flush=True)
     rx.sock.close()
     tx.sock.close(linger=0)
@@ -178,6 +194,31 @@ def run_fake_scheduler(spec: dict[str, Any]) -> None:
 
 
 # ============================================================================ trivial SSE server
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _sse_step(st: list[Any], stream: list[int], texts: list[str]) -> tuple[bytes, bool]:
+    """The next token event of stream state st = [writer, id, sent, max_tokens, pos, done future] as
+    one HTTP chunk (the finish event, usage and [DONE] too, ending the body, once it is done)."""
+    _, rid, _, mx, pos = st[:5]
+    st[2] += 1
+    st[4] += 1
+    ev = {"id": f"cmpl-{rid}", "object": "text_completion", "created": 0, "model": MODEL,
+          "choices": [{"index": 0, "text": texts[pos % len(stream)], "logprobs": None,
+                       "finish_reason": None, "token_ids": [stream[pos % len(stream)]]}], "usage": None}
+    data = b"data: " + orjson.dumps(ev) + b"\n\n"
+    if st[2] < mx:
+        return _chunk(data), False
+    ev["choices"] = [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length", "token_ids": []}]
+    data += b"data: " + orjson.dumps(ev) + b"\n\n"
+    ev["choices"] = []
+    ev["usage"] = {"prompt_tokens": 8, "completion_tokens": mx, "total_tokens": mx + 8,
+                   "prompt_tokens_details": {"cached_tokens": 0}}
+    data += b"data: " + orjson.dumps(ev) + b"\n\ndata: [DONE]\n\n"
+    return _chunk(data) + b"0\r\n\r\n", True
+
+
 def run_sse_server(spec: dict[str, Any]) -> None:
     """A minimal HTTP/1.1 SSE server: every live stream gets one event per pass, in lockstep."""
     import uvloop
@@ -210,9 +251,6 @@ def run_sse_server(spec: dict[str, Any]) -> None:
                              hash(os.urandom(4)) % len(stream), done])
                 await done
 
-        def chunk(data: bytes) -> bytes:
-            return f"{len(data):x}\r\n".encode() + data + b"\r\n"
-
         async def ticker() -> None:
             next_t = time.perf_counter()
             while True:
@@ -223,27 +261,11 @@ def run_sse_server(spec: dict[str, Any]) -> None:
                 else:
                     next_t = time.perf_counter()
                 for st in list(live):
-                    w, rid, sent, mx, pos = st[:5]
-                    tok = stream[pos % len(stream)]
-                    st[2] += 1
-                    st[4] += 1
-                    ev = {"id": f"cmpl-{rid}", "object": "text_completion", "created": 0, "model": MODEL,
-                          "choices": [{"index": 0, "text": texts[pos % len(stream)], "logprobs": None,
-                                       "finish_reason": None, "token_ids": [tok]}], "usage": None}
-                    data = b"data: " + orjson.dumps(ev) + b"\n\n"
-                    if st[2] >= mx:
-                        ev["choices"] = [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
-                                          "token_ids": []}]
-                        data += b"data: " + orjson.dumps(ev) + b"\n\n"
-                        ev["choices"] = []
-                        ev["usage"] = {"prompt_tokens": 8, "completion_tokens": mx, "total_tokens": mx + 8,
-                                       "prompt_tokens_details": {"cached_tokens": 0}}
-                        data += b"data: " + orjson.dumps(ev) + b"\n\ndata: [DONE]\n\n"
-                        w.write(chunk(data) + b"0\r\n\r\n")
+                    data, done = _sse_step(st, stream, texts)
+                    st[0].write(data)
+                    if done:
                         live.remove(st)
                         st[5].set_result(None)
-                    else:
-                        w.write(chunk(data))
 
         server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
         asyncio.get_running_loop().create_task(ticker())
@@ -278,7 +300,8 @@ async def _raw_request(host: str, port: int, body: bytes) -> StreamResult:
     try:
         head = await reader.readuntil(b"\r\n\r\n")
         if b" 200 " not in head.split(b"\r\n", 1)[0]:
-            res.ok, res.error = False, head.split(b"\r\n", 1)[0].decode() + " " + (await reader.read()).decode()[:300]
+            res.ok, res.error = False, head.split(b"\r\n",
+                                                  1)[0].decode() + " " + (await reader.read()).decode()[:300]
             return res
         chunked = b"transfer-encoding: chunked" in head.lower()
         buf = b""
@@ -431,6 +454,52 @@ def _stop(proc: subprocess.Popen, timeout: float = 20) -> str:
     return proc.stdout.read() if proc.stdout else ""
 
 
+def _spawn_tokenizer(args: argparse.Namespace, sargs: Any, addrs: Any, model_dir: Path, gc_out: Path,
+                     log: Path) -> subprocess.Popen:
+    """The real tokenizer process (radixrt.child), optionally under cProfile or with the GC probe."""
+    cmd = [sys.executable]
+    if args.profile:
+        cmd += ["-m", "cProfile", "-o", args.profile]
+    cmd += ["-m", "radixrt.child", "tokenizer"]
+    spec = {"args": sargs.to_dict(), "addrs": addrs.to_dict(), "model_dir": str(model_dir),
+            "extra": {"worker_info": {"context_length": 8192}}}
+    env = {**os.environ, **dict(kv.split("=", 1) for kv in args.server_env)}
+    if args.gc_stats:
+        probe_dir = Path(addrs.dir) / "gcprobe"
+        probe_dir.mkdir()
+        (probe_dir / "sitecustomize.py").write_text(_GC_PROBE)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(probe_dir), env.get("PYTHONPATH")) if x)
+        env["GC_PROBE_OUT"] = str(gc_out)
+    tok = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                           env=env)
+    assert tok.stdin is not None
+    tok.stdin.write(orjson.dumps(spec))
+    tok.stdin.close()
+    return tok
+
+
+def _measure(args: argparse.Namespace, port: int, tok: subprocess.Popen,
+             sched: subprocess.Popen) -> tuple[Any, float, dict[str, float], tuple[float, float]]:
+    """The client run: results, duration, CPU seconds per process, and the window's wall times (a
+    py-spy profile of the tokenizer process over it with --py-spy)."""
+    spy = None
+    if args.py_spy:
+        spy = subprocess.Popen([shutil.which("py-spy") or "py-spy", "record", "-p", str(tok.pid),
+                                "-r", "250", "--format", "raw", "-o", args.py_spy],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+    pids = {"tokenizer": tok.pid, "client": os.getpid(), "fake_scheduler": sched.pid}
+    cpu0 = {k: proc_cpu_s(pid) for k, pid in pids.items()}
+    t_start = time.time()
+    results, duration = asyncio.run(drive(port, args.client, args.streams, args.rounds, args.output_len,
+                                          args.prompt_len))
+    t_end = time.time()
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
+    return results, duration, {k: proc_cpu_s(pid) - cpu0[k] for k, pid in pids.items()}, (t_start, t_end)
+
+
 def run_server_case(args: argparse.Namespace, pass_ms: float, model_dir: Path, tokenizer: Any) -> dict:
     import zmq
 
@@ -447,24 +516,8 @@ def run_server_case(args: argparse.Namespace, pass_ms: float, model_dir: Path, t
     sargs = ServerArgs(port=port, max_running_requests=max(64, args.streams), log_level="warning")
     sched = _spawn_role("fake-scheduler", {"addrs": addrs.to_dict(), "pass_s": pass_ms / 1000,
                                            "token_stream": _token_stream(tokenizer)}, log)
-    cmd = [sys.executable]
-    if args.profile:
-        cmd += ["-m", "cProfile", "-o", args.profile]
-    cmd += ["-m", "radixrt.child", "tokenizer"]
-    spec = {"args": sargs.to_dict(), "addrs": addrs.to_dict(), "model_dir": str(model_dir),
-            "extra": {"worker_info": {"context_length": 8192}}}
-    env = {**os.environ, **dict(kv.split("=", 1) for kv in args.server_env)}
     gc_out = Path(addrs.dir) / "gc.txt"
-    if args.gc_stats:
-        probe_dir = Path(addrs.dir) / "gcprobe"
-        probe_dir.mkdir()
-        (probe_dir / "sitecustomize.py").write_text(_GC_PROBE)
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(probe_dir), env.get("PYTHONPATH")) if x)
-        env["GC_PROBE_OUT"] = str(gc_out)
-    tok = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
-    assert tok.stdin is not None
-    tok.stdin.write(orjson.dumps(spec))
-    tok.stdin.close()
+    tok = _spawn_tokenizer(args, sargs, addrs, model_dir, gc_out, log)
     try:
         msg = launcher.recv(timeout_ms=120_000)
         if not isinstance(msg, protocol.Ready):
@@ -474,24 +527,7 @@ def run_server_case(args: argparse.Namespace, pass_ms: float, model_dir: Path, t
             _pin(tok.pid, {0})
             _pin(sched.pid, others)
             _pin(0, others)
-        spy = None
-        if args.py_spy:  # sampling profile of the tokenizer process over the measured window
-            spy = subprocess.Popen([shutil.which("py-spy") or "py-spy", "record", "-p", str(tok.pid), "-r", "250",
-                                    "--format", "raw", "-o", args.py_spy], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-            time.sleep(1.0)
-        cpu0 = {"tokenizer": proc_cpu_s(tok.pid), "client": proc_cpu_s(os.getpid()),
-                "fake_scheduler": proc_cpu_s(sched.pid)}
-        t_start = time.time()
-        results, duration = asyncio.run(drive(port, args.client, args.streams, args.rounds, args.output_len,
-                                              args.prompt_len))
-        t_end = time.time()
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(30)
-        cpu = {"tokenizer": proc_cpu_s(tok.pid) - cpu0["tokenizer"],
-               "client": proc_cpu_s(os.getpid()) - cpu0["client"],
-               "fake_scheduler": proc_cpu_s(sched.pid) - cpu0["fake_scheduler"]}
+        results, duration, cpu, (t_start, t_end) = _measure(args, port, tok, sched)
         _stop(tok)
         gc_stats = _gc_summary(gc_out, t_start, t_end) if args.gc_stats else {}
     finally:
@@ -542,15 +578,18 @@ def format_row(r: dict) -> str:
     extra = "".join(f" {k.removeprefix('cpu_').removesuffix('_ms_per_1k_tok')}={f(r[k], '.0f')}ms/1k-tok"
                     f"({f(r[k.replace('_ms_per_1k_tok', '_util')], '.0%')})"
                     for k in r if k.endswith("_ms_per_1k_tok"))
-    return (f"{r['mode']:<20} streams={r['streams']:<3} pass={r['pass_ms']:g}ms offered={r['offered_tok_s']:.0f} "
-            f"delivered={r['delivered_tok_s']:.0f} tok/s (in-stream {f(r['stream_tok_s'], '.0f')})  tok/chunk={r['tokens_per_chunk']:.2f}  "
-            f"ITL p50={f(r['itl_p50_ms'], '.2f')} p99={f(r['itl_p99_ms'], '.1f')} max={f(r['itl_max_ms'], '.0f')} ms "
+    return (f"{r['mode']:<20} streams={r['streams']:<3} pass={r['pass_ms']:g}ms "
+            f"offered={r['offered_tok_s']:.0f} "
+            f"delivered={r['delivered_tok_s']:.0f} tok/s (in-stream {f(r['stream_tok_s'], '.0f')})  "
+            f"tok/chunk={r['tokens_per_chunk']:.2f}  "
+            f"ITL p50={f(r['itl_p50_ms'], '.2f')} p99={f(r['itl_p99_ms'], '.1f')} "
+            f"max={f(r['itl_max_ms'], '.0f')} ms "
             f"TPOT={f(r['tpot_mean_ms'], '.2f')}ms failed={r['failed']}{extra}"
             + (f" late_passes={r['late_passes']}" if "late_passes" in r else "")
             + "".join(f" {k}={r[k]}" for k in ("gc0", "gc1", "gc2") if k in r))
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--role", choices=["fake-scheduler", "sse-server"], help=argparse.SUPPRESS)
     p.add_argument("--streams", type=int, default=32, help="concurrent streaming requests")
@@ -568,7 +607,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-pin", action="store_true")
     p.add_argument("--log", default="/tmp/tokenizer_throughput.log")
     p.add_argument("--output-json", default=None)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.role == "fake-scheduler":
         run_fake_scheduler(json.loads(sys.stdin.read()))
         return 0

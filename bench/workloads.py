@@ -120,7 +120,8 @@ class WorkloadSpec:
         if self.name not in WORKLOAD_NAMES:
             raise ValueError(f"unknown workload {self.name!r}; choose from {', '.join(WORKLOAD_NAMES)}")
         if not 0 <= self.min_token_id < self.vocab_size:
-            raise ValueError(f"need 0 <= min_token_id < vocab_size, got {self.min_token_id}, {self.vocab_size}")
+            raise ValueError(f"need 0 <= min_token_id < vocab_size, got {self.min_token_id}, "
+                             f"{self.vocab_size}")
         if not 0.0 < self.range_ratio <= 1.0:
             raise ValueError(f"range_ratio must be in (0, 1], got {self.range_ratio}")
         if not 0.0 <= self.long_fraction <= 1.0:

@@ -39,15 +39,16 @@ from .decode_attention import (
     check_decode_args,
     check_mid,
     check_out,
-    prefetch_pages,
     run_merge_stage,
     run_split_stage,
 )
+from .paged_loop import paged_attn_loop
 
 
 # Integer arguments that change from pass to pass are not specialised (each new value class would
 # compile a variant mid-serving); the mid_o strides are multiples of HEAD_DIM, so their
-# specialisation is stable, and it matters: unspecialised they made this stage ~1.8x slower (H200).
+# specialisation is stable, and it matters: unspecialised they made this stage ~1.8x slower (H200,
+# 2026-11-30, 128 requests sharing 2,048 tokens: 43.6 against 24.7 us per call).
 @triton.jit(do_not_specialize=["num_groups", "num_prefix_splits", "stride_ml_b", "stride_ml_h"])
 def _cascade_prefix_kernel(
     q, k_buf, v_buf, page_table, group_members, group_starts, group_prefix_lens, mid_o, mid_lse,
@@ -60,7 +61,9 @@ def _cascade_prefix_kernel(
     # grid (row block, KV head, split). Row blocks are numbered group after group: group g owns
     # cdiv(members_g * GROUP, BLOCK_M) consecutive blocks; this program finds its group by walking
     # the (few) groups. Programs past the last block, and empty (padding) groups, do no work, so a
-    # CUDA graph padded with empty groups costs only the blocks of its real groups.
+    # CUDA graph padded with empty groups costs only the blocks of its real groups. (H200, 2026-11-30:
+    # with 8 groups, 7 of them empty, a grid of (group x row block) ran this stage in 127.8 us, as the
+    # real group's programs waited behind ~980 empty ones; numbered this way, 32.1 us in the engine.)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -91,41 +94,16 @@ def _cascade_prefix_kernel(
     end = tl.minimum(start + split_len, prefix_len)
     end = tl.where(row0 < num_members * GROUP, end, start)
 
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     # the rows' queries [BLOCK_M, BLOCK_D], gathered from their requests; padding rows are zero
     qm = tl.load(q + b[:, None] * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
                  mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-    # The prefix is read through the first member's page-table row. Each step loads the NEXT block's
-    # page ids (see prefetch_pages), so its K/V addresses never wait on a load of the same step.
-    pt_row = page_table + first_b * stride_pt_b
-    pages = prefetch_pages(pt_row, start, end, offs_n, PAGE_SIZE)
-    for n0 in range(start, end, BLOCK_N):
-        # slots of this block of prefix positions
-        pos = n0 + offs_n
-        mask_n = pos < end
-        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        pages = prefetch_pages(pt_row, n0 + BLOCK_N, end, offs_n, PAGE_SIZE)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        # scores of every row against BLOCK_N keys: one K/V read serves all members of the block
-        kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        s = tl.dot(qm, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        # online softmax (FlashAttention-2 recurrence), exp2 domain
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        vb = tl.load(v_buf + slot[:, None] * stride_vb_s + kvh * stride_vb_h + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
-        m_i = m_new
+    # The prefix is read through the first member's page-table row (page ids loaded one step ahead,
+    # so the K/V addresses never wait on a load of the same step); one K/V read serves every row.
+    m_i, l_i, acc = paged_attn_loop(qm, k_buf, v_buf, page_table + first_b * stride_pt_b, kvh, start, end,
+                                    qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                                    BLOCK_M, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
 
     # partial result and its log2-sum-exp per row; an empty split writes zeros and lse = -inf
     has_keys = l_i > 0.0
@@ -148,7 +126,8 @@ class CascadeTile:
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
-            check(isinstance(v, int) and v >= 16 and v == next_pow2(v), f"{name} must be a power of two >= 16")
+            check(isinstance(v, int) and v >= 16 and v == next_pow2(v),
+                  f"{name} must be a power of two >= 16")
         check(self.num_warps in (1, 2, 4, 8, 16) and self.num_stages >= 1, "bad num_warps/num_stages")
 
 
@@ -156,9 +135,11 @@ def default_tile(head_dim: int, device: torch.device) -> CascadeTile:
     """Stage-A tile. On the GPU, for D <= 128: 128 rows x 64 tokens, 8 warps, 3 stages (q 32 KB +
     3 x (K 16 KB + V 16 KB) of shared memory, so one program per SM), the best of 9 tiles x 4 split
     counts on an H200 for 128 requests sharing a 2,048-token prefix once the page ids were loaded a
-    step ahead (bench/kernels/tune_pipelined.py, docs/benchmarks.md): 17.7 us against 20.3 us for
-    the previous 64 x 64 / 4 warps / 2 stages. Larger heads halve the key block. CPU (interpreter):
-    small blocks exercise the loops."""
+    step ahead (2026-11-30, bench/lab/sweep_attention.py, profiler): 17.7 us against 20.3 us for
+    the previous 64 x 64 / 4 warps / 2 stages. In the engine (shared-prefix, median of 3) the two
+    tiles and 64 x 64 / 3 stages gave 9,810 / 9,822 / 9,756 tok/s: equal, as there the prefix K/V
+    come from HBM (`sweep_attention.py --cold-l2` times that case; not yet run). Larger heads halve
+    the key block. CPU (interpreter): small blocks exercise the loops."""
     if device.type != "cuda":
         return CascadeTile(16, 16, 4, 1)
     if next_pow2(head_dim) <= 128:
@@ -174,7 +155,7 @@ def choose_num_prefix_splits(num_groups: int, max_group_size: int, num_q_heads: 
     At most one stage-A program per SM over (group x row block, KV head, split), since the default
     tile fills an SM's shared memory, and at least 256 prefix tokens per split: every split costs a
     [rows, D] fp32 partial written and merged, which for a whole group is comparable to the prefix
-    K/V it replaces. (On an H200, 128 requests sharing 2,048 tokens: 4 splits = 112 programs ran
+    K/V it replaces. (On an H200, 2026-11-30, 128 requests sharing 2,048 tokens: 4 splits = 112 programs ran
     stage A in 17.7 us, 3 in 21.3 us, 8 in 22.8 us.) block_m must match the tile used. A CUDA graph
     captured with max_prefix_len >= every replayed prefix stays valid (the kernel clips split ranges
     on the device).
@@ -186,8 +167,9 @@ def choose_num_prefix_splits(num_groups: int, max_group_size: int, num_q_heads: 
     return int(max(1, min(want, by_len, max_splits)))
 
 
-def _check_groups(q: torch.Tensor, kv_start: torch.Tensor, group_members: torch.Tensor, group_starts: torch.Tensor,
-                  group_prefix_lens: torch.Tensor, num_prefix_splits: int, max_group_size: int) -> None:
+def _check_groups(q: torch.Tensor, kv_start: torch.Tensor, group_members: torch.Tensor,
+                  group_starts: torch.Tensor, group_prefix_lens: torch.Tensor, num_prefix_splits: int,
+                  max_group_size: int) -> None:
     check(isinstance(kv_start, torch.Tensor), "kv_start is required ([B] int32; 0 for requests in no group)")
     for name, t in (("group_members", group_members), ("group_starts", group_starts),
                     ("group_prefix_lens", group_prefix_lens)):
@@ -198,8 +180,10 @@ def _check_groups(q: torch.Tensor, kv_start: torch.Tensor, group_members: torch.
     num_groups = group_starts.shape[0] - 1
     check(group_prefix_lens.shape[0] == num_groups,
           f"group_prefix_lens must be [{num_groups}] (one per group), got {tuple(group_prefix_lens.shape)}")
-    check(isinstance(num_prefix_splits, int) and num_prefix_splits >= 1, f"bad num_prefix_splits {num_prefix_splits!r}")
-    check(isinstance(max_group_size, int) and (max_group_size >= 1 or (max_group_size == 0 and num_groups == 0)),
+    check(isinstance(num_prefix_splits, int) and num_prefix_splits >= 1,
+          f"bad num_prefix_splits {num_prefix_splits!r}")
+    check(isinstance(max_group_size, int)
+          and (max_group_size >= 1 or (max_group_size == 0 and num_groups == 0)),
           f"max_group_size must be an int >= 1 when there are groups, got {max_group_size!r}")
 
 
@@ -237,7 +221,8 @@ def cascade_decode_attention(
     Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices/arguments.
     """
     check_decode_args(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, num_kv_splits)
-    _check_groups(q, kv_start, group_members, group_starts, group_prefix_lens, num_prefix_splits, max_group_size)
+    _check_groups(q, kv_start, group_members, group_starts, group_prefix_lens, num_prefix_splits,
+                  max_group_size)
     batch_size, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     out = check_out(out, q)
@@ -256,18 +241,21 @@ def cascade_decode_attention(
         num_blocks = triton.cdiv(group_members.shape[0] * group, tile.block_m) + num_groups
         prefix_o, prefix_lse = mid_o[:, :, num_kv_splits:], mid_lse[:, :, num_kv_splits:]
         _cascade_prefix_kernel[(num_blocks, num_kv_heads, num_prefix_splits)](
-            q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens, prefix_o, prefix_lse,
+            q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens,
+            prefix_o, prefix_lse,
             qk_scale, num_groups, num_prefix_splits,
             q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
             v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
-            prefix_o.stride(0), prefix_o.stride(1), prefix_o.stride(2), prefix_lse.stride(0), prefix_lse.stride(1),
+            prefix_o.stride(0), prefix_o.stride(1), prefix_o.stride(2),
+            prefix_lse.stride(0), prefix_lse.stride(1),
             GROUP=group, PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim),
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, DOT_PRECISION=dot_precision(q.dtype),
             num_warps=tile.num_warps, num_stages=tile.num_stages,
         )
     if num_kv_splits == 1:  # B + C fused: the suffix program merges the prefix partials itself
         run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
-                        1, mid_o, mid_lse, out=out, num_prefix_splits=num_prefix_splits if num_groups > 0 else 0)
+                        1, mid_o, mid_lse, out=out,
+                        num_prefix_splits=num_prefix_splits if num_groups > 0 else 0)
         return out
     run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
                     num_kv_splits, mid_o, mid_lse)

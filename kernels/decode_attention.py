@@ -26,29 +26,19 @@ import triton
 import triton.language as tl
 
 from ._checks import check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
+from .paged_loop import paged_attn_loop
 
 LOG2E = 1.4426950408889634
 H200_NUM_SMS = 132
 
 
-@triton.jit
-def prefetch_pages(pt_row, n0, end, offs_n, PAGE_SIZE: tl.constexpr):
-    """Page ids [BLOCK_N] of positions n0 + offs_n in one page-table row (0 at and past `end`).
-
-    The paged loops call this one block AHEAD: a step uses the ids loaded by the step before and
-    loads the next block's. Loaded in the same step, the ids would make every K/V address depend on
-    a load of that step, and Triton's software pipeliner (3.6, sm_90) then issues the K/V copies
-    only at the end of the step before and waits on them at once: no copy overlaps compute. With
-    the ids carried over, the K/V copies are multi-buffered (num_stages - 1 blocks in flight), as
-    for contiguous K/V; tests/kernels/test_compile_sm90.py checks this on the compiled kernels."""
-    pos = n0 + offs_n
-    return tl.load(pt_row + pos // PAGE_SIZE, mask=pos < end, other=0)
-
-
 # Ints that vary from pass to pass are not specialised (Triton would compile a variant per value
 # class: == 1, divisible by 16): the split counts and the workspace strides that follow them.
-@triton.jit(do_not_specialize=["num_splits", "num_prefix_splits", "stride_mo_b", "stride_mo_h", "stride_mo_s",
-                               "stride_ml_b", "stride_ml_h"])
+SPLIT_INTS = ["num_splits", "num_prefix_splits", "stride_mo_b", "stride_mo_h", "stride_mo_s",
+              "stride_ml_b", "stride_ml_h"]
+
+
+@triton.jit(do_not_specialize=SPLIT_INTS)
 def _decode_split_kernel(
     q, k_buf, v_buf, page_table, seq_lens, kv_start, mid_o, mid_lse, o,
     qk_scale, num_splits, num_prefix_splits,
@@ -56,11 +46,12 @@ def _decode_split_kernel(
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, DIRECT_OUT: tl.constexpr, MERGE_PREFIX: tl.constexpr,
-    PREFIX_SLOTS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, DIRECT_OUT: tl.constexpr,
+    MERGE_PREFIX: tl.constexpr, PREFIX_SLOTS: tl.constexpr,
 ):
     # DIRECT_OUT (num_splits == 1): the program covers the whole range, so it writes the normalised
-    # output to o itself and no merge stage runs. MERGE_PREFIX (cascade, with DIRECT_OUT): before
+    # output to o itself and no merge stage runs (H200, 2026-11-30, batch 256 x 768 tokens: 101.7
+    # against 109.9 us for split + merge). MERGE_PREFIX (cascade, with DIRECT_OUT): before
     # that, it folds in the prefix partials that the cascade prefix stage left in mid slots
     # 1 .. num_prefix_splits of rows with kv_start > 0 (log-sum-exp merge), so the cascade needs
     # two launches instead of three.
@@ -80,40 +71,16 @@ def _decode_split_kernel(
     offs_g = tl.arange(0, BLOCK_H)
     heads = kvh * GROUP + offs_g
     mask_h = offs_g < GROUP
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
 
     # the group's queries [BLOCK_H, BLOCK_D]; padding rows are zero and never stored
     qg = tl.load(q + b * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
                  mask=mask_h[:, None] & mask_d[None, :], other=0.0)
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-
-    pt_row = page_table + b * stride_pt_b
-    pages = prefetch_pages(pt_row, start, end, offs_n, PAGE_SIZE)
-    for n0 in range(start, end, BLOCK_N):
-        # slots of this block of positions, via the page table (ids loaded one step ahead)
-        pos = n0 + offs_n
-        mask_n = pos < end
-        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        pages = prefetch_pages(pt_row, n0 + BLOCK_N, end, offs_n, PAGE_SIZE)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        # scores of all heads of the group against BLOCK_N keys, read once
-        kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        s = tl.dot(qg, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        # online softmax (FlashAttention-2 recurrence), exp2 domain
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        vb = tl.load(v_buf + slot[:, None] * stride_vb_s + kvh * stride_vb_h + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
-        m_i = m_new
+    # stream [start, end) once for the whole group (page ids loaded one step ahead)
+    m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end, qk_scale,
+                                    stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                                    BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
 
     if MERGE_PREFIX:
         # a prefix partial (o_p normalised, lse_p = log2 of its softmax sum) is the state
@@ -123,10 +90,11 @@ def _decode_split_kernel(
         n_prefix = tl.where(tl.load(kv_start + b) > 0, num_prefix_splits, 0)
         for sp in tl.static_range(PREFIX_SLOTS):
             use = sp < n_prefix
-            lse_p = tl.load(mid_lse + b * stride_ml_b + heads * stride_ml_h + num_splits + sp, mask=mask_h & use,
-                            other=float("-inf"))
-            o_p = tl.load(mid_o + b * stride_mo_b + heads[:, None] * stride_mo_h + (num_splits + sp) * stride_mo_s
-                          + offs_d[None, :], mask=(mask_h[:, None] & mask_d[None, :]) & use, other=0.0)
+            lse_p = tl.load(mid_lse + b * stride_ml_b + heads * stride_ml_h + num_splits + sp,
+                            mask=mask_h & use, other=float("-inf"))
+            o_p = tl.load(mid_o + b * stride_mo_b + heads[:, None] * stride_mo_h
+                          + (num_splits + sp) * stride_mo_s + offs_d[None, :],
+                          mask=(mask_h[:, None] & mask_d[None, :]) & use, other=0.0)
             m_new = tl.maximum(m_i, lse_p)
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_ref)
@@ -138,16 +106,16 @@ def _decode_split_kernel(
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if DIRECT_OUT:  # the final output (a row with no keys at all is zero)
-        tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :], out.to(o.dtype.element_ty),
-                 mask=mask_h[:, None] & mask_d[None, :])
+        tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :],
+                 out.to(o.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
     else:  # partial result and its log2-sum-exp; an empty split writes zeros and lse = -inf
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-        tl.store(mid_o + b * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s + offs_d[None, :],
-                 out, mask=mask_h[:, None] & mask_d[None, :])
+        tl.store(mid_o + b * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s
+                 + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
         tl.store(mid_lse + b * stride_ml_b + heads * stride_ml_h + split, lse, mask=mask_h)
 
 
-@triton.jit(do_not_specialize=["num_splits", "num_prefix_splits", "stride_mo_b", "stride_mo_h", "stride_mo_s", "stride_ml_b", "stride_ml_h"])
+@triton.jit(do_not_specialize=SPLIT_INTS)
 def _decode_merge_kernel(
     mid_o, mid_lse, o, kv_start, num_splits, num_prefix_splits,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
@@ -170,8 +138,8 @@ def _decode_merge_kernel(
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     w = tl.exp2(lse - lse_max)
     # weighted sum of the partial outputs [BLOCK_S, BLOCK_D]
-    parts = tl.load(mid_o + b * stride_mo_b + h * stride_mo_h + offs_s[:, None] * stride_mo_s + offs_d[None, :],
-                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    parts = tl.load(mid_o + b * stride_mo_b + h * stride_mo_h + offs_s[:, None] * stride_mo_s
+                    + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0)
     w_sum = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(w_sum > 0.0, w_sum, 1.0)
     tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, out.to(o.dtype.element_ty), mask=mask_d)
@@ -192,9 +160,14 @@ def _pick_config(head_dim: int, group: int, device: torch.device, merge_prefix: 
         return {**cfg, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
     if merge_prefix and cfg["BLOCK_D"] <= 128:
         # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests
-        # in 19 us against 26 us with 128-key blocks (H200, bench/kernels/tune_cascade.py)
+        # (2,048 shared + 128-192 own tokens) in 19 us against 26 us with 128-key blocks (H200,
+        # 2026-11-30, profiler; 3 stages and other suffix configs in bench/lab/sweep_attention.py
+        # were no faster)
         return {**cfg, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-    # picked on an H200 (bench/kernels/tune_attention.py); long key blocks keep more bytes in flight
+    # long key blocks keep more bytes in flight. H200, 2026-11-30 (bench/lab/sweep_attention.py,
+    # decode part, graph replay): over 7 batch x context shapes x 8 configs of 2-6 stages this
+    # 2-stage config was the best or within 3% (x1.03 at 128 x 400, x1.02 at 1 x 8,192); 64 x 4,096
+    # ran in 145.4 us, 87% of the copy ceiling
     return {**cfg, "BLOCK_N": 128 if cfg["BLOCK_D"] <= 128 else 64, "num_warps": 4, "num_stages": 2}
 
 
@@ -204,7 +177,9 @@ def choose_num_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
 
     Aim for about 4 programs per SM over (request, KV head, split), but give each split at least
     128 tokens, so short sequences are not cut into slivers whose merge costs more than it saves.
-    (4 per SM and the cap of 64 were the best of those tried on an H200, bench/kernels/tune_attention.py.)
+    (4 per SM and the cap of 64 were the best of 2-16 per SM and caps 64 / 128 on an H200, 2026-11-29,
+    over 6 batch x context shapes; that sweep's output was not kept. Rerun: bench/lab/sweep_attention.py
+    times the decode configs, the split count comes from this function.)
     The result depends only on the arguments, so a CUDA graph captured with max_seq_len set to the
     longest sequence it will replay stays valid (the kernel clips the split ranges on the device).
     """
@@ -246,7 +221,8 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
     cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device, merge_prefix)
     o = out if direct else q  # (o is not read unless DIRECT_OUT)
     _decode_split_kernel[(num_kv_splits, num_kv_heads, batch_size)](
-        q, k_buffer, v_buffer, page_table, seq_lens, seq_lens if kv_start is None else kv_start, mid_o, mid_lse, o,
+        q, k_buffer, v_buffer, page_table, seq_lens, seq_lens if kv_start is None else kv_start,
+        mid_o, mid_lse, o,
         qk_scale, num_kv_splits, num_prefix_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
@@ -255,7 +231,8 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
         GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size,
         HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"], BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
         DOT_PRECISION=dot_precision(q.dtype), HAS_KV_START=kv_start is not None,
-        DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix, PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0,
+        DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix,
+        PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
@@ -276,9 +253,9 @@ def run_merge_stage(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tenso
     )
 
 
-def check_decode_args(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
-                      seq_lens: torch.Tensor, kv_start: torch.Tensor | None, page_size: int,
-                      num_kv_splits: int) -> None:
+def check_decode_args(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                      page_table: torch.Tensor, seq_lens: torch.Tensor, kv_start: torch.Tensor | None,
+                      page_size: int, num_kv_splits: int) -> None:
     """Shape/dtype/device checks shared by decode_attention and cascade_decode_attention."""
     check(q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}")
     batch_size, num_q_heads, head_dim = q.shape
@@ -288,7 +265,8 @@ def check_decode_args(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.T
           f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
     check_pool(k_buffer, v_buffer, num_kv_heads, head_dim)
     check(page_table.dim() == 2 and page_table.shape[0] == batch_size
-          and page_table.dtype in (torch.int32, torch.int64), f"page_table must be [{batch_size}, P] int32/int64")
+          and page_table.dtype in (torch.int32, torch.int64),
+          f"page_table must be [{batch_size}, P] int32/int64")
     check(page_table.stride(-1) == 1, "page_table rows must be contiguous")
     check_int_vector(seq_lens, "seq_lens", batch_size)
     if kv_start is not None:

@@ -19,19 +19,9 @@ import triton
 import triton.language as tl
 
 from ._checks import check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
-from .decode_attention import prefetch_pages
+from .paged_loop import online_softmax_step, paged_attn_loop
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _online_softmax_step(s, m_i, l_i, acc):
-    """One FlashAttention-2 update for a block of scores `s` [M, N] (log2 units, masked = -inf)."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_new = l_i * alpha + tl.sum(p, 1)
-    return p, m_new, l_new, acc * alpha[:, None]
 
 
 # The page table's width varies from pass to pass; specialised (== 1, divisible by 16) it would compile
@@ -57,7 +47,9 @@ def _extend_attn_kernel(
     # A request with one new token (a decoding request in a MIXED pass) would fill a BLOCK_M-row
     # tile with one row per query head. With PACK_GQA (1 < GROUP <= BLOCK_M) the program of each KV
     # head's first query head takes all GROUP heads as its rows and the others exit, so the
-    # request's prefix is streamed once per KV head rather than once per query head.
+    # request's prefix is streamed once per KV head rather than once per query head. (H200,
+    # 2026-11-30: the mixed pass of shared-prefix, 63 x 128 new + 65 decoding rows over a shared
+    # 2,048-token prefix, 1,035 against 1,791 us per layer.)
     packed = ext_len == 1
     if not PACK_GQA:
         packed = ext_len < 0  # (never)
@@ -78,28 +70,10 @@ def _extend_attn_kernel(
     # this block of queries [BLOCK_M, BLOCK_D]; padded rows/dims are zero
     qb = tl.load(q + (tok0 + offs_m)[:, None] * stride_q_t + row_head[:, None] * stride_q_h + offs_d[None, :],
                  mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
     # 1) cached prefix: gather key/value rows through the page table, mask the ragged end
-    #    (page ids loaded one step ahead: see prefetch_pages)
-    pt_row = page_table + b * stride_pt_b
-    pages = prefetch_pages(pt_row, 0, prefix_len, offs_n, PAGE_SIZE)
-    for n0 in range(0, prefix_len, BLOCK_N):
-        pos = n0 + offs_n
-        mask_n = pos < prefix_len
-        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        pages = prefetch_pages(pt_row, n0 + BLOCK_N, prefix_len, offs_n, PAGE_SIZE)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        p, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc)
-        vb = tl.load(v_buf + slot[:, None] * stride_vb_s + kvh * stride_vb_h + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
+    m_i, l_i, acc = paged_attn_loop(qb, k_buf, v_buf, page_table + b * stride_pt_b, kvh, 0, prefix_len,
+                                    qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                                    BLOCK_M, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
 
     # 2) new tokens strictly before this query block: every key is visible to every query row
     for n0 in range(0, mb * BLOCK_M, BLOCK_N):
@@ -107,7 +81,7 @@ def _extend_attn_kernel(
         kb = tl.load(k_new + tok[:, None] * stride_kn_t + kvh * stride_kn_h + offs_d[None, :],
                      mask=mask_d[None, :], other=0.0)
         s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
-        p, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc)
+        p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
         vb = tl.load(v_new + tok[:, None] * stride_vn_t + kvh * stride_vn_h + offs_d[None, :],
                      mask=mask_d[None, :], other=0.0)
         acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
@@ -121,7 +95,7 @@ def _extend_attn_kernel(
                      mask=kv_mask, other=0.0)
         s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(mask_n[None, :] & (idx[None, :] <= offs_m[:, None]), s, float("-inf"))
-        p, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc)
+        p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
         vb = tl.load(v_new + (tok0 + idx)[:, None] * stride_vn_t + kvh * stride_vn_h + offs_d[None, :],
                      mask=kv_mask, other=0.0)
         acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
@@ -137,7 +111,7 @@ def _pick_config(head_dim: int, device: torch.device, max_extend_len: int = 1 <<
     """Blocks, warps and stages. BLOCK_M must be a multiple of BLOCK_N (the unmasked loop ends on a
     block edge).
 
-    head_dim 128, picked on an H200 (bench/kernels/tune_pipelined.py, 10 configs x 6 prefill shapes,
+    head_dim 128, picked on an H200 (2026-11-30, bench/lab/sweep_attention.py, 10 configs x 6 prefill shapes,
     after the paged loop loaded its page ids a step ahead): 128 x 64 blocks, 8 warps, 3 stages won
     every shape with a cached prefix or a long extend (128 requests x 128 new tokens over a shared
     2,048-token prefix: 730 us against 827 us; 4,096 cached + 4,096 new: 930 against 1,095; 8,192

@@ -151,7 +151,8 @@ def programs_per_sm(cfg: SkinnyConfig, m: int, itemsize: int = 2) -> int:
     return 2 if 2 * (shared_memory_bytes(cfg, m, itemsize) + 1024) <= _SMEM_PER_SM else 1
 
 
-def large_m_split_k(m: int, n: int, k: int, block_n: int, block_k: int, num_stages: int, num_sms: int = 132) -> int:
+def large_m_split_k(m: int, n: int, k: int, block_n: int, block_k: int, num_stages: int,
+                    num_sms: int = 132) -> int:
     """default_config's split-K rule for M > MAX_M rows (BM = next_pow2(M)) and a dot tile [block_n,
     block_k] in num_stages stages on an [N, K] weight (2-byte inputs): the largest power of two S with
     cdiv(N, block_n) * S <= programs_per_sm * num_sms programs (one wave; or S = 1), >= 4 block_k
@@ -160,7 +161,8 @@ def large_m_split_k(m: int, n: int, k: int, block_n: int, block_k: int, num_stag
     bm = next_pow2(m)
     per_sm = programs_per_sm(SkinnyConfig(block_n, block_k, 1, 4, num_stages, use_dot=True), m)
     tiles, split = triton.cdiv(n, block_n), 1
-    while tiles * 2 * split <= per_sm * num_sms and k >= 2 * split * 4 * block_k and 2 * split * bm * 4 <= k * 2:
+    while (tiles * 2 * split <= per_sm * num_sms and k >= 2 * split * 4 * block_k
+           and 2 * split * bm * 4 <= k * 2):
         split *= 2
     return split
 
@@ -170,7 +172,8 @@ def _large_m_config(bm: int, n: int, k: int, num_sms: int) -> SkinnyConfig:
     block_k = 64
     block_n = 64 if bm <= 32 else 128
     num_warps = 8 if block_n * bm > 128 * 32 * 4 else 4
-    stages = 4 if programs_per_sm(SkinnyConfig(block_n, block_k, 1, num_warps, 4, use_dot=True), bm) == 2 else 3
+    two_per_sm = programs_per_sm(SkinnyConfig(block_n, block_k, 1, num_warps, 4, use_dot=True), bm) == 2
+    stages = 4 if two_per_sm else 3
     split = large_m_split_k(bm, n, k, block_n, block_k, stages, num_sms)
     return SkinnyConfig(block_n, block_k, split, num_warps, stages, use_dot=True)
 
@@ -312,8 +315,8 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     check(weight.shape[1] >= 1, "weight must have K >= 1 columns")
     check(x.dim() >= 1 and x.shape[-1] == weight.shape[1],
           f"x {tuple(x.shape)} must be [..., K] with K = weight.shape[1] = {weight.shape[1]}")
-    check(x.dtype in _DTYPES and x.dtype == weight.dtype, f"x {x.dtype} and weight {weight.dtype} must be one of "
-          "float16/bfloat16/float32 and equal")
+    check(x.dtype in _DTYPES and x.dtype == weight.dtype,
+          f"x {x.dtype} and weight {weight.dtype} must be one of float16/bfloat16/float32 and equal")
     check(x.device == weight.device, "x and weight are on different devices")
     check(weight.stride(1) == 1 and weight.stride(0) >= weight.shape[1], "weight rows must be contiguous")
     check(x.stride(-1) == 1, "x must have a contiguous last dim")

@@ -12,7 +12,8 @@ import torch
 
 
 def slots_of(page_table_row: torch.Tensor, page_size: int, start: int, end: int) -> torch.Tensor:
-    """Slots of positions [start, end) of one request: page_table_row[pos // page_size] * page_size + pos % page_size."""
+    """Slots of positions [start, end) of one request:
+    page_table_row[pos // page_size] * page_size + pos % page_size."""
     pos = torch.arange(start, end, device=page_table_row.device)
     return page_table_row.long()[pos // page_size] * page_size + pos % page_size
 
@@ -24,8 +25,10 @@ def store_kv_ref(k_buffer: torch.Tensor, v_buffer: torch.Tensor, out_cache_loc: 
     v_buffer[out_cache_loc.long()] = v.to(v_buffer.dtype)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_pos: torch.Tensor) -> torch.Tensor:
-    """q [M, Hq, D] at positions q_pos [M] over keys/values [N, Hkv, D] at positions 0..N-1, causal, fp32."""
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            q_pos: torch.Tensor) -> torch.Tensor:
+    """q [M, Hq, D] at positions q_pos [M] over keys/values [N, Hkv, D] at positions 0..N-1, causal,
+    fp32."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)  # [N, Hq, D]
     v = v.float().repeat_interleave(group, dim=1)
@@ -85,13 +88,15 @@ def assert_groups_share_prefix(page_table, seq_lens, kv_start, group_members, gr
         num_pages = -(-prefix_len // page_size)
         for b in rows:
             assert int(kv_start[b]) == prefix_len <= int(seq_lens[b]), (
-                f"request {b}: kv_start {int(kv_start[b])}, seq_len {int(seq_lens[b])}, group prefix {prefix_len}")
+                f"request {b}: kv_start {int(kv_start[b])}, seq_len {int(seq_lens[b])}, "
+                f"group prefix {prefix_len}")
             assert torch.equal(page_table[b, :num_pages], page_table[rows[0], :num_pages]), (
                 f"request {b} does not share group {g}'s prefix pages")
 
 
 def cascade_decode_attention_ref(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, group_members,
-                                 group_starts, group_prefix_lens, page_size: int, scale: float | None) -> torch.Tensor:
+                                 group_starts, group_prefix_lens, page_size: int,
+                                 scale: float | None) -> torch.Tensor:
     """Same contract as kernels.cascade_decode_attention: checks the group metadata
     (assert_groups_share_prefix), then plain decode attention over each whole sequence, which is what
     the cascade must equal."""
@@ -133,8 +138,10 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     return (torch.nn.functional.silu(xf[..., :inter]) * xf[..., inter:]).to(x.dtype)
 
 
-def skinny_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight^T (+ bias) in fp32 from the (rounded) inputs, cast to x's dtype; as kernels.skinny_linear."""
+def skinny_linear_ref(x: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias) in fp32 from the (rounded) inputs, cast to x's dtype; as
+    kernels.skinny_linear."""
     y = x.float() @ weight.float().t()
     if bias is not None:
         y = y + bias.float()

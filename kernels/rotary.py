@@ -50,7 +50,8 @@ def _rope_kernel(
     _rope_heads(k, stride_k_t, stride_k_h, tok, cos, sin, num_kv_heads, HALF, BLOCK_HKV, BLOCK_HALF)
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                 cos_sin_cache: torch.Tensor) -> None:
     """Apply NeoX-style RoPE to q and k in place.
 
     q         : [T, Hq, D]   fp16/bf16/fp32, may be a strided view (e.g. of a fused QKV output)
@@ -65,7 +66,8 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_
     num_kv_heads = k.shape[1]
     check(cos_sin_cache.dim() == 2, "cos_sin_cache must be [max_position, rotary_dim]")
     rotary_dim = cos_sin_cache.shape[1]
-    check(rotary_dim % 2 == 0 and rotary_dim <= head_dim, f"rotary dim {rotary_dim} must be even and <= {head_dim}")
+    check(rotary_dim % 2 == 0 and rotary_dim <= head_dim,
+          f"rotary dim {rotary_dim} must be even and <= {head_dim}")
     check(positions.shape == (num_tokens,) and positions.dtype in (torch.int64, torch.int32),
           f"positions must be [{num_tokens}] int64/int32")
     check(q.dtype == k.dtype, "q and k dtypes differ")
@@ -103,7 +105,8 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 def build_rope_cache(rotary_dim: int, max_position: int, base: float,
-                     rope_scaling: dict | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+                     rope_scaling: dict | None = None,
+                     device: torch.device | str | None = None) -> torch.Tensor:
     """cos/sin table for `apply_rotary`: [max_position, rotary_dim] fp32 (cos first half, sin second).
 
     inv_freq[i] = base ** (-2i / rotary_dim). rope_scaling (a model config's dict) may be None,

@@ -1,6 +1,7 @@
 """Decode linears (skinny GEMM) at Qwen2.5-7B shapes: torch F.linear (cuBLAS) vs skinny_linear.
 
-    python3 bench/kernels/bench_gemv.py [--quick] [--out PATH] [--mlarge-only | --no-mlarge] [--mlarge-m 64,128,256]
+    python3 bench/kernels/bench_gemv.py [--quick] [--out PATH] [--mlarge-only | --no-mlarge]
+                                        [--mlarge-m 64,128,256]
 
 For each case (the 5 linears of Qwen2.5-7B at M = 1; gate_up and down also at M = 4 and 8; qkv,
 o_proj, gate_up and down at M = 64, 128 and 256, the "M-large" cases), bf16:
@@ -37,7 +38,6 @@ compiles (estimated 1-1.5 minutes; --mlarge-only runs just those; --quick: fewer
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing
 import os
@@ -54,6 +54,8 @@ import triton
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from bench import common  # noqa: E402
+from bench.common import rel_err  # noqa: E402
 from bench.kernels_import import import_kernels  # noqa: E402
 
 import_kernels()
@@ -77,8 +79,10 @@ CASES = [(name, 1) for name in SHAPES] + [(n, m) for m in (4, 8) for n in ("gate
 # (block_n, block_k, num_warps, num_stages); split_k is swept per shape. Reduce tiles are kept to
 # <= 64 fp32 accumulator registers per thread (BM * BN * BK / threads), so M = 4, 8 take the smaller
 # ones; num_stages does not change the reduce path (Triton pipelines only loads that feed a dot).
-REDUCE_TILES = [(16, 256, 4, 1), (16, 512, 4, 1), (32, 256, 4, 1), (8, 512, 4, 1), (16, 512, 8, 1), (32, 512, 8, 1),
-                (16, 128, 4, 1), (8, 256, 4, 1), (16, 256, 8, 1), (8, 128, 4, 1), (16, 128, 8, 1), (8, 256, 8, 1)]
+REDUCE_TILES = [(16, 256, 4, 1), (16, 512, 4, 1), (32, 256, 4, 1), (8, 512, 4, 1), (16, 512, 8, 1),
+                (32, 512, 8, 1),
+                (16, 128, 4, 1), (8, 256, 4, 1), (16, 256, 8, 1), (8, 128, 4, 1), (16, 128, 8, 1),
+                (8, 256, 8, 1)]
 DOT_TILES = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 8, 3), (32, 256, 4, 4)]
 # M-large cases (dot path only): the tile grid, the split_k values of phase 2, and the limits
 MLARGE_M = (64, 128, 256)
@@ -96,24 +100,12 @@ def log(msg: str) -> None:
 
 
 def bench_ms(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
+    return common.cuda_ms(fn, warmup=5, rep=25)
 
 
 def graph_ms(calls) -> float:
-    """Median time per call of a CUDA graph replaying calls() (every call already run once eagerly)."""
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    ms = bench_ms(graph.replay)
-    del graph
-    return ms
-
-
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    if torch.isnan(y).any():
-        return float("nan")
-    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+    """Median time of a CUDA graph replaying calls() (every call already run once eagerly)."""
+    return common.graph_ms(calls, timer=bench_ms)
 
 
 def ceilings() -> dict:
@@ -166,7 +158,8 @@ def large_candidates(m: int, n: int, k: int, quick: bool) -> list[SkinnyConfig]:
     of the launcher's rule for that tile."""
     out = [default_config(m, n, k, NUM_SMS)]
     for bn, bk, warps, stages in large_tiles(m, quick):
-        cfg = SkinnyConfig(bn, bk, large_m_split_k(m, n, k, bn, bk, stages, NUM_SMS), warps, stages, use_dot=True)
+        cfg = SkinnyConfig(bn, bk, large_m_split_k(m, n, k, bn, bk, stages, NUM_SMS), warps, stages,
+                           use_dot=True)
         if cfg not in out:
             out.append(cfg)
     return out
@@ -261,7 +254,8 @@ def run_case(name: str, m: int, quick: bool) -> dict:
 
     torch_calls()
     res = {"name": name, "m": m, "n": n, "k": k, "bias": has_bias, "bytes": moved, "weight_copies": copies,
-           "torch": {"ms_graph": graph_ms(torch_calls) / CALLS, "ms_eager": bench_ms(lambda: F.linear(x, weights[0], b)),
+           "torch": {"ms_graph": graph_ms(torch_calls) / CALLS,
+                     "ms_eager": bench_ms(lambda: F.linear(x, weights[0], b)),
                      "rel_err": rel_err(F.linear(x, weights[0], b), ref)}, "configs": []}
     log(f"{name} M={m}: torch {res['torch']['ms_graph'] * 1e3:.1f} us; {len(cands)} configs")
     for i, cfg in enumerate(cands):
@@ -291,7 +285,8 @@ def run_case(name: str, m: int, quick: bool) -> dict:
     if cfg.split_k > 1:  # same tile, split-K sums by a second kernel instead of the serial fix-up
         two = SkinnyConfig(**{**best["config"], "serial_reduce": False})
         res["two_kernel"] = time_config(x, weights, b, y, two, ws, ref)
-    log(f"  best {cfg_str(cfg)}: {best['ms_graph'] * 1e3:.1f} us (default {res['default']['ms_graph'] * 1e3:.1f} us, "
+    log(f"  best {cfg_str(cfg)}: {best['ms_graph'] * 1e3:.1f} us (default "
+        f"{res['default']['ms_graph'] * 1e3:.1f} us, "
         f"torch {res['torch']['ms_graph'] * 1e3:.1f} us)")
     return res
 
@@ -342,7 +337,8 @@ def layer_stack(best: dict[str, SkinnyConfig], ws: SkinnyWorkspace) -> dict:
 
     defaults = {name: default_config(1, n, k) for name, (n, k, _) in SHAPES.items()}
     res = {"weight_bytes": total}
-    for label, linear in (("torch", torch_linear), ("skinny_best", ours(best)), ("skinny_default", ours(defaults))):
+    for label, linear in (("torch", torch_linear), ("skinny_best", ours(best)),
+                          ("skinny_default", ours(defaults))):
         run(linear)
         res[label + "_ms"] = graph_ms(lambda linear=linear: run(linear))
         log(f"layer stack {label}: {res[label + '_ms']:.3f} ms")
@@ -352,55 +348,63 @@ def layer_stack(best: dict[str, SkinnyConfig], ws: SkinnyWorkspace) -> dict:
 def print_tables(result: dict) -> None:
     bw, rd = result["ceilings"]["copy_bytes_per_s"], result["ceilings"]["read_bytes_per_s"]
     print(f"\ncopy {bw / 1e12:.2f} TB/s (read + write), read (torch.sum) {rd / 1e12:.2f} TB/s")
-    print("\n| linear | M | torch graph (eager) | best skinny graph (eager) | TB/s torch -> skinny | % copy | "
-          "% read | speed-up | rel err torch / skinny | best config | default config | serial vs 2-kernel |")
+    print("\n| linear | M | torch graph (eager) | best skinny graph (eager) | TB/s torch -> skinny | % copy "
+          "| % read | speed-up | rel err torch / skinny | best config | default config "
+          "| serial vs 2-kernel |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["cases"]:
         t, b, d = r["torch"], r["best"], r["default"]
         bps_t, bps_b = r["bytes"] / (t["ms_graph"] * 1e-3), r["bytes"] / (b["ms_graph"] * 1e-3)
         two = r.get("two_kernel")
         two_s = f"{b['ms_graph'] * 1e3:.1f} / {two['ms_graph'] * 1e3:.1f} us" if two else ""
-        print(f"| {r['name']} {r['n']}x{r['k']} | {r['m']} | {t['ms_graph'] * 1e3:.1f} ({t['ms_eager'] * 1e3:.1f}) us | "
-              f"{b['ms_graph'] * 1e3:.1f} ({b['ms_eager'] * 1e3:.1f}) us | {bps_t / 1e12:.2f} -> {bps_b / 1e12:.2f} | "
+        print(f"| {r['name']} {r['n']}x{r['k']} | {r['m']} | {t['ms_graph'] * 1e3:.1f} "
+              f"({t['ms_eager'] * 1e3:.1f}) us | "
+              f"{b['ms_graph'] * 1e3:.1f} ({b['ms_eager'] * 1e3:.1f}) us | {bps_t / 1e12:.2f} -> "
+              f"{bps_b / 1e12:.2f} | "
               f"{100 * bps_b / bw:.0f} | {100 * bps_b / rd:.0f} | {t['ms_graph'] / b['ms_graph']:.2f}x | "
-              f"{t['rel_err']:.1e} / {b['rel_err']:.1e} | {b['label']} | {d['label']} {d['ms_graph'] * 1e3:.1f} us | "
+              f"{t['rel_err']:.1e} / {b['rel_err']:.1e} | {b['label']} | {d['label']} "
+              f"{d['ms_graph'] * 1e3:.1f} us | "
               f"{two_s} |")
     s = result.get("layer_stack")
     if s:
         ideal_copy, ideal_read = s["weight_bytes"] / bw * 1e3, s["weight_bytes"] / rd * 1e3
-        print(f"\nlayer stack ({NUM_LAYERS} x 4 linears + lm_head, M=1, {s['weight_bytes'] / 1e9:.2f} GB, one graph): "
-              f"torch {s['torch_ms']:.3f} ms, skinny best {s['skinny_best_ms']:.3f} ms, "
+        print(f"\nlayer stack ({NUM_LAYERS} x 4 linears + lm_head, M=1, {s['weight_bytes'] / 1e9:.2f} GB, "
+              "one "
+              f"graph): torch {s['torch_ms']:.3f} ms, skinny best {s['skinny_best_ms']:.3f} ms, "
               f"skinny default {s['skinny_default_ms']:.3f} ms; bytes at copy bw {ideal_copy:.3f} ms, "
               f"at read bw {ideal_read:.3f} ms; torch / best = {s['torch_ms'] / s['skinny_best_ms']:.2f}x")
     large = [r for r in result["cases"] if r["m"] > MAX_M]
     if large:
         print("\nM-large cases (dot path, BM = next_pow2(M)): compute rate 2 M N K / time")
-        print("| linear | M | torch us | skinny us | speed-up | torch TFLOP/s | skinny TFLOP/s | best config | "
-              "default config |")
+        print("| linear | M | torch us | skinny us | speed-up | torch TFLOP/s | skinny TFLOP/s | best config "
+              "| default config |")
         print("|---|---|---|---|---|---|---|---|---|")
         for r in large:
             t, b, d = r["torch"]["ms_graph"], r["best"]["ms_graph"], r["default"]
             flops = 2 * r["m"] * r["n"] * r["k"]
-            print(f"| {r['name']} {r['n']}x{r['k']} | {r['m']} | {t * 1e3:.1f} | {b * 1e3:.1f} | {t / b:.2f}x | "
-                  f"{flops / (t * 1e-3) / 1e12:.0f} | {flops / (b * 1e-3) / 1e12:.0f} | {r['best']['label']} | "
-                  f"{d['label']} {d['ms_graph'] * 1e3:.1f} us |")
+            print(f"| {r['name']} {r['n']}x{r['k']} | {r['m']} | {t * 1e3:.1f} | {b * 1e3:.1f} | "
+                  f"{t / b:.2f}x | "
+                  f"{flops / (t * 1e-3) / 1e12:.0f} | {flops / (b * 1e-3) / 1e12:.0f} | {r['best']['label']} "
+                  f"| {d['label']} {d['ms_graph'] * 1e3:.1f} us |")
     small = [r for r in result["cases"] if r["m"] <= MAX_M]
     if small:
         print("\nTUNED entries for kernels/gemv.py (m_bucket, N, K) -> best config:")
         for r in small:
             print(f"    {tuned_line(r)}")
     if large:
-        print(f"\nM-large TUNED entries: only where skinny_linear beat F.linear (graph time, torch / skinny >= "
-              f"{MIN_SPEEDUP}) at every measured M of the bucket; an entry routes every M in (m_bucket / 2, m_bucket] "
-              "of that shape to the kernel (models/linear.py via skinny_linear_supported), so where only M = m_bucket "
-              "was measured, check the bucket's low end too (e.g. --mlarge-m 65,128).")
+        print("\nM-large TUNED entries: only where skinny_linear beat F.linear (graph time, torch / skinny "
+              f">= {MIN_SPEEDUP}) at every measured M of the bucket; an entry routes every M in "
+              "(m_bucket / 2, m_bucket] of that shape to the kernel (models/linear.py via "
+              "skinny_linear_supported), so where only M = m_bucket was measured, check the bucket's low end "
+              "too (e.g. --mlarge-m 65,128).")
         for line in mlarge_tuned_lines(large):
             print(f"    {line}")
 
 
 def tuned_line(r: dict) -> str:
     c = r["best"]["config"]
-    return (f"({triton.next_power_of_2(r['m'])}, {r['n']}, {r['k']}): SkinnyConfig({c['block_n']}, {c['block_k']}, "
+    return (f"({triton.next_power_of_2(r['m'])}, {r['n']}, {r['k']}): SkinnyConfig({c['block_n']}, "
+            f"{c['block_k']}, "
             f"{c['split_k']}, {c['num_warps']}, {c['num_stages']}, use_dot={c['use_dot']}),")
 
 
@@ -417,7 +421,8 @@ def mlarge_tuned_lines(cases: list[dict]) -> list[str]:
         won = all(s >= MIN_SPEEDUP for s in speedups) and all(r["best"]["rel_err"] <= 1e-2 for r in rs)
         tag = ", ".join(f"M={r['m']} {r['name']} {s:.2f}x" for r, s in zip(rs, speedups, strict=True))
         line = tuned_line(rs[-1])
-        lines.append(f"{line}  # {tag}" if won else f"# not routed (F.linear faster or < {MIN_SPEEDUP}x): {line}  # {tag}")
+        lines.append(f"{line}  # {tag}" if won else f"# not routed (F.linear faster or < {MIN_SPEEDUP}x): "
+                                                    f"{line}  # {tag}")
     return lines
 
 
@@ -428,13 +433,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="JSON path (default $OUT/gemv.json if OUT is set)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--mlarge-only", action="store_true",
-                       help="only the M-large cases (qkv, o_proj, gate_up, down at --mlarge-m rows), no layer stack")
+                       help="only the M-large cases (qkv, o_proj, gate_up, down at --mlarge-m rows), no "
+                            "layer stack")
     group.add_argument("--no-mlarge", action="store_true", help="skip the M-large cases")
     parser.add_argument("--mlarge-m", default=",".join(map(str, MLARGE_M)),
                         help=f"comma-separated row counts of the M-large cases, each in {MAX_M + 1}..256 "
                              "(default %(default)s)")
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
-                        help="processes that compile the kernels before the sweep (<= 1: none; default %(default)s)")
+                        help="processes that compile the kernels before the sweep (<= 1: none; default "
+                             "%(default)s)")
     args = parser.parse_args(argv)
     mlarge_m = [int(v) for v in args.mlarge_m.split(",") if v.strip()]
     if any(not MAX_M < v <= 256 for v in mlarge_m):
@@ -442,12 +449,10 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA device")
     torch.manual_seed(0)
-    props = torch.cuda.get_device_properties(0)
-    NUM_SMS = props.multi_processor_count
-    log(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}")
-    result: dict = {"device": props.name, "num_sms": props.multi_processor_count, "torch": torch.__version__,
-                    "triton": triton.__version__, "quick": args.quick, "calls_per_graph": CALLS,
+    result: dict = {**common.run_header(), "quick": args.quick, "calls_per_graph": CALLS,
                     "mlarge_m": [] if args.no_mlarge else mlarge_m}
+    NUM_SMS = result["num_sms"]
+    log(f"{result['device']}, {NUM_SMS} SMs, torch {torch.__version__}, triton {triton.__version__}")
     result["ceilings"] = ceilings()
     cases = [] if args.mlarge_only else list(CASES)
     if not args.no_mlarge:
@@ -464,10 +469,7 @@ def main(argv: list[str] | None = None) -> None:
     ok = all(r["best"]["rel_err"] <= 1e-2 for r in result["cases"])
     result["correct"] = ok
     print(f"\ncorrectness (best configs, rel err <= 1e-2): {'PASS' if ok else 'FAIL'}")
-    out_path = args.out or (str(Path(os.environ["OUT"]) / "gemv.json") if os.environ.get("OUT") else None)
-    if out_path:
-        Path(out_path).write_text(json.dumps(result, indent=2))
-        print(f"wrote {out_path}")
+    common.write_json(common.out_path(args.out, "gemv.json"), result)
     if not ok:
         sys.exit(1)
 

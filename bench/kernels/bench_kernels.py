@@ -27,8 +27,6 @@ Prints a table at the end; writes JSON to $OUT/kernels.json when OUT is set (or 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -36,12 +34,15 @@ import torch
 import triton
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench import common  # noqa: E402
+from bench.common import cuda_ms as bench_ms  # noqa: E402
+from bench.common import graph_ms, rel_err  # noqa: E402, F401 (also used by bench/lab)
 
 
 def _import_kernels():
     """radixrt.kernels and its torch references, also without `pip install -e .`."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from bench.kernels_import import import_kernels
 
     kernels = import_kernels()
@@ -55,30 +56,6 @@ HQ, HKV, D, PAGE = 28, 4, 128, 16
 BF16 = torch.bfloat16
 DEV = torch.device("cuda")
 GB = 1e9
-
-
-def bench_ms(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def rel_err(o: torch.Tensor, ref: torch.Tensor) -> float:
-    if torch.isnan(o).any():
-        return float("nan")
-    return ((o.float() - ref.float()).norm() / ref.float().norm()).item()
-
-
-# --------------------------------------------------------------------------- (a) ceilings
-def ceilings(quick: bool) -> dict:
-    n = (1 if quick else 4) * (1 << 30) // 2  # bf16 elements: 1 or 4 GiB
-    src = torch.randn(n, device=DEV, dtype=BF16)
-    dst = torch.empty_like(src)
-    copy_ms = bench_ms(lambda: dst.copy_(src))
-    m = 8192
-    a = torch.randn(m, m, device=DEV, dtype=BF16)
-    b = torch.randn(m, m, device=DEV, dtype=BF16)
-    mm_ms = bench_ms(lambda: a @ b)
-    return {"copy_bytes_per_s": 2 * n * 2 / (copy_ms * 1e-3), "copy_ms": copy_ms,
-            "matmul_flops_per_s": 2 * m ** 3 / (mm_ms * 1e-3), "matmul_ms": mm_ms}
 
 
 # --------------------------------------------------------------------------- paged inputs
@@ -106,7 +83,8 @@ def decode_case(pool: Pool, batch: int, ctx: int, check: bool) -> dict:
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
     table = pool.page_table([ctx] * batch)
     q = torch.randn(batch, HQ, D, device=DEV, dtype=BF16)
-    splits = K.choose_num_kv_splits(batch, HKV, ctx, torch.cuda.get_device_properties(0).multi_processor_count)
+    splits = K.choose_num_kv_splits(batch, HKV, ctx,
+                                    torch.cuda.get_device_properties(0).multi_processor_count)
     out = torch.empty_like(q)
     mid_o = torch.empty(batch, HQ, splits, D, device=DEV, dtype=torch.float32)
     mid_lse = torch.empty(batch, HQ, splits, device=DEV, dtype=torch.float32)
@@ -122,14 +100,15 @@ def decode_case(pool: Pool, batch: int, ctx: int, check: bool) -> dict:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
-    ms = bench_ms(graph.replay)
+    ms = bench_ms(graph.replay)  # (the graph is replayed once more below, for the check)
     moved = batch * ctx * HKV * D * 2 * 2 + 2 * batch * HQ * D * 2  # K+V once per KV head, q and o
     res = {"batch": batch, "ctx": ctx, "splits": splits, "ms": ms, "bytes_per_s": moved / (ms * 1e-3),
            "ms_eager": bench_ms(run)}
     if check:
         out.fill_(float("nan"))
         graph.replay()
-        res["rel_err"] = rel_err(out, REF.decode_attention_ref(q, pool.k, pool.v, table, seq_lens, PAGE, None))
+        res["rel_err"] = rel_err(out,
+                                 REF.decode_attention_ref(q, pool.k, pool.v, table, seq_lens, PAGE, None))
     return res
 
 
@@ -158,16 +137,11 @@ def extend_case(pool: Pool, prefix: int, new: int, check: bool) -> dict:
     return res
 
 
-def graph_ms(run) -> float:
-    """Median time of run() replayed from a CUDA graph (run() must have been called once eagerly)."""
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return bench_ms(graph.replay)
-
-
-CASCADE_TILES = [(128, 64, 8, 2), (64, 64, 4, 2), (128, 128, 8, 2)]  # first = default_tile on the H200
+def cascade_tiles() -> list[tuple[int, int, int, int]]:
+    """The launcher's default stage-A tile first, then two others."""
+    t = sys.modules["radixrt.kernels.cascade_attention"].default_tile(D, DEV)
+    default = (t.block_m, t.block_n, t.num_warps, t.num_stages)
+    return list(dict.fromkeys([default, (64, 64, 4, 2), (128, 128, 8, 2)]))
 
 
 def cascade_case(num_groups: int, group_size: int, prefix_len: int, quick: bool) -> dict:
@@ -180,7 +154,8 @@ def cascade_case(num_groups: int, group_size: int, prefix_len: int, quick: bool)
     unshared = pool.page_table(seq)
     table = unshared.clone()
     for g in range(num_groups):  # members share the first member's prefix pages
-        table[g * group_size:(g + 1) * group_size, : prefix_len // PAGE] = table[g * group_size, : prefix_len // PAGE]
+        rows = slice(g * group_size, (g + 1) * group_size)
+        table[rows, : prefix_len // PAGE] = table[g * group_size, : prefix_len // PAGE]
     ints = dict(dtype=torch.int32, device=DEV)
     seq_lens = torch.tensor(seq, **ints)
     kv_start = torch.full((batch,), prefix_len, **ints)
@@ -193,7 +168,8 @@ def cascade_case(num_groups: int, group_size: int, prefix_len: int, quick: bool)
     ref = REF.cascade_decode_attention_ref(q, pool.k, pool.v, table, seq_lens, kv_start, members, starts,
                                            prefix_lens, PAGE, None)
     unique = (num_groups * prefix_len + int(suffix.sum())) * HKV * D * 2 * 2 + 2 * batch * HQ * D * 2
-    res = {"batch": batch, "num_groups": num_groups, "prefix_len": prefix_len, "suffix_len_mean": float(suffix.float().mean()),
+    res = {"batch": batch, "num_groups": num_groups, "prefix_len": prefix_len,
+           "suffix_len_mean": float(suffix.float().mean()),
            "unique_bytes": unique, "tiles": []}
 
     splits = K.choose_num_kv_splits(batch, HKV, max(seq), num_sms)
@@ -206,13 +182,14 @@ def cascade_case(num_groups: int, group_size: int, prefix_len: int, quick: bool)
                      "rel_err": rel_err(out, ref) if tab is table else None}
 
     splits = K.choose_num_kv_splits(batch, HKV, int(suffix.max()), num_sms)
-    for bm, bn, warps, stages in CASCADE_TILES[:1] if quick else CASCADE_TILES:
+    for bm, bn, warps, stages in cascade_tiles()[:1] if quick else cascade_tiles():
         tile = K.CascadeTile(bm, bn, warps, stages)
         auto = K.choose_num_prefix_splits(num_groups, group_size, HQ, HKV, prefix_len, num_sms, block_m=bm)
         for prefix_splits in sorted({auto} if quick else {1, auto, 2 * auto}):
             def cascade(tile=tile, prefix_splits=prefix_splits):
-                K.cascade_decode_attention(q, pool.k, pool.v, table, seq_lens, kv_start, members, starts, prefix_lens,
-                                           PAGE, None, splits, prefix_splits, group_size, out=out, tile=tile)
+                K.cascade_decode_attention(q, pool.k, pool.v, table, seq_lens, kv_start, members, starts,
+                                           prefix_lens, PAGE, None, splits, prefix_splits, group_size,
+                                           out=out, tile=tile)
             out.fill_(float("nan"))
             cascade()
             res["tiles"].append({"tile": f"{bm}x{bn} w{warps} s{stages}", "splits": splits,
@@ -227,7 +204,8 @@ def cascade_case(num_groups: int, group_size: int, prefix_len: int, quick: bool)
 def print_cascade(rows: list[dict], bw: float) -> None:
     """Table rows of the cascade section (bw: copy ceiling, bytes/s)."""
     for r in rows:
-        shape = f"B={r['batch']} groups={r['num_groups']} prefix={r['prefix_len']} +~{r['suffix_len_mean']:.0f}"
+        shape = (f"B={r['batch']} groups={r['num_groups']} prefix={r['prefix_len']} "
+                 f"+~{r['suffix_len_mean']:.0f}")
         for name in ("decode", "decode_unshared"):
             t = r[name]
             err = "" if t["rel_err"] is None else f"{t['rel_err']:.1e}"
@@ -275,6 +253,63 @@ def small_kernels(check: bool) -> list[dict]:
     return rows
 
 
+def run_all(quick: bool) -> dict:
+    """Every section of the benchmark; the result dict that main prints and writes."""
+    torch.manual_seed(0)
+    result: dict = {**common.run_header(), "quick": quick,
+                    "shape": {"num_q_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "page_size": PAGE}}
+    print(f"{result['device']}, {result['num_sms']} SMs, torch {torch.__version__}, triton "
+          f"{triton.__version__}",
+          flush=True)
+    result["ceilings"] = ceil = common.measure_ceilings(copy_gib=1 if quick else 4)
+    print(f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
+          f"{ceil['matmul_flops_per_s'] / 1e12:.0f} "
+          "TFLOP/s", flush=True)
+    batches = [1, 64] if quick else [1, 4, 16, 64, 256]
+    ctxs = [1024, 4096] if quick else [512, 2048, 8192, 32768]
+    combos = [(b, c) for b in batches for c in ctxs if b * c * HKV * D * 2 * 2 <= 40 * GB]
+    pool = Pool(max([64 * 4096, 8192] + [b * c for b, c in combos]))
+    result["decode"] = headline = decode_case(pool, 64, 4096, check=True)
+    print(f"decode 64x4096: {headline['ms'] * 1e3:.1f} us, {headline['bytes_per_s'] / 1e12:.2f} TB/s",
+          flush=True)
+    result["decode_sweep"] = [decode_case(pool, b, c, check=False) for b, c in combos]
+    new = 2048 if quick else 8192
+    result["extend"] = [extend_case(pool, 0, new, check=True),
+                        extend_case(pool, new // 2, new // 2, check=True)]
+    result["small_kernels"] = small_kernels(check=True)
+    result["cascade"] = [cascade_case(1, 128, 2048, quick), cascade_case(4, 32, 2048, quick)]
+    errs = [r["rel_err"] for r in [headline] + result["extend"] + result["small_kernels"] if "rel_err" in r]
+    errs += [t["rel_err"] for r in result["cascade"] for t in r["tiles"] + [r["decode"]]]
+    result["max_rel_err"] = max(errs)
+    result["correct"] = all(e == e and e <= 1e-2 for e in errs)  # e == e rejects NaN
+    return result
+
+
+def print_table(result: dict) -> None:
+    """The markdown table of every measured row (bench/results/kernels.md takes its figures from it)."""
+    ceil, quick = result["ceilings"], result["quick"]
+    bw, mm = ceil["copy_bytes_per_s"], ceil["matmul_flops_per_s"]
+    print("\n| what | shape | time | achieved | % of ceiling | rel err |\n|---|---|---|---|---|---|")
+    print(f"| copy (ceiling) | {'1' if quick else '4'} GiB | {ceil['copy_ms']:.3f} ms | {bw / 1e12:.2f} TB/s "
+          "| 100 | |")
+    print(f"| bf16 matmul (ceiling) | 8192^3 | {ceil['matmul_ms']:.3f} ms | {mm / 1e12:.0f} TFLOP/s "
+          "| 100 | |")
+    for r in [result["decode"]] + result["decode_sweep"]:
+        err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
+        print(f"| decode (graph; eager {r['ms_eager'] * 1e3:.0f} us) | B={r['batch']} ctx={r['ctx']} "
+              f"splits={r['splits']} | {r['ms'] * 1e3:.1f} us | "
+              f"{r['bytes_per_s'] / 1e12:.2f} TB/s | {100 * r['bytes_per_s'] / bw:.0f} | {err} |")
+    for r in result["extend"]:
+        print(f"| extend | prefix={r['prefix']} new={r['new']} | {r['ms']:.3f} ms | "
+              f"{r['flops_per_s'] / 1e12:.0f} TFLOP/s | {100 * r['flops_per_s'] / mm:.0f} | "
+              f"{r['rel_err']:.1e} |")
+    for r in result["small_kernels"]:
+        err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
+        print(f"| {r['kernel']} | 8192 tokens | {r['ms'] * 1e3:.1f} us | {r['bytes_per_s'] / 1e12:.2f} TB/s "
+              f"| {100 * r['bytes_per_s'] / bw:.0f} | {err} |")
+    print_cascade(result["cascade"], bw)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller ceilings, headline shapes, short sweep")
@@ -282,65 +317,12 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_kernels needs a CUDA device")
-    torch.manual_seed(0)
-    props = torch.cuda.get_device_properties(0)
-    result: dict = {"device": props.name, "num_sms": props.multi_processor_count, "torch": torch.__version__,
-                    "triton": triton.__version__, "quick": args.quick,
-                    "shape": {"num_q_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "page_size": PAGE}}
-    print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}",
-          flush=True)
-
-    ceil = ceilings(args.quick)
-    result["ceilings"] = ceil
-    bw, mm = ceil["copy_bytes_per_s"], ceil["matmul_flops_per_s"]
-    print(f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s", flush=True)
-
-    batches = [1, 64] if args.quick else [1, 4, 16, 64, 256]
-    ctxs = [1024, 4096] if args.quick else [512, 2048, 8192, 32768]
-    combos = [(b, c) for b in batches for c in ctxs if b * c * HKV * D * 2 * 2 <= 40 * GB]
-    pool = Pool(max([64 * 4096, 8192] + [b * c for b, c in combos]))
-
-    headline = decode_case(pool, 64, 4096, check=True)
-    result["decode"] = headline
-    print(f"decode 64x4096: {headline['ms'] * 1e3:.1f} us, {headline['bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
-    result["decode_sweep"] = [decode_case(pool, b, c, check=False) for b, c in combos]
-
-    new = 2048 if args.quick else 8192
-    result["extend"] = [extend_case(pool, 0, new, check=True), extend_case(pool, new // 2, new // 2, check=True)]
-    result["small_kernels"] = small_kernels(check=True)
-    result["cascade"] = [cascade_case(1, 128, 2048, args.quick), cascade_case(4, 32, 2048, args.quick)]
-
-    # ------------------------------------------------------------------ table
-    print("\n| what | shape | time | achieved | % of ceiling | rel err |")
-    print("|---|---|---|---|---|---|")
-    print(f"| copy (ceiling) | {'1' if args.quick else '4'} GiB | {ceil['copy_ms']:.3f} ms | {bw / 1e12:.2f} TB/s | 100 | |")
-    print(f"| bf16 matmul (ceiling) | 8192^3 | {ceil['matmul_ms']:.3f} ms | {mm / 1e12:.0f} TFLOP/s | 100 | |")
-    for r in [headline] + result["decode_sweep"]:
-        err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
-        print(f"| decode (graph; eager {r['ms_eager'] * 1e3:.0f} us) | B={r['batch']} ctx={r['ctx']} "
-              f"splits={r['splits']} | {r['ms'] * 1e3:.1f} us | "
-              f"{r['bytes_per_s'] / 1e12:.2f} TB/s | {100 * r['bytes_per_s'] / bw:.0f} | {err} |")
-    for r in result["extend"]:
-        print(f"| extend | prefix={r['prefix']} new={r['new']} | {r['ms']:.3f} ms | "
-              f"{r['flops_per_s'] / 1e12:.0f} TFLOP/s | {100 * r['flops_per_s'] / mm:.0f} | {r['rel_err']:.1e} |")
-    for r in result["small_kernels"]:
-        err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
-        print(f"| {r['kernel']} | 8192 tokens | {r['ms'] * 1e3:.1f} us | {r['bytes_per_s'] / 1e12:.2f} TB/s | "
-              f"{100 * r['bytes_per_s'] / bw:.0f} | {err} |")
-
-    print_cascade(result["cascade"], bw)
-
-    errs = [r["rel_err"] for r in [headline] + result["extend"] + result["small_kernels"] if "rel_err" in r]
-    errs += [t["rel_err"] for r in result["cascade"] for t in r["tiles"] + [r["decode"]]]
-    result["max_rel_err"] = max(errs)
-    ok = all(e == e and e <= 1e-2 for e in errs)  # e == e rejects NaN
-    result["correct"] = ok
-    print(f"\ncorrectness (rel err <= 1e-2 at every headline shape): {'PASS' if ok else 'FAIL'}")
-    out_path = args.out or (str(Path(os.environ["OUT"]) / "kernels.json") if os.environ.get("OUT") else None)
-    if out_path:
-        Path(out_path).write_text(json.dumps(result, indent=2))
-        print(f"wrote {out_path}")
-    if not ok:
+    result = run_all(args.quick)
+    print_table(result)
+    print("\ncorrectness (rel err <= 1e-2 at every headline shape): "
+          f"{'PASS' if result['correct'] else 'FAIL'}")
+    common.write_json(common.out_path(args.out, "kernels.json"), result)
+    if not result["correct"]:
         sys.exit(1)
 
 

@@ -10,7 +10,7 @@ and nothing is pipelined, which would make the check below meaningless). For eac
 `num` of every `ttg.async_wait` in the TTGIR is reported: a wait for fewer than all outstanding
 copies (num > 0) inside a loop means K/V blocks stay in flight while a block is computed. Variants
 marked `pipelined` must show one per paged loop (the page ids are loaded a step ahead for this:
-kernels/decode_attention.py, prefetch_pages); the script fails if they do not.
+kernels/paged_loop.py, prefetch_pages); the script fails if they do not.
 
     python3 bench/kernels/compile_sm90.py          # exit status 1 if any variant fails
 """
@@ -49,8 +49,9 @@ def compile_variant(module: str, kernel: str, const: dict, num_warps: int, num_s
     fn = getattr(importlib.import_module(module), kernel)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
-        sig[n] = ("constexpr" if n in const else "*bf16" if n in POINTERS_BF16 else "*i32" if n in POINTERS_I32
-                  else "*fp32" if n in POINTERS_F32 else "fp32" if n in FLOATS else "i32")
+        sig[n] = ("constexpr" if n in const else "*bf16" if n in POINTERS_BF16
+                  else "*i32" if n in POINTERS_I32 else "*fp32" if n in POINTERS_F32
+                  else "fp32" if n in FLOATS else "i32")
         if n not in const and (sig[n].startswith("*") or (n.startswith("stride") and n not in NOT_DIVISIBLE)):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
@@ -66,20 +67,25 @@ def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
     of Qwen2.5-7B shapes (GQA 7, head dim 128, page 16). `pipelined loops`: how many waits with
     num > 0 the TTGIR must hold (one per loop that keeps K/V blocks in flight; 2-stage variants
     overlap nothing, so 0 is expected of them)."""
-    ext = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, DOT_PRECISION="tf32")
-    dec = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128, DOT_PRECISION="tf32")
-    casc = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, DOT_PRECISION="tf32")
+    ext = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64,
+               DOT_PRECISION="tf32")
+    dec = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128,
+               DOT_PRECISION="tf32")
+    casc = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64,
+                DOT_PRECISION="tf32")
     merge = dict(HEAD_DIM=128, BLOCK_D=128)
     ext64 = {**ext, "BLOCK_M": 64}
     plain = {"HAS_KV_START": False, "DIRECT_OUT": False, "MERGE_PREFIX": False, "PREFIX_SLOTS": 0}
     return [
         # three loops: the paged prefix, new tokens before the block, the diagonal
-        ("extend, GQA packing", "kernels.extend_attention", "_extend_attn_kernel", {**ext, "PACK_GQA": True}, 8, 3, 3),
+        ("extend, GQA packing", "kernels.extend_attention", "_extend_attn_kernel", {**ext, "PACK_GQA": True},
+         8, 3, 3),
         ("extend 64-row, GQA packing", "kernels.extend_attention", "_extend_attn_kernel",
          {**ext64, "PACK_GQA": True}, 4, 2, 0),
         ("extend, MHA", "kernels.extend_attention", "_extend_attn_kernel",
          {**ext, "GROUP": 1, "PACK_GQA": False}, 8, 3, 3),
-        ("decode split -> mid", "kernels.decode_attention", "_decode_split_kernel", {**dec, **plain}, 4, 2, 0),
+        ("decode split -> mid", "kernels.decode_attention", "_decode_split_kernel", {**dec, **plain}, 4, 2,
+         0),
         ("decode split, 3 stages", "kernels.decode_attention", "_decode_split_kernel",
          {**dec, **plain, "BLOCK_N": 64}, 4, 3, 1),
         ("decode one split -> out", "kernels.decode_attention", "_decode_split_kernel",
@@ -87,7 +93,8 @@ def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
         ("cascade suffix -> mid", "kernels.decode_attention", "_decode_split_kernel",
          {**dec, **plain, "HAS_KV_START": True}, 4, 2, 0),
         ("cascade suffix + merge -> out", "kernels.decode_attention", "_decode_split_kernel",
-         {**dec, "BLOCK_N": 64, "HAS_KV_START": True, "DIRECT_OUT": True, "MERGE_PREFIX": True, "PREFIX_SLOTS": 4},
+         {**dec, "BLOCK_N": 64, "HAS_KV_START": True, "DIRECT_OUT": True, "MERGE_PREFIX": True,
+          "PREFIX_SLOTS": 4},
          4, 2, 0),
         ("decode merge", "kernels.decode_attention", "_decode_merge_kernel",
          {**merge, "BLOCK_S": 32, "HAS_PREFIX": True}, 4, 1, 0),

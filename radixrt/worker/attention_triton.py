@@ -37,7 +37,9 @@ DEFAULT_NUM_SMS = 132  # H200; used when the pool is not on a CUDA device
 # also merges the prefix partials: two launches per layer instead of three (cascade_attention.py).
 CASCADE_FUSED_MAX_SUFFIX = 512
 # The fused form caps the prefix splits at this many: its suffix program unrolls the merge over them,
-# and 8 slots ran slower than the three launches (H200, bench/kernels/tune_cascade.py)
+# and more slots cost more than they save (H200, 2026-11-30, 128 requests x 2,048 shared + 128-192
+# own tokens, profiler: three launches 26.6 + 20.6 + 9.3 us; fused with 4 splits 19.9 + 19.1 us;
+# fused with 5 splits, 8 unrolled slots, a 28.5 us suffix, no better than split + merge)
 CASCADE_FUSED_MAX_PREFIX_SPLITS = 4
 
 

@@ -14,7 +14,8 @@ from bench.dummy_tokenizer import make_dummy_model_dir, vocab_words
 from bench.server_proc import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 600,
         "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "bos_token_id": 1,
         "eos_token_id": [2, 5], "tie_word_embeddings": True, "torch_dtype": "float32"}
@@ -30,7 +31,8 @@ def _tiny_dir(tmp_path: Path) -> Path:
 def test_vocab_layout_has_every_byte_and_the_special_ids() -> None:
     words, special, all_special = vocab_words({"vocab_size": 300, "bos_token_id": 1, "eos_token_id": [2, 0]})
     assert len(words) == len(set(words)) == 300
-    assert words[2] == "</s>" and words[0] == "</s1>" and words[1] == "<s>" and special == {"eos": "</s>", "bos": "<s>"}
+    assert words[2] == "</s>" and words[0] == "</s1>" and words[1] == "<s>" and special == {"eos": "</s>",
+                                                                                            "bos": "<s>"}
     assert sorted(all_special) == ["</s1>", "</s>", "<s>"] and words[299] == "<t299>"
     with pytest.raises(ValueError):
         vocab_words({"vocab_size": 200})
@@ -46,7 +48,8 @@ def test_round_trip_and_every_id_decodes(tmp_path: Path) -> None:
     assert tok.decode([400, 2, 5, 401], skip_special_tokens=True) == "<t400><t401>"
     for i in range(600):
         assert isinstance(tok.decode([i]), str)
-    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                   add_generation_prompt=True)
     assert chat == "user: Hi\nassistant:"
 
 
@@ -76,7 +79,8 @@ def test_dummy_server_starts_and_serves(tmp_path: Path) -> None:
         assert len(choice["token_ids"]) == 6 and r["usage"]["prompt_tokens"] == 40
         assert choice["text"]  # the detokenizer turned the sampled ids into text
         r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-            "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "ignore_eos": True})
+            "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            "ignore_eos": True})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 4
     finally:

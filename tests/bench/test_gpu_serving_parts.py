@@ -69,8 +69,10 @@ def test_summary_from_synthetic_timings() -> None:
 
 def test_scenario_against_the_fake_server() -> None:
     opts = FakeOptions(delay_s=0.005)
-    p = LongShortParams(num_streams=3, stream_input_len=16, stream_max_tokens=5000, num_long=2, long_input_len=200,
-                        long_first_s=0.1, long_interval_s=0.2, short_rate=10.0, short_input_len=8, short_output_len=3,
+    p = LongShortParams(num_streams=3, stream_input_len=16, stream_max_tokens=5000, num_long=2,
+                        long_input_len=200,
+                        long_first_s=0.1, long_interval_s=0.2, short_rate=10.0, short_input_len=8,
+                        short_output_len=3,
                         duration_s=0.6, vocab_size=5000)
     with fake_server(opts) as url:
         summary, samples = run_long_short(url, p, deadline_s=20)
@@ -101,10 +103,12 @@ def test_scheduler_delta_undoes_lifetime_means_and_handles_missing_fields() -> N
 
 
 def test_kv_waste_time_average_and_aggregate() -> None:
-    samples = [{"allocated": 0, "unused": 0}, {"allocated": 100, "unused": 10}, {"allocated": 300, "unused": 0}]
+    samples = [{"allocated": 0, "unused": 0}, {"allocated": 100, "unused": 10},
+               {"allocated": 300, "unused": 0}]
     w = kv_waste_summary(samples)
     assert w["polls"] == 3 and w["polls_with_running"] == 2
-    assert w["time_avg_unused_fraction"] == pytest.approx(0.05) and w["aggregate_unused_fraction"] == pytest.approx(0.025)
+    assert w["time_avg_unused_fraction"] == pytest.approx(0.05)
+    assert w["aggregate_unused_fraction"] == pytest.approx(0.025)
     assert w["meets_goal"] is False and w["max_unused_fraction"] == pytest.approx(0.1)
     assert kv_waste_summary([])["meets_goal"] is None
 
@@ -142,13 +146,15 @@ def test_sweep_num_prompts_sets_each_level_size() -> None:
 
 def test_summary_table_and_long_short_plot(tmp_path: Path) -> None:
     ttft = {"mean": 1.0, "median": 1.0, "p90": 2.0, "p99": 3.0, "min": 1.0, "max": 3.0, "count": 3}
-    run = {k: None for k in gpu_phases.RUN_KEYS} | {"max_concurrency": 4, "output_throughput": 100.0, "failed": 0,
+    run = {k: None for k in gpu_phases.RUN_KEYS} | {"max_concurrency": 4, "output_throughput": 100.0,
+                                                    "failed": 0,
                                                     "ttft_ms": ttft, "tpot_ms": ttft, "itl_ms": ttft}
     report = {"gpu": "H200", "small": False, "configs": {
         "A": {"description": "defaults", "flags": [], "server_start_s": 40.0, "errors": [], "phases": {
             "long_short": {"short": {"ttft_ms": ttft, "sent": 3, "completed": 3}, "streams": {"itl_ms": ttft},
                            "long": {"ttft_ms": [900.0]}, "errors": [], "meets_goal": True},
-            "overlap": {"batch": {**run, "scheduler": {"gpu_idle_fraction": 0.1}}, "batch1": {**run, "scheduler": {}}},
+            "overlap": {"batch": {**run, "scheduler": {"gpu_idle_fraction": 0.1}},
+                        "batch1": {**run, "scheduler": {}}},
             "throughput": {"random": {"runs": [run], "kv_waste": {"time_avg_unused_fraction": 0.01,
                                                                   "aggregate_unused_fraction": 0.01,
                                                                   "meets_goal": True}},
@@ -162,7 +168,8 @@ def test_summary_table_and_long_short_plot(tmp_path: Path) -> None:
     table = gpu_phases.format_table(report)
     assert "config B (chunk 2048): start - s; budget" in table and "short_ttft_p99=3.0" in table
     samples = {"A": {"short_send_s": [0.1, 0.5], "short_ttft_ms": [30.0, 250.0], "long_send_s": [0.2],
-                     "itl_ms": [10.0, 12.0, 400.0]}, "C": {"short_send_s": [], "short_ttft_ms": [], "itl_ms": []}}
+                     "itl_ms": [10.0, 12.0, 400.0]},
+               "C": {"short_send_s": [], "short_ttft_ms": [], "itl_ms": []}}
     png = plot_long_short(samples, tmp_path / "ls.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -18,7 +18,8 @@ def test_reports_every_pass_kind(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_fingerprint_is_reproducible(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["--workload", "shared-prefix", "--fingerprint", "--num-pages", "700", "--max-running-requests", "64"]
+    args = ["--workload", "shared-prefix", "--fingerprint", "--num-pages", "700", "--max-running-requests",
+            "64"]
     main(args)
     first = capsys.readouterr().out
     main(args)

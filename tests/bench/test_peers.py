@@ -77,7 +77,8 @@ def test_both_paths_agree_on_greedy_tokens(tiny_config: Path) -> None:
 def test_compare_and_format_ratios() -> None:
     wl = {"name": "random", "seed": 0, "num_requests": 4, "total_output_len": 40, "total_new_input_len": 80}
     serving = {"workload": wl, "runs": [
-        {"output_throughput": 500.0, "max_concurrency": 4}, {"output_throughput": 800.0, "max_concurrency": 16}]}
+        {"output_throughput": 500.0, "max_concurrency": 4},
+        {"output_throughput": 800.0, "max_concurrency": 16}]}
     peers = {"workload": dict(wl), "baselines": {
         "hf_generate": {"output_tok_s": 200.0, "wall_s": 0.2},
         "hf_continuous_batching": {"output_tok_s": 100.0, "wall_s": 0.4}}}

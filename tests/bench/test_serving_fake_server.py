@@ -48,7 +48,8 @@ def test_random_tokens_counted_equal_tokens_returned(tmp_path: Path) -> None:
 
 def test_multi_turn_resends_history_with_server_answers() -> None:
     opts = FakeOptions()
-    spec = WorkloadSpec(name="multi-turn", num_clients=3, num_turns=3, input_len=40, turn_len=8, output_len=10,
+    spec = WorkloadSpec(name="multi-turn", num_clients=3, num_turns=3, input_len=40, turn_len=8,
+                        output_len=10,
                         **SMALL)
     with fake_server(opts) as url:
         report = run_benchmark(BenchConfig(base_url=url, workload=spec, disable_tqdm=True))
@@ -79,7 +80,8 @@ def test_count_mismatch_is_flagged_and_answers_are_synthesized() -> None:
 def test_errors_are_counted_and_main_exits_nonzero(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     opts = FakeOptions(fail_prompt_len=17)
     with fake_server(opts) as url:
-        argv = ["--base-url", url, "--workload", "long-short", "--num-prompts", "10", "--long-fraction", "0.3",
+        argv = ["--base-url", url, "--workload", "long-short", "--num-prompts", "10", "--long-fraction",
+                "0.3",
                 "--input-len", "12", "--long-input-len", "17", "--output-len", "3", "--vocab-size", "5000",
                 "--disable-tqdm", "--output-json", str(tmp_path / "r.json")]
         code = main(argv)
@@ -102,7 +104,8 @@ def test_concurrency_sweep_runs_each_level_on_fresh_prompts(tmp_path: Path) -> N
     assert [r["workload_seed"] for r in report["runs"]] == [1, 2, 3]
     assert all(r["completed"] == 8 and r["cache_hit_rate"] == 0 for r in report["runs"])
     assert report["config"]["request_rate"] == 500.0
-    assert sorted(Path(p).name for p in report["plots"]) == ["concurrency_random.png", "latency_cdf_random.png"]
+    assert sorted(Path(p).name for p in report["plots"]) == ["concurrency_random.png",
+                                                             "latency_cdf_random.png"]
 
 
 def test_main_succeeds_and_prints_a_table(capsys: pytest.CaptureFixture) -> None:

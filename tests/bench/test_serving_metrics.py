@@ -18,7 +18,8 @@ from bench.serving import (
 
 
 def _outcome(ttft_s: float, itl_s: list[float], *, usage_out: int | None = None, prompt_len: int = 10,
-             cached: int | None = 0, output_len: int | None = None, error: str | None = None) -> RequestOutcome:
+             cached: int | None = 0, output_len: int | None = None,
+             error: str | None = None) -> RequestOutcome:
     n_stream = len(itl_s) + 1
     o = RequestOutcome(session_id=0, turn=0, prompt_len=prompt_len, output_len=output_len or n_stream)
     if error:

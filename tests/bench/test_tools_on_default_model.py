@@ -36,8 +36,9 @@ def test_serving_benchmark_against_the_real_server(server: Server, tmp_path: Pat
 
 def test_offline_benchmark_counts_every_token(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "o.json"
-    assert offline.main(["--workload", "shared-prefix", "--prompts-per-group", "3", "--system-prompt-len", "40",
-                         "--question-len", "6", "--output-len", "4", "--vocab-size", str(VOCAB),
+    assert offline.main(["--workload", "shared-prefix", "--prompts-per-group", "3",
+                         "--system-prompt-len", "40", "--question-len", "6", "--output-len", "4",
+                         "--vocab-size", str(VOCAB),
                          "--model-path", str(model_dir), "--device", "cpu", "--max-total-tokens", "4096",
                          "--output-json", str(out)]) == 0
     r = json.loads(out.read_text())

@@ -71,14 +71,16 @@ def make_cascade_batch(groups: list[tuple[int, list[int]]], loner_lens: list[int
         starts.append(len(members))
     q = torch.randn(len(owners), hq + 1, head_dim, generator=gen).to(dtype=dtype, device=DEVICE)[:, 1:]
     ints = dict(dtype=torch.int32, device=DEVICE)
-    return CascadeBatch(q, b.k_buffer, b.v_buffer, table.to(DEVICE), b.seq_lens, torch.tensor(kv_start, **ints),
+    return CascadeBatch(q, b.k_buffer, b.v_buffer, table.to(DEVICE), b.seq_lens,
+                        torch.tensor(kv_start, **ints),
                         torch.tensor(members, **ints), torch.tensor(starts, **ints),
                         torch.tensor([p for p, _ in groups], **ints),
                         max([len(s) for _, s in groups], default=0))
 
 
 CASES = [
-    # groups (prefix_len, suffix lens), loner seq_lens, page_size, Hq, Hkv, D, dtype, kv splits, prefix splits, tile
+    # groups (prefix_len, suffix lens), loner seq_lens, page_size, Hq, Hkv, D, dtype, kv splits, prefix
+    # splits, tile
     pytest.param([(32, [1, 5, 20]), (16, [3])], [40, 9], 16, 8, 2, 64, torch.float32, 2, 2, None,
                  id="page16-gqa4-two-groups-loners"),
     pytest.param([(32, [1, 5, 20]), (16, [3])], [40], 16, 8, 2, 64, torch.float16, 1, 1, CascadeTile(32, 32),
@@ -101,7 +103,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("groups, loners, page_size, hq, hkv, head_dim, dtype, splits, prefix_splits, tile", CASES)
+@pytest.mark.parametrize("groups, loners, page_size, hq, hkv, head_dim, dtype, splits, prefix_splits, tile",
+                         CASES)
 def test_cascade_matches_plain_decode(close, groups, loners, page_size, hq, hkv, head_dim, dtype, splits,
                                       prefix_splits, tile):
     c = make_cascade_batch(groups, loners, page_size, hq, hkv, head_dim, dtype, seed=splits + prefix_splits)
@@ -122,10 +125,12 @@ def test_cascade_matches_plain_decode(close, groups, loners, page_size, hq, hkv,
 
 def test_decode_attention_kv_start(paged_batch, close):
     b = paged_batch([0, 32, 49, 8, 19], [1] * 5, 16, 4, 2, 64, torch.float32, seed=3)
-    kv_start = torch.tensor([0, 17, 49, 9, 30], dtype=torch.int32, device=DEVICE)  # 9 == seq_len, 30 > seq_len
+    kv_start = torch.tensor([0, 17, 49, 9, 30], dtype=torch.int32,
+                            device=DEVICE)  # 9 == seq_len, 30 > seq_len
     args = (b.q, b.k_buffer, b.v_buffer, b.page_table, b.seq_lens, 16, None, 3)
     o = decode_attention(*args, kv_start=kv_start)
-    ref = decode_attention_ref(b.q, b.k_buffer, b.v_buffer, b.page_table, b.seq_lens, 16, None, kv_start=kv_start)
+    ref = decode_attention_ref(b.q, b.k_buffer, b.v_buffer, b.page_table, b.seq_lens, 16, None,
+                               kv_start=kv_start)
     close(o, ref, *TOL[torch.float32])
     assert torch.equal(o[3:], torch.zeros_like(o[3:]))  # empty ranges give zero rows
     # kv_start = 0 is the whole sequence, like no kv_start at all
@@ -180,7 +185,8 @@ def test_choose_num_prefix_splits():
     assert choose_num_prefix_splits(1, 128, 28, 4, 2048, block_m=64) == 2  # 14 row blocks x 4 KV heads
     assert choose_num_prefix_splits(1, 256, 28, 4, 2048) == 2  # 14 row blocks x 4 KV heads
     assert choose_num_prefix_splits(4, 32, 28, 4, 2048) == 4  # 4 x 2 row blocks x 4 KV heads
-    assert choose_num_prefix_splits(1, 32, 28, 4, 2048, max_splits=4) == 4  # 2 row blocks: capped by the caller
+    assert choose_num_prefix_splits(1, 32, 28, 4, 2048,
+                                    max_splits=4) == 4  # 2 row blocks: capped by the caller
     assert choose_num_prefix_splits(1, 2, 28, 4, 300) == 2  # short prefix: >= 256 tokens per split
     assert choose_num_prefix_splits(64, 128, 28, 4, 32768) == 1  # many groups fill the GPU alone
     assert choose_num_prefix_splits(1, 1, 8, 8, 1 << 20) == 16  # capped

@@ -112,7 +112,8 @@ def test_supported():
     (lambda: (torch.zeros(257, 64), torch.zeros(48, 64), None, None), "at most 256"),
     (lambda: (torch.zeros(1, 32), torch.zeros(48, 64), None, None), "K ="),
     (lambda: (torch.zeros(1, 64), torch.zeros(48, 64, dtype=torch.float16), None, None), "equal"),
-    (lambda: (torch.zeros(1, 64, dtype=torch.int32), torch.zeros(48, 64, dtype=torch.int32), None, None), "float"),
+    (lambda: (torch.zeros(1, 64, dtype=torch.int32), torch.zeros(48, 64, dtype=torch.int32), None, None),
+     "float"),
     (lambda: (torch.zeros(1, 64), torch.zeros(64, 48).t(), None, None), "contiguous"),
     (lambda: (torch.zeros(64, 2)[:, 0].view(1, 64), torch.zeros(48, 64), None, None), "contiguous last dim"),
     (lambda: (torch.zeros(1, 64), torch.zeros(48, 64), torch.zeros(47), None), "bias"),
@@ -132,7 +133,8 @@ def test_config_and_workspace_errors():
         SkinnyConfig(block_n=8, block_k=64, use_dot=True)
     x, w = torch.zeros(1, 64), torch.zeros(48, 64)
     with pytest.raises(ValueError, match="workspace too small"):
-        skinny_linear(x, w, config=SkinnyConfig(16, 16, split_k=2), workspace=SkinnyWorkspace.allocate(8, 1, "cpu"))
+        skinny_linear(x, w, config=SkinnyConfig(16, 16, split_k=2),
+                      workspace=SkinnyWorkspace.allocate(8, 1, "cpu"))
     with pytest.raises(ValueError, match="reduce path"):  # M > 16 needs the dot path
         skinny_linear(torch.zeros(17, 64), w, config=SkinnyConfig(16, 16))
     with pytest.raises(ValueError, match="at most 256"):
@@ -146,7 +148,8 @@ DOT_SPLIT3 = SkinnyConfig(block_n=16, block_k=16, split_k=3, use_dot=True)
 DOT_TWO_KERNEL = SkinnyConfig(block_n=32, block_k=16, split_k=2, use_dot=True, serial_reduce=False)
 
 
-@pytest.mark.parametrize("cfg", [DOT, DOT_SPLIT3, DOT_TWO_KERNEL], ids=["dot", "dot-split3", "dot-two-kernel-split2"])
+@pytest.mark.parametrize("cfg", [DOT, DOT_SPLIT3, DOT_TWO_KERNEL],
+                         ids=["dot", "dot-split3", "dot-two-kernel-split2"])
 @pytest.mark.parametrize("m, n, k, dtype, with_bias", [
     (17, 48, 64, torch.float32, True),  # BM = 32, one row past a power of two
     (32, 40, 72, torch.float16, False),  # ragged N and K
@@ -213,8 +216,10 @@ def test_default_config_large_m_rules():
 
 
 def test_shared_memory_bytes():
-    assert shared_memory_bytes(SkinnyConfig(64, 128, num_stages=4, use_dot=True), 8) == 4 * (16 + 64) * 128 * 2
-    assert shared_memory_bytes(SkinnyConfig(128, 64, num_stages=3, use_dot=True), 200) == 3 * (256 + 128) * 64 * 2
+    assert shared_memory_bytes(SkinnyConfig(64, 128, num_stages=4, use_dot=True),
+                               8) == 4 * (16 + 64) * 128 * 2
+    assert shared_memory_bytes(SkinnyConfig(128, 64, num_stages=3, use_dot=True),
+                               200) == 3 * (256 + 128) * 64 * 2
     assert shared_memory_bytes(SkinnyConfig(16, 256), 1) == 0
     assert programs_per_sm(SkinnyConfig(128, 64, num_stages=3, use_dot=True), 128) == 2  # 96 KB
     assert programs_per_sm(SkinnyConfig(128, 64, num_stages=4, use_dot=True), 128) == 1  # 128 KB
@@ -230,11 +235,13 @@ def test_supported_large_m_only_with_tuned_entry(monkeypatch):
         assert not skinny_rows_routed(m, n, k)
     assert skinny_linear_supported(torch.zeros(16, k), w)
     monkeypatch.setattr(gemv, "TUNED", {(128, n, k): SkinnyConfig(32, 32, use_dot=True),
-                                        (32, n, k): SkinnyConfig(16, 32),  # a reduce config cannot take M > 16
+                                        (32, n, k): SkinnyConfig(16,
+                                                                 32),  # a reduce config cannot take M > 16
                                         (512, n, k): SkinnyConfig(32, 32, use_dot=True)})
     for m in (65, 100, 128):
         assert skinny_linear_supported(torch.zeros(m, k), w), m
-        assert skinny_linear_supported(torch.zeros(m // 5, 5, k), w), m  # leading dims flattened (M = 5 * (m // 5))
+        assert skinny_linear_supported(torch.zeros(m // 5, 5, k),
+                                       w), m  # leading dims flattened (M = 5 * (m // 5))
     for m in (17, 32, 64, 129, 256, 257, 300):
         assert not skinny_linear_supported(torch.zeros(m, k), w), m
     assert not skinny_linear_supported(torch.zeros(100, k), torch.zeros(n + 16, k))  # other shape
@@ -271,7 +278,8 @@ def test_linear_workspace_covers_routed_rows(monkeypatch):
     n, k = 96, 1024
     monkeypatch.setattr(gemv, "TUNED", {})
     small = linear_mod.Linear(k, n, bias=False)._scratch(torch.device("cpu"))
-    assert small.partials.numel() == max(_num_splits(default_config(m, n, k), k) * m * n for m in range(1, 17))
+    assert small.partials.numel() == max(_num_splits(default_config(m, n, k), k) * m * n
+                                         for m in range(1, 17))
     tuned = SkinnyConfig(32, 64, split_k=4, use_dot=True)
     monkeypatch.setattr(gemv, "TUNED", {(128, n, k): tuned})
     big = linear_mod.Linear(k, n, bias=False)._scratch(torch.device("cpu"))
@@ -279,7 +287,8 @@ def test_linear_workspace_covers_routed_rows(monkeypatch):
     x = _randn(128, k, dtype=torch.float32, device="cpu", seed=13) / 8
     w = _randn(n, k, dtype=torch.float32, device="cpu", seed=14) / 8
     assert skinny_linear_supported(x, w)
-    torch.testing.assert_close(skinny_linear(x, w, workspace=big), skinny_linear_ref(x, w), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(skinny_linear(x, w, workspace=big), skinny_linear_ref(x, w), atol=1e-4,
+                               rtol=1e-4)
 
 
 # Qwen2.5-7B linears (N, K, bias): qkv, o_proj, gate_up (fused), down, lm_head

@@ -1,5 +1,5 @@
 """The GPU launch configs of the attention kernels follow the rules their docstrings state (the
-configs were picked on an H200: bench/kernels/tune_pipelined.py, docs/benchmarks.md). Only the
+configs were picked on an H200: bench/lab/sweep_attention.py, the comments at the constants). Only the
 device type is read, so these run without a GPU."""
 
 from __future__ import annotations

@@ -1,0 +1,80 @@
+"""The paged online-softmax loop shared by the extend, decode and cascade attention kernels.
+
+Each of those kernels streams key/value blocks of one KV head from the paged pool (slot =
+page_table[b, pos // page_size] * page_size + pos % page_size; PagedAttention, Kwon et al. 2023)
+against a block of query rows, keeping the FlashAttention-2 running max, sum and accumulator (Dao,
+2023) in the exp2 domain with the softmax scale folded into log2(e). What differs between them is
+which rows they gather and which positions they cover; the loop itself is `paged_attn_loop`, as the
+Triton fused-attention tutorial factors its inner loop into `_attn_fwd_inner`. Triton inlines the
+helper into each kernel before software pipelining, so the compiled loops are those of the kernels
+that used to carry a copy each (bench/kernels/compile_sm90.py checks the pipelining).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def prefetch_pages(pt_row, n0, end, offs_n, PAGE_SIZE: tl.constexpr):
+    """Page ids [BLOCK_N] of positions n0 + offs_n in one page-table row (0 at and past `end`).
+
+    The paged loop calls this one block AHEAD: a step uses the ids loaded by the step before and
+    loads the next block's. Loaded in the same step, the ids would make every K/V address depend on
+    a load of that step, and Triton's software pipeliner (3.6, sm_90) then issues the K/V copies
+    only at the end of the step before and waits on them at once: no copy overlaps compute. With
+    the ids carried over, the K/V copies are multi-buffered (num_stages - 1 blocks in flight), as
+    for contiguous K/V; tests/kernels/test_compile_sm90.py checks this on the compiled kernels."""
+    pos = n0 + offs_n
+    return tl.load(pt_row + pos // PAGE_SIZE, mask=pos < end, other=0)
+
+
+@triton.jit
+def online_softmax_step(s, m_i, l_i, acc):
+    """One FlashAttention-2 update for a block of scores `s` [M, N] (log2 units, masked = -inf).
+
+    Returns (p, m_new, l_new, acc rescaled): the caller adds p @ V to the accumulator."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, m_new, l_new, acc * alpha[:, None]
+
+
+@triton.jit
+def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
+                    stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                    ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online softmax of the query rows `qb` [ROWS, BLOCK_D] over positions [start, end) of one paged
+    sequence (page-table row `pt_row`) in KV head `kvh`, in blocks of BLOCK_N positions.
+
+    Returns the softmax state (m_i, l_i [ROWS], acc [ROWS, BLOCK_D], fp32; log2 units: qk_scale
+    includes log2(e)), started empty (m = -inf, l = 0, acc = 0, which an empty range returns), for
+    the caller to normalise or to continue. Positions at and past `end` are masked. Page ids are
+    loaded one block ahead (prefetch_pages)."""
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    pages = prefetch_pages(pt_row, start, end, offs_n, PAGE_SIZE)
+    for n0 in range(start, end, BLOCK_N):
+        # slots of this block of positions, from the page ids loaded one step ahead
+        pos = n0 + offs_n
+        mask_n = pos < end
+        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        pages = prefetch_pages(pt_row, n0 + BLOCK_N, end, offs_n, PAGE_SIZE)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        # scores of every row against BLOCK_N keys: one K/V read serves all rows of the block
+        kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
+        vb = tl.load(v_buf + slot[:, None] * stride_vb_s + kvh * stride_vb_h + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
+    return m_i, l_i, acc
