@@ -50,7 +50,8 @@ def model_vocab_size(model_dir: Path) -> int:
 
 @pytest.fixture(scope="session")
 def service(tokenizer: Any, model_vocab_size: int) -> Iterator[GrammarCompilerService]:
-    info = build_tokenizer_info(tokenizer, vocab_size=model_vocab_size, stop_token_ids=[tokenizer.eos_token_id])
+    info = build_tokenizer_info(tokenizer, vocab_size=model_vocab_size,
+                                stop_token_ids=[tokenizer.eos_token_id])
     svc = GrammarCompilerService(info, num_threads=2)
     yield svc
     svc.shutdown()

@@ -110,7 +110,8 @@ def test_stop_token_bits_cover_the_sign_bit() -> None:
 
 
 def test_batch_filler_matches_per_row_fills(service: GrammarCompilerService, tokenizer: Any) -> None:
-    specs = [GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA)), GrammarSpec(GrammarKind.REGEX, "(yes|no)"),
+    specs = [GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA)),
+            GrammarSpec(GrammarKind.REGEX, "(yes|no)"),
              GrammarSpec(GrammarKind.JSON_OBJECT), GrammarSpec(GrammarKind.REGEX, "a")]
     matchers = [RequestMatcher(service.compile_now(s)) for s in specs]
     assert matchers[1].accept_tokens(tokenizer.encode("ye", add_special_tokens=False)) >= 1
@@ -119,10 +120,10 @@ def test_batch_filler_matches_per_row_fills(service: GrammarCompilerService, tok
     expected = allocate_bitmask(4, service.vocab_size)
     for i, m in enumerate(matchers):
         m.fill_bitmask(expected, i)
-    for layout in ("numpy", "torch"):
+    for layout, threads_from in (("numpy", 1), ("torch", 1), ("numpy", 64)):
         got = allocate_bitmask(5, service.vocab_size)
         got[:] = 0
         target = got if layout == "numpy" else torch.from_numpy(got)
-        BitmaskFiller(num_threads=2).fill(matchers, target)
+        BitmaskFiller(num_threads=2, min_rows_for_threads=threads_from).fill(matchers, target)
         np.testing.assert_array_equal(got[:4], expected)
         assert not got[4].any()  # rows past the matchers are untouched

@@ -85,20 +85,20 @@ def test_invalid_schemas(text: str, needle: str) -> None:
     assert needle in _refusal(GrammarSpec(GrammarKind.JSON_SCHEMA, text))
 
 
+INT = {"type": "integer"}
+AB = {"type": "object", "properties": {"a": INT, "b": INT}}
+INTS = {"type": "array", "items": INT}
+
 # (name, schema, instance that satisfies everything but the keyword, pointer/keyword in the message)
 UNENFORCED: list[tuple[str, Any, Any, str]] = [
     ("not", {"type": "integer", "not": {"const": 3}}, 3, "#/not"),
-    ("if_then", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                 "if": {"required": ["a"]}, "then": {"required": ["b"]}}, {"a": 1}, "#/if"),
-    ("dependentRequired", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                           "dependentRequired": {"a": ["b"]}}, {"a": 1}, "#/dependentRequired"),
-    ("dependentSchemas", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                          "dependentSchemas": {"a": {"required": ["b"]}}}, {"a": 1}, "#/dependentSchemas"),
-    ("uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [1, 1],
-     "#/uniqueItems"),
-    ("contains", {"type": "array", "items": {"type": "integer"}, "contains": {"const": 3}}, [1], "#/contains"),
-    ("maxContains", {"type": "array", "items": {"type": "integer"}, "contains": {"const": 3}, "maxContains": 1},
-     [3, 3], "contains"),
+    ("if_then", {**AB, "if": {"required": ["a"]}, "then": {"required": ["b"]}}, {"a": 1}, "#/if"),
+    ("dependentRequired", {**AB, "dependentRequired": {"a": ["b"]}}, {"a": 1}, "#/dependentRequired"),
+    ("dependentSchemas", {**AB, "dependentSchemas": {"a": {"required": ["b"]}}}, {"a": 1},
+     "#/dependentSchemas"),
+    ("uniqueItems", {**INTS, "uniqueItems": True}, [1, 1], "#/uniqueItems"),
+    ("contains", {**INTS, "contains": {"const": 3}}, [1], "#/contains"),
+    ("maxContains", {**INTS, "contains": {"const": 3}, "maxContains": 1}, [3, 3], "contains"),
     ("multipleOf_number", {"type": "number", "multipleOf": 0.5}, 0.3, "multipleOf"),
     ("allOf_two", {"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}]}, 9, "allOf"),
     ("oneOf_overlap", {"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1, "oneOf"),
@@ -107,7 +107,7 @@ UNENFORCED: list[tuple[str, Any, Any, str]] = [
     ("ref_anchor", {"$defs": {"x": {"$anchor": "X", "type": "integer"}}, "$ref": "#X"}, "s", "'#X'"),
     ("contentEncoding", {"type": "string", "contentEncoding": "base64"}, "!!!", "contentEncoding"),
     ("format_unknown", {"type": "string", "format": "int32"}, "x", "format 'int32'"),
-    ("nested_path", {"type": "object", "properties": {"a": {"type": "array", "items": {"not": {"const": 1}}}}},
+    ("nested_path", {"type": "object", "properties": {"a": {**INTS, "items": {"not": {"const": 1}}}}},
      {"a": [1]}, "#/properties/a/items/not"),
     ("pattern_lookahead", {"type": "string", "pattern": "^(?=b)[a-z]$"}, "a", "lookahead"),
 ]
@@ -192,7 +192,8 @@ def test_bad_regexes(pattern: str, needle: str) -> None:
     assert needle in _refusal(GrammarSpec(GrammarKind.REGEX, pattern))
 
 
-@pytest.mark.parametrize("pattern", [r"^ab$", r"^a|^b", r"(a|b)$", r"[$^.]+", r"\d{3}-\d{4}", r"[\w.-]+@x\.io"])
+@pytest.mark.parametrize("pattern", [r"^ab$", r"^a|^b", r"(a|b)$", r"[$^.]+", r"\d{3}-\d{4}",
+                                     r"[\w.-]+@x\.io"])
 def test_good_regexes(pattern: str) -> None:
     validate_spec(GrammarSpec(GrammarKind.REGEX, pattern))
 
@@ -223,10 +224,12 @@ def test_structural_tag_checks_inner_schemas_and_bounds_whitespace() -> None:
                                                 "content": {"type": "json_schema",
                                                             "json_schema": {"not": {"type": "integer"}}}}}
     assert "#/not" in _refusal(GrammarSpec(GrammarKind.STRUCTURAL_TAG, json.dumps(bad)))
-    legacy = {"structures": [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}], "triggers": ["<f"]}
+    legacy = {"structures": [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}],
+              "triggers": ["<f"]}
     text = validate_spec(GrammarSpec(GrammarKind.STRUCTURAL_TAG, json.dumps(legacy)))
     fmt = json.loads(text)["format"]
     assert fmt["type"] == "triggered_tags" and fmt["triggers"] == ["<f"]
     assert fmt["tags"][0]["content"]["max_whitespace_cnt"] == 1
-    assert "needs a 'format'" in _refusal(GrammarSpec(GrammarKind.STRUCTURAL_TAG, '{"type": "structural_tag"}'))
+    no_format = GrammarSpec(GrammarKind.STRUCTURAL_TAG, '{"type": "structural_tag"}')
+    assert "needs a 'format'" in _refusal(no_format)
     assert "not valid JSON" in _refusal(GrammarSpec(GrammarKind.STRUCTURAL_TAG, "{"))
