@@ -137,7 +137,12 @@ class ForwardBatch:
     Request i's new tokens are input_ids[s:s+extend_lens[i]], s = exclusive cumsum of extend_lens.
 
     req_rows      int32 [B]  row of the worker's device page table (req_to_page) for each request
-    input_ids     int32 [T]  new tokens
+    input_ids     int32 [T]  new tokens (a stand-in at each prev_token_pos, see below)
+    prev_token_pos/prev_token_src int32 [K]: overlap scheduling sends a pass before the previous
+                  one's result is back, so K inputs (at most one per request, its last) are tokens
+                  the previous pass is still sampling: input_ids[prev_token_pos[k]] (an index into
+                  the T tokens) is that pass's next_token_ids[prev_token_src[k]] (an index into its
+                  B requests), filled in by the worker. K = 0 without overlap.
     positions     int32 [T]  their positions (prefix_len + j)
     out_cache_loc int32 [T]  KV slot (page * page_size + offset) each new token's K/V is written to
     seq_lens      int32 [B]  prefix_len + extend_len (tokens whose KV exists after this pass)
@@ -169,6 +174,8 @@ class ForwardBatch:
     mode: int
     req_rows: np.ndarray = field(default_factory=_i32)
     input_ids: np.ndarray = field(default_factory=_i32)
+    prev_token_pos: np.ndarray = field(default_factory=_i32)
+    prev_token_src: np.ndarray = field(default_factory=_i32)
     positions: np.ndarray = field(default_factory=_i32)
     out_cache_loc: np.ndarray = field(default_factory=_i32)
     seq_lens: np.ndarray = field(default_factory=_i32)

@@ -144,7 +144,7 @@ class RadixCache:
         go only after it), or (b) by adding a child there on the query's next token (insert). A
         split elsewhere on the path keeps the node, its end, and the page ids of the path. The
         caller guarantees that token_ids[:prefix_len] are the tokens it matched before (a waiting
-        request's tokens do not change; the tree never holds a placeholder).
+        request's tokens do not change; the tree never holds a token still in flight).
         """
         node, m = hint.last_node, hint.prefix_len
         if node is None or hint.query_len != n or node.end != m:

@@ -42,7 +42,8 @@ class AdmittedInStep:
     and c + SHARED_PREFIX_MIN_TOKENS - 1 (built at the first candidate with that c, then kept up to
     date by `append`), so a candidate is compared in full only with requests that agree on both: many
     candidates behind one cached prefix cost O(1) each instead of a scan of every admitted request.
-    Their token lists must not change during the step (placeholders are appended after admission).
+    Their token lists must not change during the step (outputs are appended after admission); an
+    output still in flight is not a known token, so it never counts as shared.
     """
 
     def __init__(self, reqs: Sequence[Req]) -> None:
@@ -68,7 +69,7 @@ class AdmittedInStep:
     def _add(index: dict[tuple[int, int], list[Req]], cached_len: int, req: Req) -> None:
         ids = req.all_ids
         n = cached_len + SHARED_PREFIX_MIN_TOKENS
-        if len(ids) >= n:
+        if len(ids) - req.num_in_flight >= n:  # known tokens only
             index.setdefault((ids[cached_len], ids[n - 1]), []).append(req)
 
 

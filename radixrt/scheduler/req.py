@@ -1,9 +1,12 @@
 """A request as the scheduler sees it: tokens known, tokens whose KV exists, and its KV pages.
 
-An output token being sampled by a pass in flight is held as a placeholder `-(j + 1)` (j: the
-request's index in that pass), so the next pass can be scheduled before the result arrives
-(overlap scheduling); the worker substitutes the token it sampled, the scheduler resolves it when
-the result comes back.
+Overlap scheduling builds the next pass before the result of the one in flight arrives, so a
+request may have outputs whose token is still being sampled: it counts them (`num_in_flight`, as
+vLLM counts num_output_placeholders), and they are always its last outputs. Their entries in
+`output_ids` / `token_ids` hold the stand-in IN_FLIGHT_TOKEN, which nothing reads as a token: the
+pass that takes one as input names it in `ForwardBatch.prev_token_pos` / `prev_token_src` (the
+worker fills in what it sampled), and `resolve_output` writes the real token when the result is
+processed. Results are processed in launch order, so the oldest in-flight output resolves first.
 
 There are no separate prefill and decode phases: every step the request's computed tokens
 (`kv.kv_len`) catch up with its known tokens (`prompt + output`), as in vLLM v1's scheduler.
@@ -24,6 +27,8 @@ from typing import Any
 from radixrt.memory.radix_cache import MatchHint
 from radixrt.memory.req_kv import ReqKV
 from radixrt.sampling_params import SamplingParams
+
+IN_FLIGHT_TOKEN = 0  # stand-in for an output being sampled by a pass in flight; never read as a token
 
 
 class ReqState(Enum):
@@ -50,6 +55,8 @@ class Req:
     stream: bool = False
     internal: bool = False  # health probes: no output to the tokenizer process
     output_ids: list[int] = field(default_factory=list)
+    num_in_flight: int = 0  # last outputs whose token a pass in flight is sampling (overlap)
+    in_flight_src: int = -1  # index of this request in the pass sampling its newest in-flight output
     state: ReqState = ReqState.WAITING
     kv: ReqKV | None = None
     req_row: int = -1  # row of the worker's page table while running
@@ -83,28 +90,36 @@ class Req:
         self.token_ids.append(0)
         self.token_ids.pop()
 
-    def append_output(self, tok: int) -> None:
-        self.output_ids.append(tok)
-        self.token_ids.append(tok)
+    def begin_output(self, sample_index: int) -> None:
+        """A pass samples this request's next output: append it as in flight. `sample_index` is the
+        request's index in that pass (where the pass's next_token_ids will hold the token)."""
+        self.output_ids.append(IN_FLIGHT_TOKEN)
+        self.token_ids.append(IN_FLIGHT_TOKEN)
+        self.num_in_flight += 1
+        self.in_flight_src = sample_index
 
     def resolve_output(self, out_pos: int, tok: int) -> None:
-        """Replace the placeholder at output index `out_pos` with the sampled token."""
+        """The oldest in-flight output, at output index `out_pos`, was sampled as `tok`."""
         self.output_ids[out_pos] = tok
         self.token_ids[len(self.prompt_ids) + out_pos] = tok
+        self.num_in_flight -= 1
 
     @property
-    def has_pending_output(self) -> bool:
-        """The last output is a placeholder: its token is being sampled by a pass in flight."""
-        return bool(self.output_ids) and self.output_ids[-1] < 0
+    def has_in_flight_output(self) -> bool:
+        """Its last output is being sampled by a pass in flight."""
+        return self.num_in_flight > 0
 
     @property
     def num_resolved_outputs(self) -> int:
-        return len(self.output_ids) - int(self.has_pending_output)
+        return len(self.output_ids) - self.num_in_flight
 
-    def drop_pending_output(self) -> None:
-        while self.has_pending_output:
+    def drop_in_flight_outputs(self) -> None:
+        """Forget the outputs still in flight (the request ended: a token sampled after the end is
+        not output)."""
+        for _ in range(self.num_in_flight):
             self.output_ids.pop()
             self.token_ids.pop()
+        self.num_in_flight = 0
 
     @property
     def all_ids(self) -> list[int]:

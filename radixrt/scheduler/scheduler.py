@@ -160,11 +160,13 @@ class Scheduler:
         if not items:
             return None
         self._publish_prompt_chunks(sb)
-        for j, it in enumerate(items):  # placeholders for the tokens this pass will sample
-            if it.completes:
-                req = it.req
+        for j, it in enumerate(items):
+            req = it.req
+            if req.num_in_flight:  # its last known token, this pass's last input, is being sampled
+                it.prev_src = req.in_flight_src  # by the previous pass (the one pass in flight)
+            if it.completes:  # the token this pass samples is in flight until its result
                 it.out_pos = len(req.output_ids)
-                req.append_output(-(j + 1))
+                req.begin_output(j)
         if self.cascade_min_saved_tokens > 0 and len(sb.items) > 1 and all(it.extend_len == 1 for it in sb.items):
             sb.cascade = find_cascade_groups(sb.items, self.page_size, self.cascade_min_saved_tokens)
             self.num_cascade_passes += sb.cascade is not None
@@ -186,11 +188,10 @@ class Scheduler:
                 self.kv.cache_unfinished_req(it.req.kv, it.req.all_ids)
 
     def _final_token_pending(self, req: Req) -> bool:
-        """Overlap: the token being sampled for req (a placeholder) is its last one, so it has
+        """Overlap: the token being sampled for req (in flight) is its last one, so it has
         nothing left to run."""
-        out = req.output_ids
-        return bool(out) and out[-1] < 0 and (len(out) >= req.max_new_tokens
-                                              or len(req.token_ids) >= self.context_len)
+        return req.num_in_flight > 0 and (len(req.output_ids) >= req.max_new_tokens
+                                          or len(req.token_ids) >= self.context_len)
 
     def _reserve(self, req: Req, take: int, sb: ScheduledBatch) -> ScheduledItem | None:
         """Pages for `take` more tokens of a running request, retracting newer requests if needed."""
@@ -233,13 +234,12 @@ class Scheduler:
             return
         # still prefilling, or prefilled by a pass in flight (overlap): their whole prompt pages are
         # published (_publish_prompt_chunks) but a prompt sharing more than that must still wait
-        admitted = AdmittedInStep([r for r in self.running
-                                   if not r.output_ids or (len(r.output_ids) == 1 and r.output_ids[0] < 0)])
+        admitted = AdmittedInStep([r for r in self.running if r.num_resolved_outputs == 0])
         prefill_left = self.max_prefill_tokens  # new prompt tokens admitted in this pass
         for req in order_waiting(self.waiting, self.policy, self.kv.cache):
             if budget <= 0 or prefill_left <= 0 or len(self.running) >= self.max_running or not self.free_rows:
                 break
-            if req.has_pending_output:  # retracted while its last token was in flight
+            if req.has_in_flight_output:  # retracted while its last token was in flight
                 continue
             got = self.kv.admit(req.all_ids, hint=req.prefix_hint, token_bytes=req.prompt_bytes)
             if got is None:
@@ -336,7 +336,7 @@ class Scheduler:
         return None, None
 
     def _finish(self, req: Req, reason: str, error: str | None = None) -> None:
-        req.drop_pending_output()  # overlap: a token sampled after the end is not output
+        req.drop_in_flight_outputs()  # overlap: a token sampled after the end is not output
         if req.kv is not None:
             if reason == "abort":
                 self.kv.release(req.kv)
@@ -361,7 +361,7 @@ class Scheduler:
         pool_tokens = (self.kv.allocator.num_pages - 1) * self.page_size  # page 0 is reserved
         log.warning("%s (%d tokens) cannot fit in the KV pool (%d tokens) even alone; finishing it",
                     req.rid, req.seq_len, pool_tokens)
-        if any(t >= 0 for t in req.output_ids):
+        if req.num_resolved_outputs:
             self._finish(req, "length")
         else:
             self._finish(req, "abort", error=f"the KV cache ({pool_tokens} tokens) cannot hold this "

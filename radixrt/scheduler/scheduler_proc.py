@@ -151,7 +151,7 @@ class SchedulerLoop:
 
         Overlap scheduling: pass N+1 is built and sent before the result of pass N is read, so the
         worker starts N+1 as soon as N ends instead of waiting for the scheduler's Python; tokens
-        sampled by N enter N+1 as placeholders the worker fills in (see scheduler/req.py).
+        sampled by N enter N+1 as in-flight inputs the worker fills in (see scheduler/req.py).
         With --disable-overlap-schedule each pass's result is processed before the next is built.
         """
         t0 = time.perf_counter()

@@ -54,7 +54,9 @@ def test_overlap_for_short_passes_and_late_binding_after_a_long_prefill() -> Non
         # a short pass: the next one comes before its result (overlap scheduling)
         third = worker_in.recv(timeout_ms=5000)
         assert third is not None and third.batch_id == second.batch_id + 1
-        assert int(third.input_ids[0]) < 0  # the token of `second`, still a placeholder
+        # its input is the token `second` is still sampling: named, for the worker to fill in
+        assert third.prev_token_pos.tolist() == [0] and third.prev_token_src.tolist() == [0]
+        assert second.prev_token_pos.size == 0  # `first`'s result was back when it was built
         results.send(_result(second))
         results.send(_result(third))
     finally:

@@ -4,7 +4,7 @@ prompts, aborts (also of requests whose pass is in flight), eviction and retract
 
 `run_to_idle` checks every step what schedule-time publication of prompt chunks must keep true
 (scheduler.py `_publish_prompt_chunks`): no page written by a pass is mapped by another running
-request, and no placeholder (a token still being sampled) reaches the radix tree; the fake worker
+request, and no token still being sampled reaches the radix tree; the fake worker
 checks every KV read, and at the end every request's tokens follow the reference model.
 """
 
