@@ -336,7 +336,7 @@ def fingerprint(ns: argparse.Namespace, spec: WorkloadSpec) -> str:
         res = run_workload(eng, spec.build())
     finally:
         engine_mod.build_forward_batch = build
-    alloc, cache = sched.kv.allocator, sched.kv.cache
+    alloc, cache = sched.kv._allocator, sched.kv._cache  # white box: the final pool and tree
     h.update(repr(([alloc.refcount(p) for p in range(1, alloc.num_pages)],
                    [alloc.reclaimable_refs(p) for p in range(1, alloc.num_pages)], alloc.free_pages())).encode())
     h.update(repr(sorted((n.start, n.key, tuple(n.pages), n.lock_ref, n.last_access_time)

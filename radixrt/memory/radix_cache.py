@@ -10,7 +10,7 @@ The tree is kept at token granularity, independent of the page size. A node cove
 reference on each. A node boundary may therefore fall inside a page: parent and child then both
 reference that page (or the child a copy of it). Every page of a node holds the KV of the node's whole
 root-to-node path for the positions it covers, including positions before `start` that lie in the same
-page. A page held by the tree is never written (copy-on-write, see req_kv.py).
+page. A page held by the tree is never written (copy-on-write, see kv_manager.py).
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from radixrt.memory.radix_cache import MatchHint
-from radixrt.memory.req_kv import ReqKV
+from radixrt.memory.kv_manager import PrefixHandle, ReqKV
 from radixrt.sampling_params import SamplingParams
 
 IN_FLIGHT_TOKEN = 0  # stand-in for an output being sampled by a pass in flight; never read as a token
@@ -78,10 +77,9 @@ class Req:
     # cascade grouping cache (scheduler/cascade.py): (leader's kv, own kv) and their common pages
     cascade_key: tuple[Any, Any] | None = None
     cascade_common: int = 0
-    # last radix-tree match of all_ids[:-1] while waiting (LPM probe, admit): skips re-walking the
-    # tree at every schedule when nothing changed around it (RadixCache.match_prefix)
-    prefix_hint: MatchHint = field(default_factory=MatchHint)
-    prompt_bytes: bytes = b""  # prompt_ids as int64 bytes: fast token compares in the radix tree
+    # the KV manager's handle for its prefix matches while waiting (lpm probe, admit): makes a
+    # probe the tree cannot have changed cheap (KVManager.prefix_handle); None: plain matches
+    prefix: PrefixHandle | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = self.prompt_ids + self.output_ids

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from radixrt.memory.req_kv import KVManager
+from radixrt.memory.kv_manager import KVManager
 from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
@@ -92,7 +92,7 @@ class Scheduler:
         req = Req(rid=msg.rid, prompt_ids=prompt, sampling=sp, max_new_tokens=max(max_new, 0),
                   seed=seed & 0x7FFFFFFF, return_logprob=msg.return_logprob,
                   top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, internal=internal,
-                  prompt_bytes=ids.tobytes())
+                  prefix=self.kv.prefix_handle(ids))
         if error is None and len(self.waiting) >= self.max_queued:
             error = "too many queued requests"
         if error is not None:
@@ -236,12 +236,12 @@ class Scheduler:
         # published (_publish_prompt_chunks) but a prompt sharing more than that must still wait
         admitted = AdmittedInStep([r for r in self.running if r.num_resolved_outputs == 0])
         prefill_left = self.max_prefill_tokens  # new prompt tokens admitted in this pass
-        for req in order_waiting(self.waiting, self.policy, self.kv.cache):
+        for req in order_waiting(self.waiting, self.policy, self.kv):
             if budget <= 0 or prefill_left <= 0 or len(self.running) >= self.max_running or not self.free_rows:
                 break
             if req.has_in_flight_output:  # retracted while its last token was in flight
                 continue
-            got = self.kv.admit(req.all_ids, hint=req.prefix_hint, token_bytes=req.prompt_bytes)
+            got = self.kv.admit(req.all_ids, handle=req.prefix)
             if got is None:
                 if not self.running:  # alone, with every evictable page available: it never fits
                     self._finish_unfittable(req)
@@ -258,7 +258,7 @@ class Scheduler:
                     break
                 take = req.seq_len - kv.kv_len
             headroom = len(self.running) + 1
-            need_pages = (kv.kv_len + take + self.page_size - 1) // self.page_size - len(kv.pages)
+            need_pages = self.kv.num_pages_needed(kv, kv.kv_len + take)
             if self.kv.num_available_pages() < need_pages + headroom and self.running:
                 self.kv.release(kv)
                 break
@@ -358,7 +358,7 @@ class Scheduler:
         """A waiting request that cannot be admitted even with nothing else running: waiting would
         spin forever. With output so far it ends as `length` (the KV pool is its limit, like the
         context length); a prompt that cannot fit ends with an error."""
-        pool_tokens = (self.kv.allocator.num_pages - 1) * self.page_size  # page 0 is reserved
+        pool_tokens = self.kv.pool_tokens
         log.warning("%s (%d tokens) cannot fit in the KV pool (%d tokens) even alone; finishing it",
                     req.rid, req.seq_len, pool_tokens)
         if req.num_resolved_outputs:
@@ -423,12 +423,11 @@ class Scheduler:
         """Empty the radix tree; refused (False) while any request is running or waiting."""
         if not self.is_idle:
             return False
-        self.kv.cache.reset()
+        self.kv.flush()
         return True
 
     def check_invariants(self) -> None:
-        kvs = [r.kv for r in self.running if r.kv is not None]
-        self.kv.cache.check_invariants(self.kv.external_refs(kvs))
+        self.kv.check_invariants(r.kv for r in self.running if r.kv is not None)
 
     def stats(self) -> dict[str, Any]:
         s = dict(self.kv.stats())

@@ -18,9 +18,7 @@ import zmq
 from radixrt.config import PROTOCOL_VERSION, Env, ServerArgs
 from radixrt.gc_policy import freeze_startup_heap
 from radixrt.ipc import IpcAddresses, Receiver, Sender
-from radixrt.memory.page_allocator import PageAllocator
-from radixrt.memory.radix_cache import RadixCache
-from radixrt.memory.req_kv import KVManager
+from radixrt.memory.kv_manager import KVManager
 from radixrt.protocol import (
     SCHEDULER_TO_WORKER,  # noqa: F401 - documents the channel
     TOKENIZER_TO_SCHEDULER,
@@ -53,9 +51,7 @@ LOG_INTERVAL_S = 10.0
 
 def build_scheduler(args: ServerArgs, worker_info: dict[str, Any]) -> Scheduler:
     """A Scheduler sized from the worker's Ready info (pool pages, rows, context, vocab, EOS)."""
-    allocator = PageAllocator(int(worker_info["num_pages"]))
-    cache = RadixCache(allocator, args.page_size, disable=args.disable_radix_cache)
-    kv = KVManager(allocator, cache, args.page_size)
+    kv = KVManager.create(int(worker_info["num_pages"]), args.page_size, args.disable_radix_cache)
     return Scheduler(
         kv, page_size=args.page_size,
         max_running_requests=min(args.max_running_requests, int(worker_info["max_req_rows"])),

@@ -40,7 +40,7 @@ def test_workload_several_times_the_pool_completes_correctly(model_dir: Path, pr
     assert [o["output_ids"] for o in outs] == unchunked
     assert eng.scheduler.num_retractions > 0
     eng.scheduler.check_invariants()
-    assert eng.scheduler.kv.cache.protected_size() == 0
+    assert eng.scheduler.kv.stats()["num_protected_pages"] == 0
 
 
 def test_engine_overlap_on_and_off_give_the_same_tokens(model_dir: Path, prompts, unchunked) -> None:
@@ -56,7 +56,7 @@ def test_engine_overlap_on_and_off_give_the_same_tokens(model_dir: Path, prompts
     assert [o["output_ids"] for o in eng.generate(prompts, GREEDY)] == on == unchunked
     assert [o["output_ids"] for o in eng.generate(prompts[:3], seeded)] == on_seeded
     eng.scheduler.check_invariants()
-    assert eng.scheduler.kv.cache.protected_size() == 0
+    assert eng.scheduler.kv.stats()["num_protected_pages"] == 0
 
 
 def test_engine_starts_the_device_before_every_prompt_is_queued(model_dir: Path, prompts, unchunked) -> None:
@@ -78,7 +78,7 @@ def test_engine_starts_the_device_before_every_prompt_is_queued(model_dir: Path,
         assert eng.scheduler.is_idle and eng._in_flight is None
         assert eng.scheduler.take_outputs()[0] is None  # nothing of the aborted call is delivered later
         eng.scheduler.check_invariants()
-        assert eng.scheduler.kv.cache.protected_size() == 0
+        assert eng.scheduler.kv.stats()["num_protected_pages"] == 0
     assert events.count("add") == 3 * len(prompts) and "launch" in events  # queued, started, aborted
     assert [o["output_ids"] for o in eng.generate(prompts, GREEDY)] == unchunked
 

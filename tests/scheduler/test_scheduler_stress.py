@@ -43,7 +43,7 @@ def _run(seed: int) -> int:
 
     res = run_to_idle(sched, worker, on_step=arrive_and_abort, overlap=rng.random() < 0.8,
                       min_steps=arrivals[-1] + 1)
-    assert sched.kv.cache.protected_size() == 0, f"seed {seed}: pages still protected when idle"
+    assert sched.kv.stats()["num_protected_pages"] == 0, f"seed {seed}: pages still protected when idle"
     for rid, prompt in prompts.items():
         seq = list(prompt)
         for tok in res["outputs"].get(rid, []):
