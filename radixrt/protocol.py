@@ -5,7 +5,7 @@ Channels (all ZeroMQ PUSH/PULL over ipc:// in a private 0700 directory):
     tokenizer -> scheduler : GenerateReq, AbortReq, ControlReq
     scheduler -> tokenizer : TokenOutBatch, ControlResp
     scheduler -> worker    : ForwardBatch, WorkerControl
-    worker    -> scheduler : ForwardResult, WorkerControlResp
+    worker    -> scheduler : ForwardResult
     child     -> launcher  : Ready, Fatal
 
 Wire format: frame 0 is an orjson header ``{"t": type, "f": {scalar fields}, "a": [[name, dtype, shape]...]}``;
@@ -58,7 +58,7 @@ class Fatal:
 # --------------------------------------------------------------------------- tokenizer <-> scheduler
 @dataclass(slots=True)
 class GenerateReq:
-    """One request (one choice; `n > 1` arrives as n requests sharing a `group`).
+    """One request (one choice; `n > 1` arrives as n requests, one per choice).
 
     input_ids: int32 [prompt_len]. `sampling` holds SamplingParams fields (see sampling_params.py).
     """
@@ -69,7 +69,6 @@ class GenerateReq:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
-    group: str | None = None
 
 
 @dataclass(slots=True)
@@ -102,12 +101,14 @@ class TokenOutBatch:
     output_ids: int32 [sum of new tokens], request i's tokens are output_ids[offsets[i]:offsets[i+1]].
     logprobs: float32, one entry per new token of each request that asked (return_logprob), in
     request order; requests that did not ask contribute nothing. top_logprob_ids / top_logprobs:
-    int32/float32, per new token of each asking request, k = that request's top_logprobs_num values.
+    int32/float32, per new token of each asking request, k = top_logprobs_nums[i] values (0 for a
+    request that did not ask), so the receiver needs no record of what each request asked for.
     finish_reasons[i]: None while running; "stop" | "length" | "abort" when finished.
     error[i]: a client-facing message when the request was rejected (finish_reason "abort").
     """
 
     rids: list[str] = field(default_factory=list)
+    top_logprobs_nums: list[int] = field(default_factory=list)
     offsets: np.ndarray = field(default_factory=_i32)
     output_ids: np.ndarray = field(default_factory=_i32)
     logprobs: np.ndarray = field(default_factory=_f32)

@@ -19,13 +19,13 @@ A fresh prompt is an extend of many tokens (maybe over several chunks); decode i
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from radixrt.memory.kv_manager import PrefixHandle, ReqKV
 from radixrt.sampling_params import SamplingParams
+from radixrt.scheduler.outputs import PendingOutput
 
 IN_FLIGHT_TOKEN = 0  # stand-in for an output being sampled by a pass in flight; never read as a token
 
@@ -51,7 +51,6 @@ class Req:
     seed: int
     return_logprob: bool = False
     top_logprobs_num: int = 0
-    stream: bool = False
     internal: bool = False  # health probes: no output to the tokenizer process
     output_ids: list[int] = field(default_factory=list)
     num_in_flight: int = 0  # last outputs whose token a pass in flight is sampling (overlap)
@@ -65,13 +64,7 @@ class Req:
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     error: str | None = None
-    aborted: bool = False
-    arrival_s: float = field(default_factory=time.monotonic)
-    # Tokens produced since the last TokenOutBatch (+ their logprobs), flushed by the output stage.
-    pending_out: list[int] = field(default_factory=list)
-    pending_logprobs: list[float] = field(default_factory=list)
-    pending_top_ids: list[list[int]] = field(default_factory=list)
-    pending_top_vals: list[list[float]] = field(default_factory=list)
+    out: PendingOutput = field(default_factory=PendingOutput)  # since the last TokenOutBatch
 
     token_ids: list[int] = field(default_factory=list)  # prompt + output, kept in step (O(1) reads)
     # cascade grouping cache (scheduler/cascade.py): (leader's kv, own kv) and their common pages

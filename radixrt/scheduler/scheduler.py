@@ -25,6 +25,7 @@ from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
+from radixrt.scheduler.outputs import OutputStage
 from radixrt.scheduler.policy import AdmittedInStep, defer_for_shared_prefix, order_waiting
 from radixrt.scheduler.req import Req, ReqState
 
@@ -67,7 +68,7 @@ class Scheduler:
         self.reqs: dict[str, Req] = {}
         self.free_rows = list(range(max_running_requests - 1, -1, -1))
         self.next_batch_id = 0
-        self.finished_out: list[Req] = []  # finished since the last take_outputs
+        self.outputs = OutputStage()  # tokens and finishes since the last take_outputs
         self.num_retractions = 0
         self.num_finished = 0
         self.num_generated_tokens = 0
@@ -91,7 +92,7 @@ class Scheduler:
         seed = sp.seed if sp.seed is not None else self.rng.randrange(1 << 31)
         req = Req(rid=msg.rid, prompt_ids=prompt, sampling=sp, max_new_tokens=max(max_new, 0),
                   seed=seed & 0x7FFFFFFF, return_logprob=msg.return_logprob,
-                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, internal=internal,
+                  top_logprobs_num=msg.top_logprobs_num, internal=internal,
                   prefix=self.kv.prefix_handle(ids))
         if error is None and len(self.waiting) >= self.max_queued:
             error = "too many queued requests"
@@ -129,7 +130,6 @@ class Scheduler:
         req = self.reqs.get(rid)
         if req is None or req.is_finished:
             return
-        req.aborted = True
         self._finish(req, "abort")
 
     # ------------------------------------------------------------------ one step
@@ -309,15 +309,10 @@ class Scheduler:
                 self.kv.cache_unfinished_req(req.kv, req.all_ids)
             if not it.completes:
                 continue
-            req.pending_out.append(tok)
+            req.out.token_ids.append(tok)
             num_generated += 1
             if req.return_logprob:
-                if res.logprobs.size:
-                    req.pending_logprobs.append(float(res.logprobs[i]))
-                kr = min(k, req.top_logprobs_num)
-                if kr:
-                    req.pending_top_ids.append(res.top_logprob_ids[i * k:i * k + kr].tolist())
-                    req.pending_top_vals.append(res.top_logprobs[i * k:i * k + kr].tolist())
+                OutputStage.add_logprobs(req, res, i, k)
             reason, matched = self._check_finish(req, tok, it.out_pos + 1)
             if reason is not None:
                 req.matched_stop = matched
@@ -351,7 +346,7 @@ class Scheduler:
         req.state = ReqState.FINISHED
         req.finish_reason, req.error = reason, error
         self.reqs.pop(req.rid, None)
-        self.finished_out.append(req)
+        self.outputs.finished.append(req)
         self.num_finished += 1
 
     def _finish_unfittable(self, req: Req) -> None:
@@ -374,45 +369,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ outputs
     def take_outputs(self) -> tuple[TokenOutBatch | None, list[Req]]:
-        """New tokens and finishes since the last call, for the tokenizer process; plus the
-        finished internal requests (health probes), which are not sent there."""
-        finished, self.finished_out = self.finished_out, []
-        # running requests are never finished: the internal ones to return come from `finished`
-        internal = [r for r in finished if r.internal]
-        reqs = [r for r in self.running if r.pending_out and not r.internal]
-        reqs += [r for r in finished if not r.internal]
-        if not reqs:
-            return None, internal
-        out = TokenOutBatch()
-        ids: list[int] = []
-        lps: list[float] = []
-        tids: list[int] = []
-        tvals: list[float] = []
-        offsets = [0]
-        for r in reqs:
-            ids += r.pending_out
-            offsets.append(len(ids))
-            r.pending_out = []
-            if r.return_logprob:  # the only requests with logprobs pending
-                lps += r.pending_logprobs
-                for row in r.pending_top_ids:
-                    tids += row
-                for row in r.pending_top_vals:
-                    tvals += row
-                r.pending_logprobs, r.pending_top_ids, r.pending_top_vals = [], [], []
-        out.rids = [r.rid for r in reqs]
-        out.finish_reasons = [r.finish_reason for r in reqs]
-        out.matched_stop = [r.matched_stop for r in reqs]
-        out.prompt_tokens = [len(r.prompt_ids) for r in reqs]
-        out.completion_tokens = [r.num_resolved_outputs for r in reqs]
-        out.cached_tokens = [r.cached_tokens for r in reqs]
-        out.errors = [r.error for r in reqs]
-        out.offsets = np.array(offsets, np.int32)
-        out.output_ids = np.array(ids, np.int32)
-        out.logprobs = np.array(lps, np.float32)
-        out.top_logprob_ids = np.array(tids, np.int32)
-        out.top_logprobs = np.array(tvals, np.float32)
-        return out, internal
+        """New tokens and finishes since the last call (see OutputStage.take, scheduler/outputs.py)."""
+        return self.outputs.take(self.running)
 
     # ------------------------------------------------------------------ introspection
     @property
