@@ -34,7 +34,8 @@ from bench.offline import run_workload  # noqa: E402
 from bench.roofline import Hardware, ModelShape, roofline  # noqa: E402
 from bench.workloads import WorkloadSpec  # noqa: E402
 from radixrt.engine import Engine  # noqa: E402
-from radixrt.scheduler.scheduler_proc import build_scheduler  # noqa: E402
+from radixrt.scheduler.batch import build_mode  # noqa: E402
+from radixrt.scheduler.factory import build_scheduler  # noqa: E402
 
 
 def measure_ceilings(device: str) -> Hardware:
@@ -58,6 +59,27 @@ def measure_ceilings(device: str) -> Hardware:
 def _median(xs: list[float]) -> float | None:
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else None
+
+
+class PassTrace:
+    """Records the engine's passes through a pipeline hook, one dict per pass (keys as read by
+    trace_summary / pass_rows / print_passes); `stop()` unregisters it and returns the rows."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.recs = engine, []
+        self._remove = engine.pipeline.add_pass_hook(self._on_pass)
+
+    def _on_pass(self, rec: Any) -> None:  # before the result is processed: KV as the pass left it
+        s = self.engine.scheduler.stats()
+        self.recs.append((rec, s["running_kv_slots_allocated"], s["running_kv_slots_unused"]))
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._remove()
+        return [{"batch_size": len(r.sb), "mode": int(build_mode(r.sb)), "busy_ms": r.busy_ms,
+                 "gap_ms": r.gap_ms, "cascade": r.sb.cascade is not None, "path": getattr(r.handle, "path", None),
+                 "kv_slots_allocated": alloc, "kv_slots_unused": unused, "wait_ms": r.wait_ms, "t_s": r.t_s,
+                 "num_tokens": r.num_tokens, "schedule_ms": r.schedule_ms, "build_ms": r.build_ms,
+                 "launch_ms": r.launch_ms, "process_ms": r.process_ms} for r, alloc, unused in self.recs]
 
 
 def trace_summary(trace: list[dict[str, Any]], decode_only: bool = True) -> dict[str, Any]:
@@ -155,12 +177,11 @@ def idle_at_batch(engine: Engine, batch: int, small: bool) -> list[dict[str, Any
         engine.overlap = overlap
         engine.generate(prompts[:2], {**params, "max_new_tokens": 4})  # warm-up
         engine.scheduler.flush_cache()
-        engine.trace = []
+        trace = PassTrace(engine)
         t = time.perf_counter()
         engine.generate(prompts, params)
         wall = time.perf_counter() - t
-        summary = trace_summary(engine.trace)
-        engine.trace = None
+        summary = trace_summary(trace.stop())
         engine.scheduler.flush_cache()
         out.append({"overlap": overlap, "batch": batch, "wall_s": wall,
                     "output_tok_s": batch * params["max_new_tokens"] / wall, **summary})
@@ -245,11 +266,11 @@ def bench_workload(engine: Engine, spec: WorkloadSpec, cache_on: bool, shape: Mo
     args = dataclasses.replace(engine.args, disable_radix_cache=not cache_on,
                                disable_cascade_attention=not cascade)
     engine.scheduler = build_scheduler(args, engine.info)  # same worker, fresh tree
-    engine.trace = []
+    trace = PassTrace(engine)
     res = run_workload(engine, spec.build())
-    res["trace"] = trace_summary(engine.trace, decode_only=False)
-    res["passes"] = pass_rows(engine.trace)
-    engine.trace = None
+    rows = trace.stop()
+    res["trace"] = trace_summary(rows, decode_only=False)
+    res["passes"] = pass_rows(rows)
     reuse = "compute" if cache_on else "none"
     bound = roofline(shape, hw, spec.build(), reuse)
     res.update(cache_on=cache_on, cascade=cascade, roofline=bound,
@@ -313,10 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     b1 = {}
     for overlap in (True, False):
         engine.overlap = overlap
-        engine.trace = []
+        trace = PassTrace(engine)
         step = decode_step_ms(engine, 128, 16 if ns.small else 128)
-        b1["overlap" if overlap else "no_overlap"] = {"ms_per_token": step, **trace_summary(engine.trace)}
-        engine.trace = None
+        b1["overlap" if overlap else "no_overlap"] = {"ms_per_token": step, **trace_summary(trace.stop())}
     engine.overlap = True
     report["decode_b1"] = {**b1, "ms_per_token": b1["overlap"]["ms_per_token"], "weight_bytes": weight_bytes,
                            "weights_read_ms": weight_bytes / hw.copy_bytes_per_s * 1e3}

@@ -8,7 +8,8 @@ Channels (all ZeroMQ PUSH/PULL over ipc:// in a private 0700 directory):
     worker    -> scheduler : ForwardResult
     child     -> launcher  : Ready, Fatal
 
-Wire format: frame 0 is an orjson header ``{"t": type, "f": {scalar fields}, "a": [[name, dtype, shape]...]}``;
+Wire format: frame 0 is an orjson header
+``{"t": type, "f": {scalar fields}, "a": [[name, dtype, shape]...]}``;
 each numpy-array field follows as one raw little-endian frame (int32 token ids, slots, page ids;
 float32 sampling params). Decoding accepts only the closed set of types of its channel.
 """

@@ -1,7 +1,8 @@
 """KV memory bookkeeping: reference-counted pages, the radix prefix cache, per-request page tables.
 
 page_allocator  PageAllocator: page ids, reference counts, free list (page 0 reserved)
-radix_cache     RadixCache, TreeNode, MatchResult, MatchHint: token-granularity radix tree over pages, LRU eviction
+radix_cache     RadixCache, TreeNode, MatchResult, MatchHint: token-granularity radix tree over pages,
+                LRU eviction
 kv_manager      KVManager, ReqKV, PrefixHandle: the scheduler's entry point; admit / reserve / publish /
                 release with copy-on-write, lpm probe, flush, invariant check
 invariants      the memory invariant, checked from scratch

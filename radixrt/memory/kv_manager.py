@@ -108,7 +108,8 @@ class KVManager:
 
     # ---------------------------------------------------------------- admission / growth
     def admit(
-        self, token_ids: Sequence[int], max_new_tokens_reserve: int = 0, *, handle: PrefixHandle | None = None,
+        self, token_ids: Sequence[int], max_new_tokens_reserve: int = 0, *,
+        handle: PrefixHandle | None = None,
     ) -> tuple[ReqKV, list[tuple[int, int]]] | None:
         """Start a request: reuse the cached prefix of token_ids[:-1] and lock it.
 

@@ -80,4 +80,5 @@ def defer_for_shared_prefix(candidate: Req, cached_len: int, admitted: AdmittedI
         return False
     # two cheap probes (the index) before the full compare: with many requests sharing a cached
     # prefix, the first uncached token already tells them apart
-    return any(other.all_ids[:n] == ids[:n] for other in admitted.matching(cached_len, ids[cached_len], ids[n - 1]))
+    others = admitted.matching(cached_len, ids[cached_len], ids[n - 1])
+    return any(other.all_ids[:n] == ids[:n] for other in others)

@@ -137,7 +137,8 @@ class Scheduler:
         """Decide the next pass; None when there is nothing to run."""
         sb = ScheduledBatch(batch_id=self.next_batch_id)
         # new prompt tokens in this pass: a chunk, at most --max-prefill-tokens (unchunked: see _admit)
-        budget = self.chunk_size if self.chunk_size >= UNCHUNKED else min(self.chunk_size, self.max_prefill_tokens)
+        budget = (self.chunk_size if self.chunk_size >= UNCHUNKED
+                  else min(self.chunk_size, self.max_prefill_tokens))
         # A long prompt in progress leaves half of the chunk to waiting requests, so a short
         # request arriving during a long prefill starts at the next step instead of after it, in
         # a pass that is not much longer than a chunk (the idea of vLLM's long-prefill threshold).
@@ -167,7 +168,8 @@ class Scheduler:
             if it.completes:  # the token this pass samples is in flight until its result
                 it.out_pos = len(req.output_ids)
                 req.begin_output(j)
-        if self.cascade_min_saved_tokens > 0 and len(sb.items) > 1 and all(it.extend_len == 1 for it in sb.items):
+        if (self.cascade_min_saved_tokens > 0 and len(sb.items) > 1
+                and all(it.extend_len == 1 for it in sb.items)):
             sb.cascade = find_cascade_groups(sb.items, self.page_size, self.cascade_min_saved_tokens)
             self.num_cascade_passes += sb.cascade is not None
         self.next_batch_id += 1
@@ -237,7 +239,8 @@ class Scheduler:
         admitted = AdmittedInStep([r for r in self.running if r.num_resolved_outputs == 0])
         prefill_left = self.max_prefill_tokens  # new prompt tokens admitted in this pass
         for req in order_waiting(self.waiting, self.policy, self.kv):
-            if budget <= 0 or prefill_left <= 0 or len(self.running) >= self.max_running or not self.free_rows:
+            if (budget <= 0 or prefill_left <= 0 or len(self.running) >= self.max_running
+                    or not self.free_rows):
                 break
             if req.has_in_flight_output:  # retracted while its last token was in flight
                 continue

@@ -112,13 +112,15 @@ class KVMachine(RuleBasedStateMachine):
         self.cache.inc_lock_ref(probe.last_node)
         available = self.mgr.num_available_pages()
         self.cache.dec_lock_ref(probe.last_node)
-        needed = (expected % self.ps != 0) + self._pages_for(len(prompt) + reserve) - self._pages_for(expected)
+        needed = ((expected % self.ps != 0) + self._pages_for(len(prompt) + reserve)
+                  - self._pages_for(expected))
         before = self._snapshot()
         counters = (self.cache.total_queried_tokens, self.cache.total_matched_tokens)
         result = self.mgr.admit(prompt, reserve)
-        assert (self.cache.total_queried_tokens - counters[0], self.cache.total_matched_tokens - counters[1]) == (
-            len(prompt) - 1, expected), "hit-rate counters"
-        event("admit: refused" if result is None else f"admit: hit={expected > 0} cow={expected % self.ps != 0}")
+        delta = (self.cache.total_queried_tokens - counters[0], self.cache.total_matched_tokens - counters[1])
+        assert delta == (len(prompt) - 1, expected), "hit-rate counters"
+        event("admit: refused" if result is None
+              else f"admit: hit={expected > 0} cow={expected % self.ps != 0}")
         if result is None:
             assert needed > available, f"admit refused with {needed} needed, {available} available"
             assert self._snapshot() == before, "failed admit changed state"

@@ -57,7 +57,8 @@ class FakeWorker:
             pos = np.arange(seq_len)
             slot = self.req_to_page[row, pos // ps] * ps + pos % ps
             seq = self.slots[slot].tolist()
-            want = None if expected is None else self.resolve(expected[int(row)][:seq_len], fill.get(int(row)))
+            want = (None if expected is None
+                    else self.resolve(expected[int(row)][:seq_len], fill.get(int(row))))
             if want is not None and seq != want:
                 bad = next(j for j, (a, b) in enumerate(zip(seq, want, strict=False)) if a != b)
                 raise KVMismatch(f"row {row}: KV at position {bad} holds {seq[bad]}, expected {want[bad]}")

@@ -70,7 +70,8 @@ def run_to_idle(sched: Scheduler, worker: FakeWorker, on_step=None, max_steps: i
                     written[page] = it.req
             for req in sched.running:  # and no other request maps a page this pass writes
                 for page in req.kv.pages if req.kv is not None else ():
-                    assert written.get(page, req) is req, f"page {page} is written in this pass and mapped by {req.rid}"
+                    assert written.get(page, req) is req, \
+                        f"page {page} is written in this pass and mapped by {req.rid}"
             expected = {it.req.req_row: list(it.req.all_ids) for it in sb.items}
             done = (sb, worker.forward(build_forward_batch(sb), expected))
         if in_flight is not None:

@@ -103,11 +103,13 @@ def _digest_run(seed: int, cache_cls: type[RadixCache]) -> tuple[str, int]:
         if rng.random() < 0.04 and sched.reqs:
             sched.abort(rng.choice(sorted(sched.reqs)))
 
-    run_to_idle(sched, worker, on_step=arrive_and_abort, overlap=rng.random() < 0.8, min_steps=arrivals[-1] + 1)
+    run_to_idle(sched, worker, on_step=arrive_and_abort, overlap=rng.random() < 0.8,
+                min_steps=arrivals[-1] + 1)
     h.update(repr(sorted((nd.start, nd.key, tuple(nd.pages), nd.lock_ref, nd.last_access_time)
                          for nd in cache.iter_nodes())).encode())
     h.update(repr(([alloc.refcount(p) for p in range(1, num_pages)], alloc.free_pages(),
-                   cache.total_queried_tokens, cache.total_matched_tokens, cache.num_evicted_tokens)).encode())
+                   cache.total_queried_tokens, cache.total_matched_tokens,
+                   cache.num_evicted_tokens)).encode())
     return h.hexdigest(), sched.num_retractions
 
 

@@ -13,7 +13,8 @@ import zmq
 from radixrt import protocol
 from radixrt.config import ServerArgs
 from radixrt.ipc import IpcAddresses, Receiver, Sender
-from radixrt.scheduler.scheduler_proc import LATE_BINDING_PREFILL_TOKENS, SchedulerLoop
+from radixrt.scheduler.pipeline import LATE_BINDING_PREFILL_TOKENS
+from radixrt.scheduler.scheduler_proc import SchedulerLoop
 
 INFO = {"num_pages": 1024, "page_size": 16, "max_req_rows": 8, "context_length": 4096, "vocab_size": 1000,
         "eos_token_ids": [999], "attention_backend": "torch"}
@@ -35,8 +36,8 @@ def test_overlap_for_short_passes_and_late_binding_after_a_long_prefill() -> Non
         to_sched = Sender(ctx, addrs.scheduler_in)
         results = Sender(ctx, addrs.scheduler_results)
         long_prompt = np.arange(1, LATE_BINDING_PREFILL_TOKENS + 200, dtype=np.int32) % 900 + 1
-        to_sched.send(protocol.GenerateReq(rid="long", input_ids=long_prompt,
-                                           sampling={"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}))
+        sampling = {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}
+        to_sched.send(protocol.GenerateReq(rid="long", input_ids=long_prompt, sampling=sampling))
         first = worker_in.recv(timeout_ms=5000)
         assert first is not None and int(first.extend_lens.sum()) == len(long_prompt)
         # a long pass: nothing more is sent until its result is back
