@@ -38,7 +38,8 @@ from bench.offline import run_workload  # noqa: E402
 from bench.roofline import Hardware, ModelShape, roofline  # noqa: E402
 from bench.workloads import WorkloadSpec  # noqa: E402
 from radixrt.engine import Engine  # noqa: E402
-from radixrt.scheduler.scheduler_proc import build_scheduler  # noqa: E402
+from radixrt.scheduler.batch import build_mode  # noqa: E402
+from radixrt.scheduler.factory import build_scheduler  # noqa: E402
 
 
 def measure_ceilings(device: str) -> Hardware:
@@ -52,12 +53,34 @@ def measure_ceilings(device: str) -> Hardware:
 
 def traced(engine: Engine, fn: Any) -> tuple[Any, list[dict[str, Any]]]:
     """fn()'s result and the Engine's per-pass trace over it (mode, tokens, device busy and idle
-    time, host times per pass). The only place that reads Engine.trace."""
-    engine.trace = []
+    time, host times per pass), recorded by a PassTrace hook on the Engine's pipeline."""
+    trace = PassTrace(engine)
     try:
-        return fn(), engine.trace
+        result = fn()
     finally:
-        engine.trace = None
+        rows = trace.stop()
+    return result, rows
+
+
+class PassTrace:
+    """Records the engine's passes through a pipeline hook, one dict per pass (keys as read by
+    trace_summary / pass_rows / print_passes); `stop()` unregisters it and returns the rows."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.recs = engine, []
+        self._remove = engine.pipeline.add_pass_hook(self._on_pass)
+
+    def _on_pass(self, rec: Any) -> None:  # before the result is processed: KV as the pass left it
+        s = self.engine.scheduler.stats()
+        self.recs.append((rec, s["running_kv_slots_allocated"], s["running_kv_slots_unused"]))
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._remove()
+        return [{"batch_size": len(r.sb), "mode": int(build_mode(r.sb)), "busy_ms": r.busy_ms,
+                 "gap_ms": r.gap_ms, "cascade": r.sb.cascade is not None, "path": getattr(r.handle, "path", None),
+                 "kv_slots_allocated": alloc, "kv_slots_unused": unused, "wait_ms": r.wait_ms, "t_s": r.t_s,
+                 "num_tokens": r.num_tokens, "schedule_ms": r.schedule_ms, "build_ms": r.build_ms,
+                 "launch_ms": r.launch_ms, "process_ms": r.process_ms} for r, alloc, unused in self.recs]
 
 
 def trace_summary(trace: list[dict[str, Any]], decode_only: bool = True) -> dict[str, Any]:

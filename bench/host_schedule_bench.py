@@ -43,7 +43,6 @@ import cProfile
 import dataclasses
 import gc
 import hashlib
-import itertools
 import json
 import pstats
 import statistics
@@ -57,14 +56,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-import radixrt.engine as engine_mod  # noqa: E402
+import radixrt.scheduler.pipeline as pipeline_mod  # noqa: E402
 from bench.offline import run_workload  # noqa: E402
 from bench.workloads import WorkloadSpec  # noqa: E402
 from radixrt.config import ServerArgs  # noqa: E402
 from radixrt.engine import Engine  # noqa: E402
 from radixrt.protocol import ForwardBatch, ForwardResult  # noqa: E402
 from radixrt.scheduler.batch import ScheduledBatch  # noqa: E402
-from radixrt.scheduler.scheduler_proc import build_scheduler  # noqa: E402
 
 VOCAB = 152064  # Qwen2.5-7B, the H200 benchmark's shape
 KINDS = ("first", "admission", "decode")
@@ -104,19 +102,8 @@ def worker_info(num_pages: int, page_size: int, max_rows: int, cascade: bool) ->
 
 
 def make_engine(args: ServerArgs, info: dict[str, Any]) -> Engine:
-    """An Engine whose runner is FakeRunner: the attributes Engine.__init__ sets, without a model."""
-    eng = Engine.__new__(Engine)
-    eng.args, eng.model_dir, eng.info = args, Path("."), info
-    eng.runner = FakeRunner(info["vocab_size"])
-    eng.scheduler = build_scheduler(args, info)
-    eng.tokenizer = None
-    eng._ids = itertools.count()
-    eng.overlap = not args.disable_overlap_schedule
-    eng._in_flight, eng._prev_busy = None, False
-    eng.gpu_busy_ms_total = eng.gpu_gap_ms_total = 0.0
-    eng.num_passes = 0
-    eng.trace, eng._host_ms = None, {}
-    return eng
+    """An Engine whose runner is FakeRunner (no model)."""
+    return Engine.from_runner(args, FakeRunner(info["vocab_size"]), info)
 
 
 def pass_kind(sb: ScheduledBatch) -> str:
@@ -217,14 +204,14 @@ def run_once(ns: argparse.Namespace, spec: WorkloadSpec, profile: cProfile.Profi
                       worker_info(ns.num_pages, ns.page_size, ns.max_running_requests, not ns.no_cascade))
     timer = HostTimer(eng)
     workload = spec.build()
-    orig_build, orig_generate = engine_mod.build_forward_batch, eng.generate
+    orig_build, orig_generate = pipeline_mod.build_forward_batch, eng.generate
     t_gen: list[float] = []
 
     def generate(*a: Any, **k: Any) -> Any:
         t_gen.append(time.perf_counter())
         return orig_generate(*a, **k)
 
-    engine_mod.build_forward_batch = timer.build_wrapper(orig_build)
+    pipeline_mod.build_forward_batch = timer.build_wrapper(orig_build)
     eng.generate = generate  # type: ignore[method-assign]
     gc_ms = [0.0, 0.0, 0.0]  # pause time of the cyclic GC, per generation collected
     gc_t0 = [0.0]
@@ -245,7 +232,7 @@ def run_once(ns: argparse.Namespace, spec: WorkloadSpec, profile: cProfile.Profi
         if profile is not None:
             profile.disable()
     finally:
-        engine_mod.build_forward_batch = orig_build
+        pipeline_mod.build_forward_batch = orig_build
         gc.callbacks.remove(on_gc)
     assert res["token_counts_consistent"], "a request produced the wrong number of tokens"
     out: dict[str, Any] = {"wall_ms": wall_ms, "passes": len(timer.passes),
@@ -312,7 +299,7 @@ def fingerprint(ns: argparse.Namespace, spec: WorkloadSpec) -> str:
                       worker_info(ns.num_pages, ns.page_size, ns.max_running_requests, not ns.no_cascade))
     sched = eng.scheduler
     h = hashlib.sha256()
-    schedule, take, build = sched.schedule, sched.take_outputs, engine_mod.build_forward_batch
+    schedule, take, build = sched.schedule, sched.take_outputs, pipeline_mod.build_forward_batch
 
     def digest(msg: Any) -> None:
         for f in dataclasses.fields(msg):
@@ -341,12 +328,12 @@ def fingerprint(ns: argparse.Namespace, spec: WorkloadSpec) -> str:
         return out, internal
 
     sched.schedule, sched.take_outputs = recorded, recorded_take
-    engine_mod.build_forward_batch = recorded_build
+    pipeline_mod.build_forward_batch = recorded_build
     try:
         res = run_workload(eng, spec.build())
     finally:
-        engine_mod.build_forward_batch = build
-    alloc, cache = sched.kv.allocator, sched.kv.cache
+        pipeline_mod.build_forward_batch = build
+    alloc, cache = sched.kv._allocator, sched.kv._cache  # white box: the final pool and tree
     h.update(repr(([alloc.refcount(p) for p in range(1, alloc.num_pages)],
                    [alloc.reclaimable_refs(p) for p in range(1, alloc.num_pages)],
                    alloc.free_pages())).encode())

@@ -5,15 +5,15 @@
     outs = eng.generate(["The capital of France is"], {"temperature": 0, "max_new_tokens": 8})
     outs[0]["text"], outs[0]["meta_info"]["cached_tokens"]
 
-One loop drives `Scheduler.schedule` -> `ModelRunner.launch` / `finish` -> `Scheduler.process_result`
-in this process, with the server's overlap scheduling, so batch jobs and offline throughput
-measurements skip the ZeroMQ hops.
+The scheduler process's pass loop (`radixrt.scheduler.pipeline.PassPipeline`: schedule -> build ->
+`ModelRunner.launch` / `finish` -> process, with overlap scheduling) runs here in this process, so
+batch jobs and offline throughput measurements skip the ZeroMQ hops. Benchmarks trace passes with
+`engine.pipeline.add_pass_hook`.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,9 @@ import numpy as np
 from radixrt.config import Env, ServerArgs
 from radixrt.gc_policy import freeze_startup_heap
 from radixrt.protocol import GenerateReq
-from radixrt.scheduler.batch import build_forward_batch, build_mode
-from radixrt.scheduler.scheduler_proc import build_scheduler
+from radixrt.scheduler.factory import build_scheduler
+from radixrt.scheduler.pipeline import PassLauncher, PassPipeline
+from radixrt.scheduler.scheduler import Scheduler
 
 Prompt = str | Sequence[int]
 START_TOKENS = 8192  # generate() starts the first pass once this many prompt tokens are queued
@@ -44,26 +45,53 @@ class Engine:
         from radixrt.models.loader import resolve_model_dir
         from radixrt.worker.model_runner import ModelRunner
 
-        self.args = ServerArgs(**kwargs)
-        self.model_dir: Path = resolve_model_dir(self.args.model_path, Env.read().cache_dir,
-                                                 self.args.load_format)
-        self.runner = ModelRunner(self.args, self.model_dir)
-        self.info = self.runner.info()
-        self.scheduler = build_scheduler(self.args, self.info)
+        args = ServerArgs(**kwargs)
+        model_dir = resolve_model_dir(args.model_path, Env.read().cache_dir, args.load_format)
+        runner = ModelRunner(args, model_dir)
         try:  # a dummy-weights directory may hold only config.json: token-id prompts then
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except (OSError, ValueError):
-            self.tokenizer = None
-        self._ids = itertools.count()
-        self.overlap = not self.args.disable_overlap_schedule
-        self._in_flight: tuple[Any, Any, bool] | None = None  # (ScheduledBatch, PendingPass, after_idle)
-        self._prev_busy = False
-        self.gpu_busy_ms_total = 0.0  # device time in passes (ms)
-        self.gpu_gap_ms_total = 0.0  # device idle between consecutive passes while there was work (ms)
-        self.num_passes = 0
-        self.trace: list[dict[str, Any]] | None = None  # set to [] to record every pass (benchmarks)
-        self._host_ms: dict[int, dict[str, float]] = {}  # per in-flight pass, while tracing
+            tokenizer = None
+        self._setup(args, runner, runner.info(), tokenizer, model_dir)
         freeze_startup_heap()  # collections on the pass path skip the model and tokenizer objects
+
+    @classmethod
+    def from_runner(cls, args: ServerArgs, runner: PassLauncher, info: dict[str, Any],
+                    tokenizer: Any = None, model_dir: Path = Path(".")) -> Engine:
+        """An Engine over a given runner (anything with ModelRunner's launch / finish) and its
+        Ready info, with no model loaded: host-side benchmarks and tests drive it with a fake."""
+        eng = cls.__new__(cls)
+        eng._setup(args, runner, info, tokenizer, model_dir)
+        return eng
+
+    def _setup(self, args: ServerArgs, runner: Any, info: dict[str, Any], tokenizer: Any,
+               model_dir: Path) -> None:
+        self.args, self.runner, self.info, self.tokenizer = args, runner, info, tokenizer
+        self.model_dir = model_dir
+        self.pipeline = PassPipeline(build_scheduler(args, info), runner,
+                                     overlap=not args.disable_overlap_schedule)
+        self._ids = itertools.count()
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The scheduler the pass pipeline drives. Assigning a fresh one (same worker, empty tree;
+        benchmarks) is allowed only while no pass is in flight."""
+        return self.pipeline.sched
+
+    @scheduler.setter
+    def scheduler(self, sched: Scheduler) -> None:
+        if self.pipeline.in_flight is not None:
+            raise RuntimeError("cannot replace the scheduler while a pass is in flight")
+        self.pipeline.sched = sched
+
+    @property
+    def overlap(self) -> bool:
+        """Overlap scheduling on (the default; disable_overlap_schedule=True turns it off)."""
+        return self.pipeline.overlap
+
+    @overlap.setter
+    def overlap(self, on: bool) -> None:
+        self.pipeline.overlap = on
 
     def _encode(self, prompt: Prompt) -> np.ndarray:
         """Token ids [T] int64 of a text or token-id prompt.
@@ -128,7 +156,7 @@ class Engine:
                 rids.append(rid)
                 req = self.scheduler.add_request(GenerateReq(rid=rid, input_ids=ids, sampling=sp))
                 queued += 0 if req.is_finished else len(ids)  # a refused prompt starts nothing
-                if queued >= start_at and self._in_flight is None and len(rids) < n:
+                if queued >= start_at and self.pipeline.in_flight is None and len(rids) < n:
                     # A pass's worth of prompt tokens is queued: start the device on it and submit
                     # the rest (host work: ~0.1 ms per 1,000 prompt tokens) while it runs.
                     self.step()
@@ -143,7 +171,7 @@ class Engine:
         """Abort these requests, let the pass on the device finish, and drop their outputs."""
         for rid in rids:
             self.scheduler.abort(rid)
-        while self._in_flight is not None:
+        while self.pipeline.in_flight is not None:
             self.step()
         self.scheduler.take_outputs()
 
@@ -170,7 +198,7 @@ class Engine:
                     reason = "stop"
                 if reason is not None:
                     done[rid] = self._result(outputs[rid], reason, stop_hit, out, i)
-        while self._in_flight is not None:  # drain: leave nothing running on the device
+        while self.pipeline.in_flight is not None:  # drain: leave nothing running on the device
             self.step()
         sched.take_outputs()
         return done
@@ -178,53 +206,12 @@ class Engine:
     def step(self) -> bool:
         """Schedule and launch one pass; finish and process the previous one. False when idle.
 
-        The same overlap scheduling as the server (scheduler_proc.SchedulerLoop.step): pass N+1 is
-        built and queued on the device before pass N's result is read, so the GPU goes from one
-        pass to the next without waiting for this loop; off with disable_overlap_schedule=True.
+        The server's pass loop (PassPipeline.step): pass N+1 is built and queued on the device
+        before pass N's result is read, so the GPU goes from one pass to the next without waiting
+        for this loop; off with disable_overlap_schedule=True. (No late binding: the Engine has no
+        arrivals to wait for.)
         """
-        sched, runner = self.scheduler, self.runner
-        t0 = time.perf_counter()
-        sb = sched.schedule()
-        launched = None
-        if sb is not None:
-            t1 = time.perf_counter()
-            fb = build_forward_batch(sb)
-            t2 = time.perf_counter()
-            launched = (sb, runner.launch(fb), not self._prev_busy and self._in_flight is None)
-            if self.trace is not None:  # host time of this pass: schedule, build, launch (ms)
-                self._host_ms[sb.batch_id] = {"t_s": t0, "num_tokens": len(fb.input_ids),
-                                              "schedule_ms": (t1 - t0) * 1e3, "build_ms": (t2 - t1) * 1e3,
-                                              "launch_ms": (time.perf_counter() - t2) * 1e3}
-        busy = sb is not None or self._in_flight is not None
-        self._prev_busy = busy
-        if self._in_flight is not None:
-            self._complete(*self._in_flight)
-        if launched is not None and not self.overlap:
-            self._complete(*launched)
-            launched = None
-        self._in_flight = launched
-        return busy
-
-    def _complete(self, sb: Any, pending: Any, after_idle: bool) -> None:
-        t0 = time.perf_counter()
-        res = self.runner.finish(pending)  # (pending.path stays readable after finish)
-        t1 = time.perf_counter()
-        self.gpu_busy_ms_total += res.gpu_busy_ms
-        if not after_idle and res.gpu_gap_ms >= 0:
-            self.gpu_gap_ms_total += res.gpu_gap_ms
-        self.num_passes += 1
-        host = self._host_ms.pop(sb.batch_id, {})
-        if self.trace is not None:
-            s = self.scheduler.stats()
-            self.trace.append({"batch_size": len(sb), "mode": int(build_mode(sb)), "busy_ms": res.gpu_busy_ms,
-                               "gap_ms": -1.0 if after_idle else res.gpu_gap_ms, "cascade": sb.cascade is not None,
-                               "path": pending.path,
-                               "kv_slots_allocated": s["running_kv_slots_allocated"],
-                               "kv_slots_unused": s["running_kv_slots_unused"],
-                               "wait_ms": (t1 - t0) * 1e3, **host})
-        self.scheduler.process_result(sb, res)
-        if self.trace is not None:
-            self.trace[-1]["process_ms"] = (time.perf_counter() - t1) * 1e3
+        return self.pipeline.step()
 
     def _stop_hit(self, ids: list[int], stop: str | list[str] | None) -> str | None:
         if not stop or self.tokenizer is None:

@@ -5,10 +5,11 @@ Channels (all ZeroMQ PUSH/PULL over ipc:// in a private 0700 directory):
     tokenizer -> scheduler : GenerateReq, AbortReq, ControlReq
     scheduler -> tokenizer : TokenOutBatch, ControlResp
     scheduler -> worker    : ForwardBatch, WorkerControl
-    worker    -> scheduler : ForwardResult, WorkerControlResp
+    worker    -> scheduler : ForwardResult
     child     -> launcher  : Ready, Fatal
 
-Wire format: frame 0 is an orjson header ``{"t": type, "f": {scalar fields}, "a": [[name, dtype, shape]...]}``;
+Wire format: frame 0 is an orjson header
+``{"t": type, "f": {scalar fields}, "a": [[name, dtype, shape]...]}``;
 each numpy-array field follows as one raw little-endian frame (int32 token ids, slots, page ids;
 float32 sampling params). Decoding accepts only the closed set of types of its channel.
 """
@@ -58,7 +59,7 @@ class Fatal:
 # --------------------------------------------------------------------------- tokenizer <-> scheduler
 @dataclass(slots=True)
 class GenerateReq:
-    """One request (one choice; `n > 1` arrives as n requests sharing a `group`).
+    """One request (one choice; `n > 1` arrives as n requests, one per choice).
 
     input_ids: int32 [prompt_len]. `sampling` holds SamplingParams fields (see sampling_params.py).
     """
@@ -69,7 +70,6 @@ class GenerateReq:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
-    group: str | None = None
 
 
 @dataclass(slots=True)
@@ -102,12 +102,14 @@ class TokenOutBatch:
     output_ids: int32 [sum of new tokens], request i's tokens are output_ids[offsets[i]:offsets[i+1]].
     logprobs: float32, one entry per new token of each request that asked (return_logprob), in
     request order; requests that did not ask contribute nothing. top_logprob_ids / top_logprobs:
-    int32/float32, per new token of each asking request, k = that request's top_logprobs_num values.
+    int32/float32, per new token of each asking request, k = top_logprobs_nums[i] values (0 for a
+    request that did not ask), so the receiver needs no record of what each request asked for.
     finish_reasons[i]: None while running; "stop" | "length" | "abort" when finished.
     error[i]: a client-facing message when the request was rejected (finish_reason "abort").
     """
 
     rids: list[str] = field(default_factory=list)
+    top_logprobs_nums: list[int] = field(default_factory=list)
     offsets: np.ndarray = field(default_factory=_i32)
     output_ids: np.ndarray = field(default_factory=_i32)
     logprobs: np.ndarray = field(default_factory=_f32)
@@ -137,7 +139,12 @@ class ForwardBatch:
     Request i's new tokens are input_ids[s:s+extend_lens[i]], s = exclusive cumsum of extend_lens.
 
     req_rows      int32 [B]  row of the worker's device page table (req_to_page) for each request
-    input_ids     int32 [T]  new tokens
+    input_ids     int32 [T]  new tokens (a stand-in at each prev_token_pos, see below)
+    prev_token_pos/prev_token_src int32 [K]: overlap scheduling sends a pass before the previous
+                  one's result is back, so K inputs (at most one per request, its last) are tokens
+                  the previous pass is still sampling: input_ids[prev_token_pos[k]] (an index into
+                  the T tokens) is that pass's next_token_ids[prev_token_src[k]] (an index into its
+                  B requests), filled in by the worker. K = 0 without overlap.
     positions     int32 [T]  their positions (prefix_len + j)
     out_cache_loc int32 [T]  KV slot (page * page_size + offset) each new token's K/V is written to
     seq_lens      int32 [B]  prefix_len + extend_len (tokens whose KV exists after this pass)
@@ -169,6 +176,8 @@ class ForwardBatch:
     mode: int
     req_rows: np.ndarray = field(default_factory=_i32)
     input_ids: np.ndarray = field(default_factory=_i32)
+    prev_token_pos: np.ndarray = field(default_factory=_i32)
+    prev_token_src: np.ndarray = field(default_factory=_i32)
     positions: np.ndarray = field(default_factory=_i32)
     out_cache_loc: np.ndarray = field(default_factory=_i32)
     seq_lens: np.ndarray = field(default_factory=_i32)

@@ -16,14 +16,16 @@ from radixrt.ipc import IpcAddresses, remove_stale_dirs
 
 def test_forward_batch_round_trip_keeps_arrays_and_scalars() -> None:
     fb = protocol.ForwardBatch(batch_id=7, mode=int(protocol.ForwardMode.MIXED),
-                               input_ids=np.array([5, -1, 9], np.int32),
+                               input_ids=np.array([5, 0, 9], np.int32),
+                               prev_token_pos=np.array([1], np.int32), prev_token_src=np.array([3], np.int32),
                                temperature=np.array([0.0, 0.7], np.float32), return_logprob=True)
     frames = protocol.encode(fb)
     num_arrays = sum(isinstance(getattr(fb, f.name), np.ndarray) for f in dataclasses.fields(fb))
     assert len(frames) == 1 + num_arrays  # header + one raw frame per array field
     out = protocol.decode(frames, protocol.SCHEDULER_TO_WORKER)
     assert isinstance(out, protocol.ForwardBatch) and out.batch_id == 7 and out.return_logprob
-    assert out.input_ids.dtype == np.int32 and out.input_ids.tolist() == [5, -1, 9]
+    assert out.input_ids.dtype == np.int32 and out.input_ids.tolist() == [5, 0, 9]
+    assert out.prev_token_pos.tolist() == [1] and out.prev_token_src.tolist() == [3]
     assert out.temperature.tolist() == pytest.approx([0.0, 0.7])
 
 
@@ -31,10 +33,11 @@ def test_token_out_batch_round_trip() -> None:
     tb = protocol.TokenOutBatch(rids=["a", "b"], offsets=np.array([0, 1, 3], np.int32),
                                 output_ids=np.array([4, 5, 6], np.int32), finish_reasons=[None, "stop"],
                                 prompt_tokens=[3, 4], completion_tokens=[1, 2], cached_tokens=[0, 2],
-                                errors=[None, None], matched_stop=[None, 2])
+                                errors=[None, None], matched_stop=[None, 2], top_logprobs_nums=[0, 2])
     out = protocol.decode(protocol.encode(tb), protocol.SCHEDULER_TO_TOKENIZER)
     assert out.rids == ["a", "b"] and out.output_ids.tolist() == [4, 5, 6]
     assert out.finish_reasons == [None, "stop"] and out.matched_stop == [None, 2]
+    assert out.top_logprobs_nums == [0, 2]
 
 
 def test_decode_accepts_only_the_channel_closed_set() -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,8 +106,6 @@ class Inbox:
 class TokenizerManager:
     """Sends GenerateReq/AbortReq/ControlReq and routes TokenOutBatch/ControlResp back to waiters."""
 
-    _RECENT_TOPK = 16384  # remembered top-k of closed rids, to walk top-logprob arrays of late batches
-
     def __init__(self, addrs: IpcAddresses, max_inflight: int) -> None:
         self.addrs = addrs
         self.max_inflight = max_inflight
@@ -117,7 +114,6 @@ class TokenizerManager:
         self._sender: Sender | None = None
         self._pull: zmq.asyncio.Socket | None = None
         self._queues: dict[str, Inbox] = {}
-        self._topk: OrderedDict[str, int] = OrderedDict()
         self._controls: dict[str, asyncio.Future[protocol.ControlResp]] = {}
         self._recv_task: asyncio.Task[None] | None = None
         self._num_layout_errors = 0
@@ -170,26 +166,16 @@ class TokenizerManager:
         """Register `req.rid` -> queue, then send the request to the scheduler."""
         assert self._sender is not None, "manager not bound"
         self._queues[req.rid] = queue
-        self._topk[req.rid] = req.top_logprobs_num if req.return_logprob else 0
         self._sender.send(req)
 
     def abort(self, rid: str, reason: str = "abort") -> None:
         """Tell the scheduler to stop `rid` and forget it (later chunks for it are dropped)."""
         if self._queues.pop(rid, None) is not None and self._sender is not None and not self.closing:
             self._sender.send(protocol.AbortReq(rid=rid, reason=reason))
-        self._forget_topk(rid)
 
     def release(self, rid: str) -> None:
         """Forget a finished `rid` (no abort sent)."""
         self._queues.pop(rid, None)
-        self._forget_topk(rid)
-
-    def _forget_topk(self, rid: str) -> None:
-        # keep it a little longer: a batch already in flight may still carry this rid's tokens
-        if rid in self._topk:
-            self._topk.move_to_end(rid)
-        while len(self._topk) > self._RECENT_TOPK + len(self._queues):
-            self._topk.popitem(last=False)
 
     def fail_all(self, error: str = SHUTDOWN_ERROR) -> int:
         """End every in-flight sample with `error` (as if the scheduler had rejected it); returns how many.
@@ -278,7 +264,7 @@ class TokenizerManager:
                         _item(pt, i), _item(ct, i), _item(cached, i), _item(errs, i)))
             return
         lens = [offsets[i + 1] - offsets[i] for i in range(n)]
-        ks = [self._topk.get(rid, 0) for rid in rids]
+        ks = [_item(batch.top_logprobs_nums, i) or 0 for i in range(n)]  # as the batch says
         has_lp = batch.logprobs.size == batch.output_ids.size and batch.logprobs.size > 0
         top_ok = sum(m * k for m, k in zip(lens, ks, strict=True)) == batch.top_logprob_ids.size
         if not top_ok or (batch.logprobs.size and not has_lp):

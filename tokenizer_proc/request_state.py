@@ -173,12 +173,10 @@ class RequestHandle:
         self.stream = stream
         self.return_logprob = return_logprob
         self.top_logprobs_num = top_logprobs_num
-        group = self.id if len(specs) > 1 else None
         self.samples = {(self.id if len(specs) == 1 else uuid.uuid4().hex): SampleState("", s, tokenizer)
                         for s in specs}
         for rid, st in self.samples.items():
             st.rid = rid
-        self.group = group
         self.queue = Inbox()
         self._unfinished = len(self.samples)
         self.timing = Timing()
@@ -191,7 +189,7 @@ class RequestHandle:
             self.manager.submit(protocol.GenerateReq(
                 rid=rid, input_ids=np.asarray(st.spec.input_ids, dtype=np.int32),
                 sampling=st.spec.sampling, stream=self.stream, return_logprob=self.return_logprob,
-                top_logprobs_num=self.top_logprobs_num, group=self.group), self.queue)
+                top_logprobs_num=self.top_logprobs_num), self.queue)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -1,8 +1,10 @@
 """KV memory bookkeeping: reference-counted pages, the radix prefix cache, per-request page tables.
 
 page_allocator  PageAllocator: page ids, reference counts, free list (page 0 reserved)
-radix_cache     RadixCache, TreeNode, MatchResult, MatchHint: token-granularity radix tree over pages, LRU eviction
-req_kv          ReqKV, KVManager: admit / reserve / publish / release / fork with copy-on-write
+radix_cache     RadixCache, TreeNode, MatchResult, MatchHint: token-granularity radix tree over pages,
+                LRU eviction
+kv_manager      KVManager, ReqKV, PrefixHandle: the scheduler's entry point; admit / reserve / publish /
+                release with copy-on-write, lpm probe, flush, invariant check
 invariants      the memory invariant, checked from scratch
 kv_sim          SimKVPool: simulated KV contents for CPU tests
 
@@ -11,8 +13,9 @@ See docs/memory.md.
 
 from __future__ import annotations
 
+from radixrt.memory.kv_manager import KVManager, PrefixHandle, ReqKV
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import MatchHint, MatchResult, RadixCache, TreeNode
-from radixrt.memory.req_kv import KVManager, ReqKV
 
-__all__ = ["KVManager", "MatchHint", "MatchResult", "PageAllocator", "RadixCache", "ReqKV", "TreeNode"]
+__all__ = ["KVManager", "MatchHint", "MatchResult", "PageAllocator", "PrefixHandle", "RadixCache", "ReqKV",
+           "TreeNode"]

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from radixrt.memory.page_allocator import PageAllocator
 
 if TYPE_CHECKING:
+    from radixrt.memory.kv_manager import KVManager, ReqKV
     from radixrt.memory.radix_cache import RadixCache
-    from radixrt.memory.req_kv import KVManager, ReqKV
 
 _MOD = (1 << 61) - 1
 _BASE = 1_000_003
@@ -114,7 +114,7 @@ def check_world(manager: KVManager, pool: SimKVPool,
     requests: (kv, tokens) of every live request, tokens covering at least kv.kv_len positions.
     """
     reqs = list(requests)
-    manager.cache.check_invariants(manager.external_refs(kv for kv, _ in reqs))
-    pool.check_tree(manager.cache)
+    manager.check_invariants(kv for kv, _ in reqs)
+    pool.check_tree(manager._cache)  # a check from inside the memory package: sees the tree
     for i, (kv, tokens) in enumerate(reqs):
         pool.check(kv.pages, tokens, kv.kv_len, what=f"request {i}")

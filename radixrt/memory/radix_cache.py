@@ -10,7 +10,7 @@ The tree is kept at token granularity, independent of the page size. A node cove
 reference on each. A node boundary may therefore fall inside a page: parent and child then both
 reference that page (or the child a copy of it). Every page of a node holds the KV of the node's whole
 root-to-node path for the positions it covers, including positions before `start` that lie in the same
-page. A page held by the tree is never written (copy-on-write, see req_kv.py).
+page. A page held by the tree is never written (copy-on-write, see kv_manager.py).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class RadixCache:
         go only after it), or (b) by adding a child there on the query's next token (insert). A
         split elsewhere on the path keeps the node, its end, and the page ids of the path. The
         caller guarantees that token_ids[:prefix_len] are the tokens it matched before (a waiting
-        request's tokens do not change; the tree never holds a placeholder).
+        request's tokens do not change; the tree never holds a token still in flight).
         """
         node, m = hint.last_node, hint.prefix_len
         if node is None or hint.query_len != n or node.end != m:

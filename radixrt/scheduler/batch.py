@@ -26,6 +26,9 @@ class ScheduledItem:
     completes: bool  # after this pass every known token has KV: sample the next token
     is_prefill: bool  # the request has no output yet (prompt or prompt chunk)
     out_pos: int = -1  # when `completes`: output index of the token this pass samples
+    # overlap: this item's last input token is still being sampled by the previous pass, by its
+    # request number prev_src there (an index into that pass's next_token_ids); -1: all inputs known
+    prev_src: int = -1
 
 
 @dataclass(slots=True)
@@ -100,6 +103,7 @@ def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
         for it in items:
             input_ids += it.req.token_ids[it.start:it.start + it.extend_len]
             slots += it.slots
+    prev_pos, prev_src = _in_flight_inputs(items, extend, decode)
     fresh = [req.pages_sent == 0 for req in reqs]  # row just assigned: nothing sent for it yet
     upd_rows, upd_cols, upd_pages = _page_table_updates(items)
     sp = [req.sampling for req in reqs]
@@ -108,6 +112,7 @@ def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
         mode=int(mode),
         req_rows=np.array([req.req_row for req in reqs], I32),
         input_ids=np.array(input_ids, I32),
+        prev_token_pos=prev_pos, prev_token_src=prev_src,
         positions=np.array(positions, I32),
         out_cache_loc=np.array(slots, I32),
         seq_lens=np.array([start + n for start, n in zip(starts, extend, strict=True)], I32),
@@ -131,6 +136,21 @@ def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
     if any([s.logit_bias for s in sp]):
         _fill_logit_bias(fb, sp)
     return fb
+
+
+def _in_flight_inputs(items: list[ScheduledItem], extend: list[int], decode: bool
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(prev_token_pos, prev_token_src) int32 [K]: the inputs still being sampled by the previous
+    pass (each an item's last input token) and where that pass's next_token_ids holds them."""
+    pos: list[int] = []
+    src: list[int] = []
+    end = 0  # one past the item's last input in input_ids
+    for i, it in enumerate(items):
+        end = i + 1 if decode else end + extend[i]
+        if it.prev_src != -1:
+            pos.append(end - 1)
+            src.append(it.prev_src)
+    return np.array(pos, I32), np.array(src, I32)
 
 
 def uses_penalties(sp: SamplingParams) -> bool:
@@ -160,7 +180,7 @@ def _fill_penalties(fb: ForwardBatch, items: list[ScheduledItem], fresh: list[bo
             ids = np.unique(np.asarray(req.prompt_ids, I32))
             prompt_ids.append(ids)
             prompt_rows.append(np.full(len(ids), req.req_row, I32))
-        done = [t for t in req.output_ids if t >= 0]  # not this pass's own placeholder
+        done = req.output_ids[:req.num_resolved_outputs]  # not this pass's own, in flight
         out_ids.extend(done)
         out_rows.extend([req.req_row] * len(done))
     fb.frequency_penalty, fb.presence_penalty, fb.repetition_penalty = freq, pres, rep

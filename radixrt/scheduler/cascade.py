@@ -76,7 +76,8 @@ def find_cascade_groups(items: Sequence[ScheduledItem], page_size: int, min_save
             it = items[i]
             req = it.req
             key = (leader.kv, req.kv)
-            if req.cascade_key is None or req.cascade_key[0] is not key[0] or req.cascade_key[1] is not key[1]:
+            cached = req.cascade_key
+            if cached is None or cached[0] is not key[0] or cached[1] is not key[1]:
                 req.cascade_key = key
                 req.cascade_common = _common_pages(leader.kv.pages, req.kv.pages)
             common.append(min(req.cascade_common, it.start // page_size))

@@ -3,9 +3,9 @@
 `lpm` (longest prefix match first), as in SGLang's RadixAttention paper (Zheng et al., 2023, §4):
 sorting the waiting queue by how many of its tokens are already cached raises the hit rate, since
 requests that reuse resident KV run before that KV is evicted. Matching costs a tree walk per
-request, so past `LPM_MAX_QUEUE` waiting requests the order falls back to FCFS. Each request keeps its
-last match (`Req.prefix_hint`), so a request whose match the tree cannot have changed costs a walk up
-its matched path, not a compare of its tokens.
+request, so past `LPM_MAX_QUEUE` waiting requests the order falls back to FCFS. The probe is the KV
+manager's (`KVManager.cached_prefix_len`); through each request's `PrefixHandle` a request whose match
+the tree cannot have changed costs a walk up its matched path, not a compare of its tokens.
 
 In-step sharing: among waiting requests that share a prefix which is NOT cached yet, only the first
 is admitted in a step; the rest wait one step and then hit the cache that the first one published
@@ -16,22 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from radixrt.memory.radix_cache import RadixCache
+from radixrt.memory.kv_manager import KVManager
 from radixrt.scheduler.req import Req
 
 LPM_MAX_QUEUE = 128
 SHARED_PREFIX_MIN_TOKENS = 32
 
 
-def order_waiting(waiting: Sequence[Req], policy: str, cache: RadixCache) -> list[Req]:
+def order_waiting(waiting: Sequence[Req], policy: str, kv: KVManager) -> list[Req]:
     """Return the waiting requests in admission order (stable: ties keep arrival order)."""
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
         return list(waiting)
     if policy != "lpm":
         raise ValueError(f"unknown schedule policy {policy!r}")
-    matched = {id(r): cache.match_prefix(r.all_ids, end=r.seq_len - 1, hint=r.prefix_hint,
-                                         token_bytes=r.prompt_bytes).prefix_len
-               for r in waiting}
+    matched = {id(r): kv.cached_prefix_len(r.all_ids, r.prefix) for r in waiting}
     return sorted(waiting, key=lambda r: -matched[id(r)])
 
 
@@ -42,7 +40,8 @@ class AdmittedInStep:
     and c + SHARED_PREFIX_MIN_TOKENS - 1 (built at the first candidate with that c, then kept up to
     date by `append`), so a candidate is compared in full only with requests that agree on both: many
     candidates behind one cached prefix cost O(1) each instead of a scan of every admitted request.
-    Their token lists must not change during the step (placeholders are appended after admission).
+    Their token lists must not change during the step (outputs are appended after admission); an
+    output still in flight is not a known token, so it never counts as shared.
     """
 
     def __init__(self, reqs: Sequence[Req]) -> None:
@@ -68,7 +67,7 @@ class AdmittedInStep:
     def _add(index: dict[tuple[int, int], list[Req]], cached_len: int, req: Req) -> None:
         ids = req.all_ids
         n = cached_len + SHARED_PREFIX_MIN_TOKENS
-        if len(ids) >= n:
+        if len(ids) - req.num_in_flight >= n:  # known tokens only
             index.setdefault((ids[cached_len], ids[n - 1]), []).append(req)
 
 
@@ -81,4 +80,5 @@ def defer_for_shared_prefix(candidate: Req, cached_len: int, admitted: AdmittedI
         return False
     # two cheap probes (the index) before the full compare: with many requests sharing a cached
     # prefix, the first uncached token already tells them apart
-    return any(other.all_ids[:n] == ids[:n] for other in admitted.matching(cached_len, ids[cached_len], ids[n - 1]))
+    others = admitted.matching(cached_len, ids[cached_len], ids[n - 1])
+    return any(other.all_ids[:n] == ids[:n] for other in others)

@@ -1,9 +1,12 @@
 """A request as the scheduler sees it: tokens known, tokens whose KV exists, and its KV pages.
 
-An output token being sampled by a pass in flight is held as a placeholder `-(j + 1)` (j: the
-request's index in that pass), so the next pass can be scheduled before the result arrives
-(overlap scheduling); the worker substitutes the token it sampled, the scheduler resolves it when
-the result comes back.
+Overlap scheduling builds the next pass before the result of the one in flight arrives, so a
+request may have outputs whose token is still being sampled: it counts them (`num_in_flight`, as
+vLLM counts num_output_placeholders), and they are always its last outputs. Their entries in
+`output_ids` / `token_ids` hold the stand-in IN_FLIGHT_TOKEN, which nothing reads as a token: the
+pass that takes one as input names it in `ForwardBatch.prev_token_pos` / `prev_token_src` (the
+worker fills in what it sampled), and `resolve_output` writes the real token when the result is
+processed. Results are processed in launch order, so the oldest in-flight output resolves first.
 
 There are no separate prefill and decode phases: every step the request's computed tokens
 (`kv.kv_len`) catch up with its known tokens (`prompt + output`), as in vLLM v1's scheduler.
@@ -16,14 +19,15 @@ A fresh prompt is an extend of many tokens (maybe over several chunks); decode i
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from radixrt.memory.radix_cache import MatchHint
-from radixrt.memory.req_kv import ReqKV
+from radixrt.memory.kv_manager import PrefixHandle, ReqKV
 from radixrt.sampling_params import SamplingParams
+from radixrt.scheduler.outputs import PendingOutput
+
+IN_FLIGHT_TOKEN = 0  # stand-in for an output being sampled by a pass in flight; never read as a token
 
 
 class ReqState(Enum):
@@ -47,9 +51,10 @@ class Req:
     seed: int
     return_logprob: bool = False
     top_logprobs_num: int = 0
-    stream: bool = False
     internal: bool = False  # health probes: no output to the tokenizer process
     output_ids: list[int] = field(default_factory=list)
+    num_in_flight: int = 0  # last outputs whose token a pass in flight is sampling (overlap)
+    in_flight_src: int = -1  # index of this request in the pass sampling its newest in-flight output
     state: ReqState = ReqState.WAITING
     kv: ReqKV | None = None
     req_row: int = -1  # row of the worker's page table while running
@@ -59,22 +64,15 @@ class Req:
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     error: str | None = None
-    aborted: bool = False
-    arrival_s: float = field(default_factory=time.monotonic)
-    # Tokens produced since the last TokenOutBatch (+ their logprobs), flushed by the output stage.
-    pending_out: list[int] = field(default_factory=list)
-    pending_logprobs: list[float] = field(default_factory=list)
-    pending_top_ids: list[list[int]] = field(default_factory=list)
-    pending_top_vals: list[list[float]] = field(default_factory=list)
+    out: PendingOutput = field(default_factory=PendingOutput)  # since the last TokenOutBatch
 
     token_ids: list[int] = field(default_factory=list)  # prompt + output, kept in step (O(1) reads)
     # cascade grouping cache (scheduler/cascade.py): (leader's kv, own kv) and their common pages
     cascade_key: tuple[Any, Any] | None = None
     cascade_common: int = 0
-    # last radix-tree match of all_ids[:-1] while waiting (LPM probe, admit): skips re-walking the
-    # tree at every schedule when nothing changed around it (RadixCache.match_prefix)
-    prefix_hint: MatchHint = field(default_factory=MatchHint)
-    prompt_bytes: bytes = b""  # prompt_ids as int64 bytes: fast token compares in the radix tree
+    # the KV manager's handle for its prefix matches while waiting (lpm probe, admit): makes a
+    # probe the tree cannot have changed cheap (KVManager.prefix_handle); None: plain matches
+    prefix: PrefixHandle | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = self.prompt_ids + self.output_ids
@@ -83,28 +81,36 @@ class Req:
         self.token_ids.append(0)
         self.token_ids.pop()
 
-    def append_output(self, tok: int) -> None:
-        self.output_ids.append(tok)
-        self.token_ids.append(tok)
+    def begin_output(self, sample_index: int) -> None:
+        """A pass samples this request's next output: append it as in flight. `sample_index` is the
+        request's index in that pass (where the pass's next_token_ids will hold the token)."""
+        self.output_ids.append(IN_FLIGHT_TOKEN)
+        self.token_ids.append(IN_FLIGHT_TOKEN)
+        self.num_in_flight += 1
+        self.in_flight_src = sample_index
 
     def resolve_output(self, out_pos: int, tok: int) -> None:
-        """Replace the placeholder at output index `out_pos` with the sampled token."""
+        """The oldest in-flight output, at output index `out_pos`, was sampled as `tok`."""
         self.output_ids[out_pos] = tok
         self.token_ids[len(self.prompt_ids) + out_pos] = tok
+        self.num_in_flight -= 1
 
     @property
-    def has_pending_output(self) -> bool:
-        """The last output is a placeholder: its token is being sampled by a pass in flight."""
-        return bool(self.output_ids) and self.output_ids[-1] < 0
+    def has_in_flight_output(self) -> bool:
+        """Its last output is being sampled by a pass in flight."""
+        return self.num_in_flight > 0
 
     @property
     def num_resolved_outputs(self) -> int:
-        return len(self.output_ids) - int(self.has_pending_output)
+        return len(self.output_ids) - self.num_in_flight
 
-    def drop_pending_output(self) -> None:
-        while self.has_pending_output:
+    def drop_in_flight_outputs(self) -> None:
+        """Forget the outputs still in flight (the request ended: a token sampled after the end is
+        not output)."""
+        for _ in range(self.num_in_flight):
             self.output_ids.pop()
             self.token_ids.pop()
+        self.num_in_flight = 0
 
     @property
     def all_ids(self) -> list[int]:

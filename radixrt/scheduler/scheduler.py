@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from radixrt.memory.req_kv import KVManager
+from radixrt.memory.kv_manager import KVManager
 from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
+from radixrt.scheduler.outputs import OutputStage
 from radixrt.scheduler.policy import AdmittedInStep, defer_for_shared_prefix, order_waiting
 from radixrt.scheduler.req import Req, ReqState
 
@@ -67,7 +68,7 @@ class Scheduler:
         self.reqs: dict[str, Req] = {}
         self.free_rows = list(range(max_running_requests - 1, -1, -1))
         self.next_batch_id = 0
-        self.finished_out: list[Req] = []  # finished since the last take_outputs
+        self.outputs = OutputStage()  # tokens and finishes since the last take_outputs
         self.num_retractions = 0
         self.num_finished = 0
         self.num_generated_tokens = 0
@@ -91,8 +92,8 @@ class Scheduler:
         seed = sp.seed if sp.seed is not None else self.rng.randrange(1 << 31)
         req = Req(rid=msg.rid, prompt_ids=prompt, sampling=sp, max_new_tokens=max(max_new, 0),
                   seed=seed & 0x7FFFFFFF, return_logprob=msg.return_logprob,
-                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, internal=internal,
-                  prompt_bytes=ids.tobytes())
+                  top_logprobs_num=msg.top_logprobs_num, internal=internal,
+                  prefix=self.kv.prefix_handle(ids))
         if error is None and len(self.waiting) >= self.max_queued:
             error = "too many queued requests"
         if error is not None:
@@ -129,7 +130,6 @@ class Scheduler:
         req = self.reqs.get(rid)
         if req is None or req.is_finished:
             return
-        req.aborted = True
         self._finish(req, "abort")
 
     # ------------------------------------------------------------------ one step
@@ -137,7 +137,8 @@ class Scheduler:
         """Decide the next pass; None when there is nothing to run."""
         sb = ScheduledBatch(batch_id=self.next_batch_id)
         # new prompt tokens in this pass: a chunk, at most --max-prefill-tokens (unchunked: see _admit)
-        budget = self.chunk_size if self.chunk_size >= UNCHUNKED else min(self.chunk_size, self.max_prefill_tokens)
+        budget = (self.chunk_size if self.chunk_size >= UNCHUNKED
+                  else min(self.chunk_size, self.max_prefill_tokens))
         # A long prompt in progress leaves half of the chunk to waiting requests, so a short
         # request arriving during a long prefill starts at the next step instead of after it, in
         # a pass that is not much longer than a chunk (the idea of vLLM's long-prefill threshold).
@@ -160,12 +161,15 @@ class Scheduler:
         if not items:
             return None
         self._publish_prompt_chunks(sb)
-        for j, it in enumerate(items):  # placeholders for the tokens this pass will sample
-            if it.completes:
-                req = it.req
+        for j, it in enumerate(items):
+            req = it.req
+            if req.num_in_flight:  # its last known token, this pass's last input, is being sampled
+                it.prev_src = req.in_flight_src  # by the previous pass (the one pass in flight)
+            if it.completes:  # the token this pass samples is in flight until its result
                 it.out_pos = len(req.output_ids)
-                req.append_output(-(j + 1))
-        if self.cascade_min_saved_tokens > 0 and len(sb.items) > 1 and all(it.extend_len == 1 for it in sb.items):
+                req.begin_output(j)
+        if (self.cascade_min_saved_tokens > 0 and len(sb.items) > 1
+                and all(it.extend_len == 1 for it in sb.items)):
             sb.cascade = find_cascade_groups(sb.items, self.page_size, self.cascade_min_saved_tokens)
             self.num_cascade_passes += sb.cascade is not None
         self.next_batch_id += 1
@@ -186,11 +190,10 @@ class Scheduler:
                 self.kv.cache_unfinished_req(it.req.kv, it.req.all_ids)
 
     def _final_token_pending(self, req: Req) -> bool:
-        """Overlap: the token being sampled for req (a placeholder) is its last one, so it has
+        """Overlap: the token being sampled for req (in flight) is its last one, so it has
         nothing left to run."""
-        out = req.output_ids
-        return bool(out) and out[-1] < 0 and (len(out) >= req.max_new_tokens
-                                              or len(req.token_ids) >= self.context_len)
+        return req.num_in_flight > 0 and (len(req.output_ids) >= req.max_new_tokens
+                                          or len(req.token_ids) >= self.context_len)
 
     def _reserve(self, req: Req, take: int, sb: ScheduledBatch) -> ScheduledItem | None:
         """Pages for `take` more tokens of a running request, retracting newer requests if needed."""
@@ -233,15 +236,15 @@ class Scheduler:
             return
         # still prefilling, or prefilled by a pass in flight (overlap): their whole prompt pages are
         # published (_publish_prompt_chunks) but a prompt sharing more than that must still wait
-        admitted = AdmittedInStep([r for r in self.running
-                                   if not r.output_ids or (len(r.output_ids) == 1 and r.output_ids[0] < 0)])
+        admitted = AdmittedInStep([r for r in self.running if r.num_resolved_outputs == 0])
         prefill_left = self.max_prefill_tokens  # new prompt tokens admitted in this pass
-        for req in order_waiting(self.waiting, self.policy, self.kv.cache):
-            if budget <= 0 or prefill_left <= 0 or len(self.running) >= self.max_running or not self.free_rows:
+        for req in order_waiting(self.waiting, self.policy, self.kv):
+            if (budget <= 0 or prefill_left <= 0 or len(self.running) >= self.max_running
+                    or not self.free_rows):
                 break
-            if req.has_pending_output:  # retracted while its last token was in flight
+            if req.has_in_flight_output:  # retracted while its last token was in flight
                 continue
-            got = self.kv.admit(req.all_ids, hint=req.prefix_hint, token_bytes=req.prompt_bytes)
+            got = self.kv.admit(req.all_ids, handle=req.prefix)
             if got is None:
                 if not self.running:  # alone, with every evictable page available: it never fits
                     self._finish_unfittable(req)
@@ -258,7 +261,7 @@ class Scheduler:
                     break
                 take = req.seq_len - kv.kv_len
             headroom = len(self.running) + 1
-            need_pages = (kv.kv_len + take + self.page_size - 1) // self.page_size - len(kv.pages)
+            need_pages = self.kv.num_pages_needed(kv, kv.kv_len + take)
             if self.kv.num_available_pages() < need_pages + headroom and self.running:
                 self.kv.release(kv)
                 break
@@ -309,15 +312,10 @@ class Scheduler:
                 self.kv.cache_unfinished_req(req.kv, req.all_ids)
             if not it.completes:
                 continue
-            req.pending_out.append(tok)
+            req.out.token_ids.append(tok)
             num_generated += 1
             if req.return_logprob:
-                if res.logprobs.size:
-                    req.pending_logprobs.append(float(res.logprobs[i]))
-                kr = min(k, req.top_logprobs_num)
-                if kr:
-                    req.pending_top_ids.append(res.top_logprob_ids[i * k:i * k + kr].tolist())
-                    req.pending_top_vals.append(res.top_logprobs[i * k:i * k + kr].tolist())
+                OutputStage.add_logprobs(req, res, i, k)
             reason, matched = self._check_finish(req, tok, it.out_pos + 1)
             if reason is not None:
                 req.matched_stop = matched
@@ -336,7 +334,7 @@ class Scheduler:
         return None, None
 
     def _finish(self, req: Req, reason: str, error: str | None = None) -> None:
-        req.drop_pending_output()  # overlap: a token sampled after the end is not output
+        req.drop_in_flight_outputs()  # overlap: a token sampled after the end is not output
         if req.kv is not None:
             if reason == "abort":
                 self.kv.release(req.kv)
@@ -351,17 +349,17 @@ class Scheduler:
         req.state = ReqState.FINISHED
         req.finish_reason, req.error = reason, error
         self.reqs.pop(req.rid, None)
-        self.finished_out.append(req)
+        self.outputs.finished.append(req)
         self.num_finished += 1
 
     def _finish_unfittable(self, req: Req) -> None:
         """A waiting request that cannot be admitted even with nothing else running: waiting would
         spin forever. With output so far it ends as `length` (the KV pool is its limit, like the
         context length); a prompt that cannot fit ends with an error."""
-        pool_tokens = (self.kv.allocator.num_pages - 1) * self.page_size  # page 0 is reserved
+        pool_tokens = self.kv.pool_tokens
         log.warning("%s (%d tokens) cannot fit in the KV pool (%d tokens) even alone; finishing it",
                     req.rid, req.seq_len, pool_tokens)
-        if any(t >= 0 for t in req.output_ids):
+        if req.num_resolved_outputs:
             self._finish(req, "length")
         else:
             self._finish(req, "abort", error=f"the KV cache ({pool_tokens} tokens) cannot hold this "
@@ -374,45 +372,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ outputs
     def take_outputs(self) -> tuple[TokenOutBatch | None, list[Req]]:
-        """New tokens and finishes since the last call, for the tokenizer process; plus the
-        finished internal requests (health probes), which are not sent there."""
-        finished, self.finished_out = self.finished_out, []
-        # running requests are never finished: the internal ones to return come from `finished`
-        internal = [r for r in finished if r.internal]
-        reqs = [r for r in self.running if r.pending_out and not r.internal]
-        reqs += [r for r in finished if not r.internal]
-        if not reqs:
-            return None, internal
-        out = TokenOutBatch()
-        ids: list[int] = []
-        lps: list[float] = []
-        tids: list[int] = []
-        tvals: list[float] = []
-        offsets = [0]
-        for r in reqs:
-            ids += r.pending_out
-            offsets.append(len(ids))
-            r.pending_out = []
-            if r.return_logprob:  # the only requests with logprobs pending
-                lps += r.pending_logprobs
-                for row in r.pending_top_ids:
-                    tids += row
-                for row in r.pending_top_vals:
-                    tvals += row
-                r.pending_logprobs, r.pending_top_ids, r.pending_top_vals = [], [], []
-        out.rids = [r.rid for r in reqs]
-        out.finish_reasons = [r.finish_reason for r in reqs]
-        out.matched_stop = [r.matched_stop for r in reqs]
-        out.prompt_tokens = [len(r.prompt_ids) for r in reqs]
-        out.completion_tokens = [r.num_resolved_outputs for r in reqs]
-        out.cached_tokens = [r.cached_tokens for r in reqs]
-        out.errors = [r.error for r in reqs]
-        out.offsets = np.array(offsets, np.int32)
-        out.output_ids = np.array(ids, np.int32)
-        out.logprobs = np.array(lps, np.float32)
-        out.top_logprob_ids = np.array(tids, np.int32)
-        out.top_logprobs = np.array(tvals, np.float32)
-        return out, internal
+        """New tokens and finishes since the last call (see OutputStage.take, scheduler/outputs.py)."""
+        return self.outputs.take(self.running)
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -423,12 +384,11 @@ class Scheduler:
         """Empty the radix tree; refused (False) while any request is running or waiting."""
         if not self.is_idle:
             return False
-        self.kv.cache.reset()
+        self.kv.flush()
         return True
 
     def check_invariants(self) -> None:
-        kvs = [r.kv for r in self.running if r.kv is not None]
-        self.kv.cache.check_invariants(self.kv.external_refs(kvs))
+        self.kv.check_invariants(r.kv for r in self.running if r.kv is not None)
 
     def stats(self) -> dict[str, Any]:
         s = dict(self.kv.stats())

@@ -111,14 +111,15 @@ class ModelRunner:
         return meta, self._resolve_placeholders(batch, db.input_ids), db.sampling_tensors()
 
     def _resolve_placeholders(self, batch: protocol.ForwardBatch, ids: torch.Tensor) -> torch.Tensor:
-        """Placeholders `-(j + 1)` in input_ids become the token sampled for request j of the previous
-        pass (overlap scheduling sends a pass before its inputs are known); on the device, no sync."""
-        if len(batch.input_ids) and int(batch.input_ids.min()) < 0:
-            if self.last_next_ids is None:
-                raise ValueError(f"ForwardBatch {batch.batch_id}: placeholder input with no previous pass")
-            prev = self.last_next_ids[(-ids - 1).clamp(0, len(self.last_next_ids) - 1)]
-            ids = torch.where(ids < 0, prev, ids)
-        return ids
+        """Inputs not known when the pass was sent (overlap scheduling) are tokens the previous pass
+        sampled: ids[prev_token_pos[k]] = last_next_ids[prev_token_src[k]], one gather on the device
+        (one small upload, no sync). ids: [T] int64 on the device; returns a new tensor when K > 0."""
+        if not len(batch.prev_token_pos):
+            return ids
+        if self.last_next_ids is None:
+            raise ValueError(f"ForwardBatch {batch.batch_id}: in-flight input with no previous pass")
+        pos, src = self._upload([batch.prev_token_pos, batch.prev_token_src], np.int64)
+        return ids.index_put((pos,), self.last_next_ids[src].to(ids.dtype))
 
     @torch.inference_mode()
     def forward_logits(self, batch: protocol.ForwardBatch) -> torch.Tensor:

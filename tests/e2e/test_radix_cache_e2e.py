@@ -51,7 +51,7 @@ def test_cache_on_gives_the_same_tokens_cold_and_warm(model_dir: Path, reference
                   device="cpu").generate([partial], GREEDY)[0]["output_ids"]
     assert eng.generate([partial], GREEDY)[0]["output_ids"] == solo
     eng.scheduler.check_invariants()
-    assert eng.scheduler.kv.cache.protected_size() == 0
+    assert eng.scheduler.kv.stats()["num_protected_pages"] == 0
 
 
 def test_long_shared_system_prompt_reports_cached_tokens(server: Server) -> None:

@@ -40,7 +40,7 @@ def test_workload_several_times_the_pool_completes_correctly(model_dir: Path, pr
     assert [o["output_ids"] for o in outs] == unchunked
     assert eng.scheduler.num_retractions > 0
     eng.scheduler.check_invariants()
-    assert eng.scheduler.kv.cache.protected_size() == 0
+    assert eng.scheduler.kv.stats()["num_protected_pages"] == 0
 
 
 def test_engine_overlap_on_and_off_give_the_same_tokens(model_dir: Path, prompts, unchunked) -> None:
@@ -51,12 +51,12 @@ def test_engine_overlap_on_and_off_give_the_same_tokens(model_dir: Path, prompts
     seeded = {"temperature": 0.9, "top_p": 0.9, "seed": 5, "max_new_tokens": 24, "ignore_eos": True}
     on = [o["output_ids"] for o in eng.generate(prompts, GREEDY)]
     on_seeded = [o["output_ids"] for o in eng.generate(prompts[:3], seeded)]
-    assert eng.gpu_busy_ms_total > 0 and eng.num_passes > 0
+    assert eng.pipeline.gpu_busy_ms_total > 0 and eng.pipeline.num_passes > 0
     eng.overlap = False
     assert [o["output_ids"] for o in eng.generate(prompts, GREEDY)] == on == unchunked
     assert [o["output_ids"] for o in eng.generate(prompts[:3], seeded)] == on_seeded
     eng.scheduler.check_invariants()
-    assert eng.scheduler.kv.cache.protected_size() == 0
+    assert eng.scheduler.kv.stats()["num_protected_pages"] == 0
 
 
 def test_engine_starts_the_device_before_every_prompt_is_queued(model_dir: Path, prompts, unchunked) -> None:
@@ -75,18 +75,18 @@ def test_engine_starts_the_device_before_every_prompt_is_queued(model_dir: Path,
     for bad in ([1, 2.5], [[1, 2]], ["a"]):
         with pytest.raises(ValueError, match="prompt"):
             eng.generate([*prompts, bad], GREEDY)
-        assert eng.scheduler.is_idle and eng._in_flight is None
+        assert eng.scheduler.is_idle and eng.pipeline.in_flight is None
         assert eng.scheduler.take_outputs()[0] is None  # nothing of the aborted call is delivered later
         eng.scheduler.check_invariants()
-        assert eng.scheduler.kv.cache.protected_size() == 0
+        assert eng.scheduler.kv.stats()["num_protected_pages"] == 0
     assert events.count("add") == 3 * len(prompts) and "launch" in events  # queued, started, aborted
     assert [o["output_ids"] for o in eng.generate(prompts, GREEDY)] == unchunked
 
 
 def test_engine_prompt_forms_and_bad_sampling_params(model_dir: Path, prompts, unchunked) -> None:
     """numpy prompts (one [T] array, an [N, T] array, numpy ints) are token ids; a bad sampling entry
-    for a later prompt is refused before anything is queued or launched; per-pass host times do not
-    outlive the pass when tracing is switched off mid-pass."""
+    for a later prompt is refused before anything is queued or launched; a pass hook records exactly
+    the passes completed while it is registered."""
     eng = Engine(model_path=str(model_dir), chunked_prefill_size=48, max_total_tokens=8192, device="cpu")
     one = {**GREEDY, "max_new_tokens": 4}
     want = [o[:4] for o in unchunked]
@@ -97,11 +97,14 @@ def test_engine_prompt_forms_and_bad_sampling_params(model_dir: Path, prompts, u
     for bad in (None, "ab", 3):
         with pytest.raises(ValueError, match="sampling_params"):
             eng.generate(prompts[:3], [one, one, bad])
-        assert eng.scheduler.is_idle and eng._in_flight is None
-    eng.trace = []
+        assert eng.scheduler.is_idle and eng.pipeline.in_flight is None
+    seen = []  # a pass hook sees each pass completed while it is registered, and no other
+    remove = eng.pipeline.add_pass_hook(seen.append)
     eng.scheduler.add_request(GenerateReq(rid="t", input_ids=np.array(prompts[1]), sampling=one))
-    eng.step()
-    eng.trace = None
+    eng.step()  # launches the first prompt chunk (48 of its 97 tokens)
+    eng.step()  # launches the next chunk, completes the first
+    remove()
     while eng.step():
         pass
-    assert eng._host_ms == {} and eng.scheduler.is_idle
+    assert [(r.num_tokens, len(r.sb)) for r in seen] == [(48, 1)]
+    assert seen[0].process_ms > 0 and eng.pipeline.in_flight is None and eng.scheduler.is_idle

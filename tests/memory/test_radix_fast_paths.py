@@ -46,21 +46,21 @@ def put(cache: RadixCache, tokens: Sequence[int]) -> None:
     cache.allocator.dec_ref(pages)
 
 
-@pytest.mark.parametrize("ps", [1, 4, 16])
-@pytest.mark.parametrize("seed", range(6))
-def test_fast_paths_match_the_plain_walk_in_lockstep(ps: int, seed: int) -> None:
-    rng = random.Random(seed * 31 + ps)
-    fast = RadixCache(PageAllocator(400), ps)
-    slow = RadixCache(PageAllocator(400), ps)
+def random_queries(rng: random.Random) -> list[list[int]]:
+    """Prefixes of three bases plus own tails, so matches end anywhere."""
     bases = [[rng.randrange(1, 50) for _ in range(rng.randrange(20, 60))] for _ in range(3)]
     queries = []
-    for _ in range(12):  # prefixes of the bases plus own tails, so matches end anywhere
+    for _ in range(12):
         base = rng.choice(bases)
-        queries.append(base[:rng.randrange(1, len(base))] + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 20))])
-    hints = [MatchHint() for _ in queries]
-    locked: list[tuple[TreeNode, TreeNode]] = []  # (fast node, slow node) locked by a "running request"
-    walks = {"fast": 0, "slow": 0}
-    for name, cache in (("fast", fast), ("slow", slow)):
+        tail = [rng.randrange(1, 50) for _ in range(rng.randrange(1, 20))]
+        queries.append(base[:rng.randrange(1, len(base))] + tail)
+    return queries
+
+
+def count_walks(caches: dict[str, RadixCache]) -> dict[str, int]:
+    """Count each cache's tree walks (RadixCache._walk calls) from now on, by name."""
+    walks = dict.fromkeys(caches, 0)
+    for name, cache in caches.items():
         walk = cache._walk
 
         def counted(*a, _walk=walk, _name=name, **k):  # type: ignore[no-untyped-def]
@@ -68,13 +68,48 @@ def test_fast_paths_match_the_plain_walk_in_lockstep(ps: int, seed: int) -> None
             return _walk(*a, **k)
 
         cache._walk = counted  # type: ignore[method-assign]
+    return walks
+
+
+def publish_from_lock(fast: RadixCache, slow: RadixCache, q: list[int], hint: MatchHint,
+                      rng: random.Random) -> None:
+    """A running request publishes more of its tokens: fast walks from its locked node."""
+    ps = fast.page_size
+    got = fast.match_prefix(q, end=len(q) - 1, hint=hint, token_bytes=as_bytes(q))
+    want = slow.match_prefix(q[:-1])
+    fast.inc_lock_ref(got.last_node)
+    slow.inc_lock_ref(want.last_node)
+    cut = rng.randrange(got.prefix_len, len(q)) + 1
+    pages_f = fast.allocator.alloc(-(-cut // ps))
+    pages_s = slow.allocator.alloc(-(-cut // ps))
+    assert pages_f == pages_s and pages_f is not None
+    node_f = fast.insert_path(q, pages_f, start=got.last_node, end=cut)
+    node_s = slow.insert_path(q[:cut], pages_s)
+    assert span(node_f) == span(node_s) == (node_f.start, cut)
+    fast.allocator.dec_ref(pages_f)
+    slow.allocator.dec_ref(pages_s)
+    fast.dec_lock_ref(got.last_node)
+    slow.dec_lock_ref(want.last_node)
+
+
+@pytest.mark.parametrize("ps", [1, 4, 16])
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_paths_match_the_plain_walk_in_lockstep(ps: int, seed: int) -> None:
+    rng = random.Random(seed * 31 + ps)
+    fast = RadixCache(PageAllocator(400), ps)
+    slow = RadixCache(PageAllocator(400), ps)
+    queries = random_queries(rng)
+    hints = [MatchHint() for _ in queries]
+    locked: list[tuple[TreeNode, TreeNode]] = []  # (fast node, slow node) locked by a "running request"
+    walks = count_walks({"fast": fast, "slow": slow})
     for _ in range(250):
         op = rng.random()
         i = rng.randrange(len(queries))
         q = queries[i]
         if op < 0.45:  # an LPM probe or an admission: hinted, bytes, no copy of the tokens
             record = rng.random() < 0.5
-            got = fast.match_prefix(q, end=len(q) - 1, record_stats=record, hint=hints[i], token_bytes=as_bytes(q))
+            got = fast.match_prefix(q, end=len(q) - 1, record_stats=record, hint=hints[i],
+                                    token_bytes=as_bytes(q))
             want = slow.match_prefix(q[:-1], record_stats=record)
             assert (got.prefix_len, got.pages, span(got.last_node)) == (want.prefix_len, want.pages,
                                                                         span(want.last_node))
@@ -83,22 +118,8 @@ def test_fast_paths_match_the_plain_walk_in_lockstep(ps: int, seed: int) -> None
                 fast.inc_lock_ref(got.last_node)
                 slow.inc_lock_ref(want.last_node)
                 locked.append((got.last_node, want.last_node))
-        elif op < 0.65:  # a running request publishes more of its tokens, walking from its lock
-            got = fast.match_prefix(q, end=len(q) - 1, hint=hints[i], token_bytes=as_bytes(q))
-            want = slow.match_prefix(q[:-1])
-            fast.inc_lock_ref(got.last_node)
-            slow.inc_lock_ref(want.last_node)
-            cut = rng.randrange(got.prefix_len, len(q)) + 1
-            pages_f = fast.allocator.alloc(-(-cut // ps))
-            pages_s = slow.allocator.alloc(-(-cut // ps))
-            assert pages_f == pages_s and pages_f is not None
-            node_f = fast.insert_path(q, pages_f, start=got.last_node, end=cut)
-            node_s = slow.insert_path(q[:cut], pages_s)
-            assert span(node_f) == span(node_s) == (node_f.start, cut)
-            fast.allocator.dec_ref(pages_f)
-            slow.allocator.dec_ref(pages_s)
-            fast.dec_lock_ref(got.last_node)
-            slow.dec_lock_ref(want.last_node)
+        elif op < 0.65:
+            publish_from_lock(fast, slow, q, hints[i], rng)
         elif op < 0.8 and locked:
             node_f, node_s = locked.pop(rng.randrange(len(locked)))
             fast.dec_lock_ref(node_f)
@@ -233,7 +254,8 @@ def test_common_prefix_len_equals_the_naive_scan() -> None:
     for _ in range(3000):
         key = tuple(rng.randrange(3) for _ in range(rng.randrange(1, 120)))
         tokens = [rng.randrange(3) for _ in range(rng.randrange(0, 10))]
-        tokens += list(key[:rng.randrange(0, len(key) + 1)]) + [rng.randrange(3) for _ in range(rng.randrange(0, 70))]
+        tokens += list(key[:rng.randrange(0, len(key) + 1)])
+        tokens += [rng.randrange(3) for _ in range(rng.randrange(0, 70))]
         pos = rng.randrange(0, len(tokens) + 1)
         n = rng.randrange(pos, len(tokens) + 1)
         want = 0

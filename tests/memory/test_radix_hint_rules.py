@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from radixrt.memory.kv_manager import KVManager, PrefixHandle
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import MatchHint, RadixCache
-from radixrt.memory.req_kv import KVManager
 
 
 def as_bytes(tokens: Sequence[int]) -> bytes:
@@ -108,8 +108,9 @@ def test_retracted_before_any_output_sees_what_it_published(ps: int) -> None:
     shared = list(range(100, 107))
     put(cache, shared)
     prompt = shared + list(range(200, 223))
-    hint, pb = MatchHint(), as_bytes(prompt)
-    got = kvm.admit(prompt, hint=hint, token_bytes=pb)
+    hint = MatchHint()
+    handle = PrefixHandle(hint, as_bytes(prompt))  # the test keeps the hint inside the handle
+    got = kvm.admit(prompt, handle=handle)
     assert got is not None and got[0].kv_len == 7
     kv = got[0]
     assert kvm.reserve(kv, 17) is not None
@@ -117,7 +118,7 @@ def test_retracted_before_any_output_sees_what_it_published(ps: int) -> None:
     assert kvm.reserve(kv, 19) is not None
     kvm.cache_finished_req(kv, prompt, end=kv.kv_len)  # retraction: 19 tokens published
     assert same_as_walk(cache, prompt, len(prompt) - 1, hint) == 19
-    again = kvm.admit(prompt, hint=hint, token_bytes=pb)
+    again = kvm.admit(prompt, handle=handle)
     assert again is not None and again[0].kv_len == 19
     kvm.release(again[0])
     cache.check_invariants(kvm.external_refs([]))

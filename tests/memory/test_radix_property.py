@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from radixrt.memory.kv_manager import KVManager, ReqKV
 from radixrt.memory.kv_sim import SimKVPool, check_world, prefix_hashes
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import RadixCache, TreeNode
-from radixrt.memory.req_kv import KVManager, ReqKV
 
 TOKENS = st.lists(st.integers(0, 4), max_size=12)
 PICK = st.integers(0, 1 << 16)
@@ -112,13 +112,15 @@ class KVMachine(RuleBasedStateMachine):
         self.cache.inc_lock_ref(probe.last_node)
         available = self.mgr.num_available_pages()
         self.cache.dec_lock_ref(probe.last_node)
-        needed = (expected % self.ps != 0) + self._pages_for(len(prompt) + reserve) - self._pages_for(expected)
+        needed = ((expected % self.ps != 0) + self._pages_for(len(prompt) + reserve)
+                  - self._pages_for(expected))
         before = self._snapshot()
         counters = (self.cache.total_queried_tokens, self.cache.total_matched_tokens)
         result = self.mgr.admit(prompt, reserve)
-        assert (self.cache.total_queried_tokens - counters[0], self.cache.total_matched_tokens - counters[1]) == (
-            len(prompt) - 1, expected), "hit-rate counters"
-        event("admit: refused" if result is None else f"admit: hit={expected > 0} cow={expected % self.ps != 0}")
+        delta = (self.cache.total_queried_tokens - counters[0], self.cache.total_matched_tokens - counters[1])
+        assert delta == (len(prompt) - 1, expected), "hit-rate counters"
+        event("admit: refused" if result is None
+              else f"admit: hit={expected > 0} cow={expected % self.ps != 0}")
         if result is None:
             assert needed > available, f"admit refused with {needed} needed, {available} available"
             assert self._snapshot() == before, "failed admit changed state"
@@ -172,23 +174,6 @@ class KVMachine(RuleBasedStateMachine):
     @rule(pick=PICK)
     def release(self, pick: int) -> None:
         self.mgr.release(self.reqs.pop(pick % len(self.reqs)).kv)
-
-    @precondition(lambda self: self.reqs)
-    @rule(pick=PICK, cont=TOKENS)
-    def fork(self, pick: int, cont: list[int]) -> None:
-        req = self.reqs[pick % len(self.reqs)]
-        needs_copy = req.kv.kv_len % self.ps != 0
-        available = self.mgr.num_available_pages()
-        before = self._snapshot()
-        result = self.mgr.fork(req.kv)
-        event(f"fork: copy={needs_copy} ok={result is not None}")
-        if result is None:
-            assert needs_copy and available < 1 and self._snapshot() == before
-            return
-        child, cow = result
-        assert len(cow) == needs_copy
-        self.pool.copy_pages(cow)
-        self.reqs.append(SimReq(child, req.tokens[: req.kv.kv_len] + cont))
 
     # ---------------------------------------------------------------- cache operations
     @rule(num_pages=st.integers(1, 8))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from radixrt.memory.radix_cache import RadixCache
 from radixrt.protocol import ForwardBatch, ForwardMode, ForwardResult
 
 
@@ -44,8 +45,10 @@ class FakeWorker:
         ps = self.page_size
         for s, d in zip(fb.cow_src, fb.cow_dst, strict=True):
             self.slots[d * ps:(d + 1) * ps] = self.slots[s * ps:(s + 1) * ps]
-        input_ids = self.resolve(np.asarray(fb.input_ids, np.int64))  # overlap placeholders
+        input_ids = np.asarray(fb.input_ids, np.int64).copy()
+        input_ids[fb.prev_token_pos] = self.last_out[fb.prev_token_src]  # overlap: in-flight inputs
         self.slots[fb.out_cache_loc] = input_ids
+        fill = self._in_flight_fill(fb)
         out = []
         start = 0
         for i, row in enumerate(fb.req_rows):
@@ -54,7 +57,8 @@ class FakeWorker:
             pos = np.arange(seq_len)
             slot = self.req_to_page[row, pos // ps] * ps + pos % ps
             seq = self.slots[slot].tolist()
-            want = None if expected is None else self.resolve(np.asarray(expected[int(row)][:seq_len])).tolist()
+            want = (None if expected is None
+                    else self.resolve(expected[int(row)][:seq_len], fill.get(int(row))))
             if want is not None and seq != want:
                 bad = next(j for j, (a, b) in enumerate(zip(seq, want, strict=False)) if a != b)
                 raise KVMismatch(f"row {row}: KV at position {bad} holds {seq[bad]}, expected {want[bad]}")
@@ -64,11 +68,12 @@ class FakeWorker:
             start += ext
             out.append(self.next_token(seq))
         if len(fb.cascade_starts):
-            self._check_cascade(fb, expected)
+            self._check_cascade(fb, expected, fill)
         self.last_out = np.array(out, np.int64)
         return ForwardResult(batch_id=fb.batch_id, next_token_ids=np.array(out, np.int32))
 
-    def _check_cascade(self, fb: ForwardBatch, expected: dict[int, list[int]] | None) -> None:
+    def _check_cascade(self, fb: ForwardBatch, expected: dict[int, list[int]] | None,
+                       fill: dict[int, dict[int, int]]) -> None:
         """What the cascade kernel relies on: each group's prefix, read through its FIRST member's
         page-table row, is every member's own KV for those positions (whole pages, before the new token)."""
         if fb.mode != int(ForwardMode.DECODE):
@@ -93,15 +98,44 @@ class FakeWorker:
                 if expected is not None:
                     pos = np.arange(prefix)
                     got = self.slots[self.req_to_page[leader_row, pos // ps] * ps + pos % ps]
-                    want = self.resolve(np.asarray(expected[row][:prefix]))
-                    if not np.array_equal(got, want):
+                    want = self.resolve(expected[row][:prefix], fill.get(row))
+                    if got.tolist() != want:
                         raise KVMismatch(f"group {g}: the shared prefix is not request {b}'s KV")
             self.cascade_grouped_rows.update(int(fb.req_rows[b]) for b in group)
 
-    def resolve(self, ids: np.ndarray) -> np.ndarray:
-        """Replace placeholders -(j + 1) by the token sampled for request j of the previous pass."""
-        neg = ids < 0
-        if neg.any():
-            ids = ids.copy()
-            ids[neg] = self.last_out[-ids[neg] - 1]
+    def _in_flight_fill(self, fb: ForwardBatch) -> dict[int, dict[int, int]]:
+        """row -> {position: token} of the pass's in-flight inputs (prev_token_pos / prev_token_src),
+        read from the previous pass's output; call before last_out is replaced."""
+        if not len(fb.prev_token_pos):
+            return {}
+        req_of_token = np.repeat(np.arange(len(fb.req_rows)), fb.extend_lens)
+        fill: dict[int, dict[int, int]] = {}
+        for t, src in zip(fb.prev_token_pos.tolist(), fb.prev_token_src.tolist(), strict=True):
+            row = int(fb.req_rows[req_of_token[t]])
+            fill.setdefault(row, {})[int(fb.positions[t])] = int(self.last_out[src])
+        return fill
+
+    @staticmethod
+    def resolve(ids: list[int], fill: dict[int, int] | None) -> list[int]:
+        """A request's known tokens as the scheduler holds them (in-flight ones as a stand-in), with
+        the in-flight ones replaced by the tokens the previous pass sampled."""
+        ids = list(ids)
+        for pos, tok in (fill or {}).items():
+            if pos < len(ids):
+                ids[pos] = tok
         return ids
+
+    def check_tree(self, cache: RadixCache) -> None:
+        """Every token of the radix tree is the KV its page holds: no stand-in for a token in
+        flight (or anything else not computed) was ever published."""
+        ps = self.page_size
+        for node in cache.iter_nodes():
+            if not node.key:
+                continue
+            pos = np.arange(node.start, node.end)
+            pages = np.asarray(node.pages, np.int64)[pos // ps - node.start // ps]
+            held = self.slots[pages * ps + pos % ps]
+            if held.tolist() != list(node.key):
+                bad = int(np.flatnonzero(held != np.asarray(node.key))[0])
+                raise KVMismatch(f"tree node at {node.start}: position {node.start + bad} is keyed "
+                                 f"{node.key[bad]} but its page holds {held[bad]}")

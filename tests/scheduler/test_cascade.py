@@ -8,9 +8,9 @@ import random
 
 import pytest
 
+from radixrt.memory.kv_manager import KVManager
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import RadixCache
-from radixrt.memory.req_kv import KVManager
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
@@ -45,7 +45,7 @@ def test_groups_share_pages_and_outputs_are_unchanged(page_size: int, overlap: b
     assert worker.num_cascade_passes > 0 and sched.stats()["num_cascade_passes"] == worker.num_cascade_passes
     rows_seen = worker.cascade_grouped_rows
     assert len(rows_seen) >= 8  # most of the requests of both systems were grouped at some point
-    assert sched.kv.cache.protected_size() == 0
+    assert sched.kv.stats()["num_protected_pages"] == 0
     assert all(r.is_finished for r in reqs)
 
 

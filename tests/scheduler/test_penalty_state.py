@@ -59,7 +59,8 @@ class PenaltyWorker(FakeWorker):
 
 def reference(prompt: list[int], max_new: int, sp: dict) -> list[int]:
     seq, out = list(prompt), []
-    f, p, r = sp.get("frequency_penalty", 0.0), sp.get("presence_penalty", 0.0), sp.get("repetition_penalty", 1.0)
+    f, p = sp.get("frequency_penalty", 0.0), sp.get("presence_penalty", 0.0)
+    r = sp.get("repetition_penalty", 1.0)
     bias = sp.get("logit_bias", {})
     for _ in range(max_new):
         lg = fake_logits(seq).tolist()

@@ -1,7 +1,7 @@
 """The scheduler's radix-tree fast paths change no decision.
 
-The scheduler reuses each waiting request's last match (Req.prefix_hint) for its LPM probe and
-admission, compares tokens as bytes (Req.prompt_bytes), passes `end` instead of copying token
+The scheduler reuses each waiting request's last match (its PrefixHandle) for its LPM probe and
+admission, compares tokens as bytes (the handle's prompt bytes), passes `end` instead of copying token
 lists, and publishes from the request's locked node. Here the same randomised runs as the stress
 test (staggered arrivals, shared prefixes, aborts, eviction, retraction, overlap) go once through
 the fast paths and once through a cache that always walks from the root over a copy of the
@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from radixrt.memory.kv_manager import KVManager
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import MatchHint, MatchResult, RadixCache, TreeNode
-from radixrt.memory.req_kv import KVManager
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.policy import (
     SHARED_PREFIX_MIN_TOKENS,
@@ -103,11 +103,13 @@ def _digest_run(seed: int, cache_cls: type[RadixCache]) -> tuple[str, int]:
         if rng.random() < 0.04 and sched.reqs:
             sched.abort(rng.choice(sorted(sched.reqs)))
 
-    run_to_idle(sched, worker, on_step=arrive_and_abort, overlap=rng.random() < 0.8, min_steps=arrivals[-1] + 1)
+    run_to_idle(sched, worker, on_step=arrive_and_abort, overlap=rng.random() < 0.8,
+                min_steps=arrivals[-1] + 1)
     h.update(repr(sorted((nd.start, nd.key, tuple(nd.pages), nd.lock_ref, nd.last_access_time)
                          for nd in cache.iter_nodes())).encode())
     h.update(repr(([alloc.refcount(p) for p in range(1, num_pages)], alloc.free_pages(),
-                   cache.total_queried_tokens, cache.total_matched_tokens, cache.num_evicted_tokens)).encode())
+                   cache.total_queried_tokens, cache.total_matched_tokens,
+                   cache.num_evicted_tokens)).encode())
     return h.hexdigest(), sched.num_retractions
 
 
@@ -122,9 +124,9 @@ def test_fast_paths_take_the_same_decisions_as_plain_walks(first_seed: int) -> N
     assert retractions > 0  # the runs include retractions (and so evictions and re-admissions)
 
 
-def _req(rid: str, prompt: list[int]) -> Req:
+def _req(rid: str, prompt: list[int], kv: KVManager | None = None) -> Req:
     return Req(rid=rid, prompt_ids=prompt, sampling=SamplingParams(), max_new_tokens=4, seed=0,
-               prompt_bytes=np.array(prompt, np.int64).tobytes())
+               prefix=None if kv is None else kv.prefix_handle(np.array(prompt, np.int64)))
 
 
 def test_lpm_order_follows_inserts_and_evictions_between_schedules() -> None:
@@ -132,20 +134,21 @@ def test_lpm_order_follows_inserts_and_evictions_between_schedules() -> None:
     the tree: a prefix published after the last probe moves its request up, an eviction down."""
     alloc = PageAllocator(64)
     cache = RadixCache(alloc, 4)
+    kv = KVManager(alloc, cache, 4)
     shared = list(range(100, 140))
-    early = _req("early", [7] * 30)
-    late = _req("late", shared + [1, 2, 3])
+    early = _req("early", [7] * 30, kv)
+    late = _req("late", shared + [1, 2, 3], kv)
     waiting = [early, late]
-    assert [r.rid for r in order_waiting(waiting, "lpm", cache)] == ["early", "late"]  # both 0: arrival
+    assert [r.rid for r in order_waiting(waiting, "lpm", kv)] == ["early", "late"]  # both 0: arrival
     pages = alloc.alloc(10)
     assert pages is not None
     cache.insert(shared, pages)  # another request published the shared prefix meanwhile
     alloc.dec_ref(pages)
-    assert [r.rid for r in order_waiting(waiting, "lpm", cache)] == ["late", "early"]
-    assert late.prefix_hint.prefix_len == 40
+    assert [r.rid for r in order_waiting(waiting, "lpm", kv)] == ["late", "early"]
+    assert late.prefix is not None and late.prefix.last_prefix_len == 40
     cache.evict(100)
-    assert [r.rid for r in order_waiting(waiting, "lpm", cache)] == ["early", "late"]
-    assert late.prefix_hint.prefix_len == 0
+    assert [r.rid for r in order_waiting(waiting, "lpm", kv)] == ["early", "late"]
+    assert late.prefix.last_prefix_len == 0
 
 
 def test_deferral_index_answers_as_a_scan_of_the_admitted_requests() -> None:

@@ -13,7 +13,8 @@ import zmq
 from radixrt import protocol
 from radixrt.config import ServerArgs
 from radixrt.ipc import IpcAddresses, Receiver, Sender
-from radixrt.scheduler.scheduler_proc import LATE_BINDING_PREFILL_TOKENS, SchedulerLoop
+from radixrt.scheduler.pipeline import LATE_BINDING_PREFILL_TOKENS
+from radixrt.scheduler.scheduler_proc import SchedulerLoop
 
 INFO = {"num_pages": 1024, "page_size": 16, "max_req_rows": 8, "context_length": 4096, "vocab_size": 1000,
         "eos_token_ids": [999], "attention_backend": "torch"}
@@ -35,8 +36,8 @@ def test_overlap_for_short_passes_and_late_binding_after_a_long_prefill() -> Non
         to_sched = Sender(ctx, addrs.scheduler_in)
         results = Sender(ctx, addrs.scheduler_results)
         long_prompt = np.arange(1, LATE_BINDING_PREFILL_TOKENS + 200, dtype=np.int32) % 900 + 1
-        to_sched.send(protocol.GenerateReq(rid="long", input_ids=long_prompt,
-                                           sampling={"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}))
+        sampling = {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}
+        to_sched.send(protocol.GenerateReq(rid="long", input_ids=long_prompt, sampling=sampling))
         first = worker_in.recv(timeout_ms=5000)
         assert first is not None and int(first.extend_lens.sum()) == len(long_prompt)
         # a long pass: nothing more is sent until its result is back
@@ -54,7 +55,9 @@ def test_overlap_for_short_passes_and_late_binding_after_a_long_prefill() -> Non
         # a short pass: the next one comes before its result (overlap scheduling)
         third = worker_in.recv(timeout_ms=5000)
         assert third is not None and third.batch_id == second.batch_id + 1
-        assert int(third.input_ids[0]) < 0  # the token of `second`, still a placeholder
+        # its input is the token `second` is still sampling: named, for the worker to fill in
+        assert third.prev_token_pos.tolist() == [0] and third.prev_token_src.tolist() == [0]
+        assert second.prev_token_pos.size == 0  # `first`'s result was back when it was built
         results.send(_result(second))
         results.send(_result(third))
     finally:

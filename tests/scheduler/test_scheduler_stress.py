@@ -4,7 +4,7 @@ prompts, aborts (also of requests whose pass is in flight), eviction and retract
 
 `run_to_idle` checks every step what schedule-time publication of prompt chunks must keep true
 (scheduler.py `_publish_prompt_chunks`): no page written by a pass is mapped by another running
-request, and no placeholder (a token still being sampled) reaches the radix tree; the fake worker
+request, and no token still being sampled reaches the radix tree; the fake worker
 checks every KV read, and at the end every request's tokens follow the reference model.
 """
 
@@ -43,7 +43,7 @@ def _run(seed: int) -> int:
 
     res = run_to_idle(sched, worker, on_step=arrive_and_abort, overlap=rng.random() < 0.8,
                       min_steps=arrivals[-1] + 1)
-    assert sched.kv.cache.protected_size() == 0, f"seed {seed}: pages still protected when idle"
+    assert sched.kv.stats()["num_protected_pages"] == 0, f"seed {seed}: pages still protected when idle"
     for rid, prompt in prompts.items():
         seq = list(prompt)
         for tok in res["outputs"].get(rid, []):

@@ -12,21 +12,15 @@ from .fakes import Front, wait_for
 from .test_openai_api import MSGS, client, sse_events
 
 
-def test_chat_n_samples_share_a_group(fr: Front, front_scripts: Scripts) -> None:
+def test_chat_n_samples_are_separate_requests(fr: Front, front_scripts: Scripts) -> None:
     r = client(fr).chat.completions.create(model=fr.served_model, messages=MSGS, n=3, seed=1)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert all(c.message.content == REPLY for c in r.choices)
     reqs = fr.sched.received[-3:]
     assert len({q.rid for q in reqs}) == 3
-    assert reqs[0].group is not None and all(q.group == reqs[0].group for q in reqs)
     n_out = len(front_scripts.ids())
     assert r.usage.completion_tokens == 3 * n_out
     assert r.usage.prompt_tokens == len(reqs[0].input_ids)  # the prompt counts once
-
-
-def test_single_sample_has_no_group(fr: Front) -> None:
-    client(fr).chat.completions.create(model=fr.served_model, messages=MSGS)
-    assert fr.sched.received[-1].group is None
 
 
 def test_stream_n_and_batched_outputs(fr: Front) -> None:

@@ -18,7 +18,7 @@ from radixrt.tokenizer_proc.manager import TokenizerManager
 
 def _batch(top_ids: list[int], logprobs: list[float]) -> protocol.TokenOutBatch:
     return protocol.TokenOutBatch(
-        rids=["a", "gone", "b"], offsets=np.array([0, 2, 3, 4], np.int32),
+        rids=["a", "gone", "b"], top_logprobs_nums=[2, 1, 0], offsets=np.array([0, 2, 3, 4], np.int32),
         output_ids=np.array([10, 11, 12, 13], np.int32), logprobs=np.array(logprobs, np.float32),
         top_logprob_ids=np.array(top_ids, np.int32), top_logprobs=np.array(top_ids, np.float32) * -1,
         finish_reasons=[None, None, "length"], matched_stop=[None, None, None], prompt_tokens=[5, 5, 6],
@@ -30,7 +30,6 @@ def _manager() -> tuple[TokenizerManager, asyncio.Queue, asyncio.Queue]:
     qa: asyncio.Queue = asyncio.Queue()
     qb: asyncio.Queue = asyncio.Queue()
     m._queues.update(a=qa, b=qb)
-    m._topk.update(a=2, gone=1, b=0)  # "gone" was aborted, but its k is remembered
     return m, qa, qb
 
 

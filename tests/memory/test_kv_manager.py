@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import pytest
 
+from radixrt.memory.kv_manager import KVManager, ReqKV
 from radixrt.memory.kv_sim import SimKVPool, check_world
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import RadixCache
-from radixrt.memory.req_kv import KVManager, ReqKV
 
 PAGE_SIZES = [1, 16, 64]
 
@@ -67,15 +67,6 @@ class World:
         self.live.pop(id(kv))
         self.mgr.release(kv)
         self.check()
-
-    def fork(self, kv: ReqKV, child_tokens: Sequence[int]) -> tuple[ReqKV, list[tuple[int, int]]] | None:
-        out = self.mgr.fork(kv)
-        if out is not None:
-            child, cow = out
-            self.pool.copy_pages(cow)
-            self.live[id(child)] = (child, list(child_tokens))
-        self.check()
-        return out
 
     def snapshot(self) -> tuple:
         return (self.alloc.free_pages(), [self.alloc.refcount(p) for p in range(1, self.alloc.num_pages)],
@@ -252,34 +243,6 @@ def test_release_leaves_nothing_dangling(ps: int) -> None:
     w.check()
 
 
-@pytest.mark.parametrize("ps", PAGE_SIZES)
-@pytest.mark.parametrize("extra", [3, 0])  # fork with a partial / a full last page
-def test_fork_shares_pages_and_copies_the_partial_one(ps: int, extra: int) -> None:
-    w = World(ps)
-    prompt = seq(0, 2 * ps + extra)
-    parent, _ = w.admit(prompt) or (None, None)
-    assert parent is not None
-    w.run(parent, len(prompt))
-    child_out = prompt + seq(600, ps + 1)
-    forked = w.fork(parent, child_out)
-    assert forked is not None
-    child, cow = forked
-    if len(prompt) % ps:
-        (src, dst), = cow
-        assert parent.pages[-1] == src and child.pages[-1] == dst
-        assert child.pages[:-1] == parent.pages[:-1]
-    else:
-        assert cow == [] and child.pages == parent.pages
-    parent_out = prompt + seq(300, ps + 1)
-    for n in range(len(prompt) + 1, len(parent_out) + 1):
-        w.run(parent, n, parent_out)  # the pool asserts no write hits a shared page
-        w.run(child, n, child_out)
-    w.finish(parent)
-    w.finish(child)
-    assert w.cache.protected_size() == 0
-    assert w.matched(parent_out) == len(parent_out) and w.matched(child_out) == len(child_out)
-
-
 @pytest.mark.parametrize("ps", [1, 16])
 def test_disabled_cache_still_serves(ps: int) -> None:
     w = World(ps, disable=True)
@@ -308,8 +271,6 @@ def test_misuse_raises() -> None:
     w.finish(kv)
     with pytest.raises(ValueError):
         w.mgr.reserve(kv, 8)
-    with pytest.raises(ValueError):
-        w.mgr.fork(kv)
     w.mgr.release(kv)  # releasing twice is harmless
     w.check()
     with pytest.raises(ValueError):

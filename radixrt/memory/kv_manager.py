@@ -1,11 +1,14 @@
-"""Request-side KV bookkeeping: a request's page table and the one manager the scheduler talks to.
+"""The KV manager: the scheduler's one entry point to KV memory, and a request's page table.
 
 KVManager composes the PageAllocator (who holds which page) and the RadixCache (which prefixes are
 cached) and implements the request lifecycle: admit (reuse the cached prefix, copy-on-write a shared
-partial page), reserve (pages for new tokens), publish (cache_unfinished_req / cache_finished_req),
-release (abort / retract) and fork (n > 1 sampling). Design: RadixAttention (Zheng et al., SGLang,
-2023) for reuse and publication, PagedAttention (Kwon et al., SOSP 2023) for reference-counted pages
-and copy-on-write.
+partial page), reserve (pages for new tokens), publish (cache_unfinished_req / cache_finished_req)
+and release (abort / retract), plus what scheduling asks of memory: a cached-prefix probe for lpm
+ordering, pages needed, pool size, flush, the invariant check. The scheduler sees only the types of
+this module: the allocator and the tree stay private, and a waiting request's fast-path state for
+the tree (its last match, its prompt as bytes) is an opaque `PrefixHandle` (as vLLM's KVCacheBlocks
+hides the block pool). Design: RadixAttention (Zheng et al., SGLang, 2023) for reuse and
+publication, PagedAttention (Kwon et al., SOSP 2023) for reference-counted pages and copy-on-write.
 
 Index ranges of one request over its positions (P = page_size, here 4; "|" = page boundary):
 
@@ -19,7 +22,7 @@ Index ranges of one request over its positions (P = page_size, here 4; "|" = pag
                      then the request drops its refs on pages 0..2 (the tree keeps its own)
 
 Invariant kept for every live ReqKV: a page that the request will still write into (the one holding
-position kv_len when kv_len % P != 0) has reference count 1. Pages are append-only: once admit/fork
+position kv_len when kv_len % P != 0) has reference count 1. Pages are append-only: once admit
 returns, kv.pages[i] never changes, so a device copy of the page table can be updated incrementally.
 """
 
@@ -28,6 +31,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import MatchHint, RadixCache, TreeNode
@@ -53,24 +58,58 @@ class ReqKV:
         return self.last_node is not None
 
 
+@dataclass(slots=True, eq=False)
+class PrefixHandle:
+    """A request's fast-path state for prefix matches, opaque outside this module: the tree's last
+    match of its tokens (so an unchanged match costs a walk up the matched path, not a compare of
+    its tokens; RadixCache.match_prefix's `hint`) and its prompt as int64 bytes (one memcmp per
+    node instead of a compare per token). Made by `KVManager.prefix_handle`, used by
+    `cached_prefix_len` and `admit`, valid for the request's lifetime (its prompt never changes)."""
+
+    _hint: MatchHint
+    _token_bytes: bytes
+
+    @property
+    def last_prefix_len(self) -> int:
+        """Cached prefix length found by the last probe or admission (0 before the first)."""
+        return self._hint.prefix_len
+
+
 class KVManager:
     """The scheduler's single entry point to KV memory. Not thread-safe; the scheduler owns it.
 
     Every method either succeeds completely or returns None leaving the request's state unchanged
-    (a failed admit/reserve/fork may still have split tree nodes, which changes no accounting).
+    (a failed admit/reserve may still have split tree nodes, which changes no accounting). The
+    allocator and the cache are the manager's: after construction nothing else may touch them.
     """
 
     def __init__(self, allocator: PageAllocator, cache: RadixCache, page_size: int) -> None:
         if cache.allocator is not allocator or cache.page_size != page_size:
             raise ValueError("cache must be built over this allocator with this page_size")
-        self.allocator = allocator
-        self.cache = cache
+        self._allocator = allocator
+        self._cache = cache
         self.page_size = page_size
+
+    @classmethod
+    def create(cls, num_pages: int, page_size: int, disable_radix_cache: bool = False) -> KVManager:
+        """A manager over a fresh pool of num_pages pages (page 0 reserved) and an empty tree."""
+        allocator = PageAllocator(num_pages)
+        return cls(allocator, RadixCache(allocator, page_size, disable=disable_radix_cache), page_size)
+
+    def prefix_handle(self, prompt_ids: np.ndarray) -> PrefixHandle:
+        """The handle of a new request whose prompt is prompt_ids ([prompt_len] int64)."""
+        return PrefixHandle(MatchHint(), np.ascontiguousarray(prompt_ids, np.int64).tobytes())
+
+    def cached_prefix_len(self, token_ids: Sequence[int], handle: PrefixHandle | None = None) -> int:
+        """How many of token_ids[:-1] admit would take from the cache now (the lpm probe): no
+        references, no hit-rate statistics; refreshes the matched path's LRU time like a match."""
+        return self._cache.match_prefix(token_ids, end=len(token_ids) - 1, hint=_hint(handle),
+                                        token_bytes=_bytes(handle)).prefix_len
 
     # ---------------------------------------------------------------- admission / growth
     def admit(
-        self, token_ids: Sequence[int], max_new_tokens_reserve: int = 0, *, hint: MatchHint | None = None,
-        token_bytes: bytes | None = None,
+        self, token_ids: Sequence[int], max_new_tokens_reserve: int = 0, *,
+        handle: PrefixHandle | None = None,
     ) -> tuple[ReqKV, list[tuple[int, int]]] | None:
         """Start a request: reuse the cached prefix of token_ids[:-1] and lock it.
 
@@ -81,20 +120,20 @@ class KVManager:
         not allocated (see reserve), but admission requires free + evictable pages to cover positions
         [0, len(token_ids) + max_new_tokens_reserve) beyond what the request already holds; otherwise
         None is returned and nothing is held or evicted. Raises ValueError on an empty prompt.
-        hint, token_bytes: passed on to RadixCache.match_prefix (same result, faster).
+        handle: the request's PrefixHandle, if it has one (same result, faster).
         """
         if len(token_ids) == 0:
             raise ValueError("cannot admit an empty prompt")
-        cache, ps = self.cache, self.page_size
-        match = cache.match_prefix(token_ids, end=len(token_ids) - 1, record_stats=True, hint=hint,
-                                   token_bytes=token_bytes)
+        cache, ps = self._cache, self.page_size
+        match = cache.match_prefix(token_ids, end=len(token_ids) - 1, record_stats=True, hint=_hint(handle),
+                                   token_bytes=_bytes(handle))
         prefix_len, pages = match.prefix_len, list(match.pages)
         cache.inc_lock_ref(match.last_node)  # before any eviction below can touch the match
-        self.allocator.inc_ref(pages)
+        self._allocator.inc_ref(pages)
         needs_cow = prefix_len % ps != 0
         num_needed = needs_cow + self._num_pages_for(len(token_ids) + max_new_tokens_reserve) - len(pages)
         if num_needed > self.num_available_pages():
-            self.allocator.dec_ref(pages)
+            self._allocator.dec_ref(pages)
             cache.dec_lock_ref(match.last_node)
             return None
         cow: list[tuple[int, int]] = []
@@ -102,7 +141,7 @@ class KVManager:
             dst = self._alloc(1)
             assert dst is not None  # guaranteed by the availability check
             cow.append((pages[-1], dst[0]))
-            self.allocator.dec_ref(pages[-1:])  # src stays alive: held by the locked path
+            self._allocator.dec_ref(pages[-1:])  # src stays alive: held by the locked path
             pages[-1] = dst[0]
         kv = ReqKV(pages=pages, kv_len=prefix_len, cached_len=prefix_len, last_node=match.last_node,
                    published_len=prefix_len)
@@ -121,7 +160,7 @@ class KVManager:
         start, ps, pages = kv.kv_len, self.page_size, kv.pages
         if new_kv_len < start:
             raise ValueError(f"cannot shrink kv_len {start} to {new_kv_len}")
-        if start % ps and self.allocator.refcount(pages[start // ps]) != 1:
+        if start % ps and self._allocator.refcount(pages[start // ps]) != 1:
             raise RuntimeError("copy-on-write violated: the partial page to write is shared")
         num_new = (new_kv_len + ps - 1) // ps - len(pages)
         if num_new > 0:
@@ -137,34 +176,6 @@ class KVManager:
         kv.kv_len = new_kv_len
         return slots
 
-    def fork(self, kv: ReqKV) -> tuple[ReqKV, list[tuple[int, int]]] | None:
-        """A child sharing kv's pages (n > 1 sampling); locks the same node.
-
-        A partially filled last page (kv_len % page_size != 0) would be written by both, so the child
-        gets a fresh copy of it: (src, dst) in the returned COW list. Returns None, changing nothing,
-        if no page can be found for that copy.
-        """
-        self._check_active(kv)
-        assert kv.last_node is not None
-        pages = list(kv.pages)
-        cow: list[tuple[int, int]] = []
-        assert len(pages) == self._num_pages_for(kv.kv_len), "pages beyond kv_len would be shared"
-        if kv.kv_len % self.page_size:
-            if self.num_available_pages() < 1:
-                return None
-            dst = self._alloc(1)
-            assert dst is not None
-            last = kv.kv_len // self.page_size
-            cow.append((pages[last], dst[0]))
-            pages[last] = dst[0]
-            self.allocator.inc_ref(pages[:last] + pages[last + 1 :])
-        else:
-            self.allocator.inc_ref(pages)
-        self.cache.inc_lock_ref(kv.last_node)
-        child = ReqKV(pages=pages, kv_len=kv.kv_len, cached_len=kv.cached_len, last_node=kv.last_node,
-                      published_len=kv.published_len)
-        return child, cow
-
     # ---------------------------------------------------------------- publication / end
     def cache_unfinished_req(self, kv: ReqKV, token_ids: Sequence[int]) -> None:
         """Publish the page-aligned prefix of a running request and move its lock there.
@@ -179,15 +190,15 @@ class KVManager:
         if len(token_ids) < kv.kv_len:
             raise ValueError(f"{len(token_ids)} tokens given, kv_len is {kv.kv_len}")
         aligned = kv.kv_len // self.page_size * self.page_size
-        if self.cache.disable or aligned <= kv.published_len:
+        if self._cache.disable or aligned <= kv.published_len:
             return
         # the walk starts at the locked node: its path holds token_ids[:kv.published_len]
-        node = self.cache.insert_path(token_ids, kv.pages, start=kv.last_node, end=aligned)
+        node = self._cache.insert_path(token_ids, kv.pages, start=kv.last_node, end=aligned)
         assert node.end == aligned, "just inserted prefix not found"
         old = kv.last_node
         assert old is not None
-        self.cache.inc_lock_ref(node)
-        self.cache.dec_lock_ref(old)
+        self._cache.inc_lock_ref(node)
+        self._cache.dec_lock_ref(old)
         kv.last_node, kv.published_len = node, aligned
 
     def cache_finished_req(self, kv: ReqKV, token_ids: Sequence[int], end: int | None = None) -> None:
@@ -202,7 +213,7 @@ class KVManager:
         n = len(token_ids) if end is None else min(end, len(token_ids))
         if not 0 <= n <= kv.kv_len:
             raise ValueError(f"{n} tokens given, only {kv.kv_len} have KV")
-        self.cache.insert(token_ids, kv.pages, start=kv.last_node, end=n)  # see cache_unfinished_req
+        self._cache.insert(token_ids, kv.pages, start=kv.last_node, end=n)  # see cache_unfinished_req
         self.release(kv)
 
     def release(self, kv: ReqKV) -> None:
@@ -213,8 +224,8 @@ class KVManager:
         """
         if kv.last_node is None:
             return
-        self.cache.dec_lock_ref(kv.last_node)
-        self.allocator.dec_ref(kv.pages)
+        self._cache.dec_lock_ref(kv.last_node)
+        self._allocator.dec_ref(kv.pages)
         kv.pages = []
         kv.kv_len = kv.published_len = 0
         kv.last_node = None
@@ -222,7 +233,26 @@ class KVManager:
     # ---------------------------------------------------------------- queries
     def num_available_pages(self) -> int:
         """Free pages plus pages that eviction could free."""
-        return self.allocator.num_free_pages() + self.cache.evictable_size()
+        return self._allocator.num_free_pages() + self._cache.evictable_size()
+
+    def num_pages_needed(self, kv: ReqKV, new_kv_len: int) -> int:
+        """Pages reserve(kv, new_kv_len) would have to allocate (<= 0: none)."""
+        return self._num_pages_for(new_kv_len) - len(kv.pages)
+
+    @property
+    def pool_tokens(self) -> int:
+        """Tokens the whole pool can hold (page 0 is reserved)."""
+        return (self._allocator.num_pages - 1) * self.page_size
+
+    def flush(self) -> None:
+        """Empty the radix tree (every page it holds goes back to the free list). The caller
+        guarantees that no request holds KV (nothing running or admitted)."""
+        self._cache.reset()
+
+    def check_invariants(self, kvs: Iterable[ReqKV]) -> None:
+        """Check the KV invariant (radixrt/memory/invariants.py) from scratch, given every live
+        request's ReqKV. Raises AssertionError naming the first violation."""
+        self._cache.check_invariants(self.external_refs(kvs))
 
     def slots(self, kv: ReqKV, start: int, end: int) -> list[int]:
         """Slots (page * page_size + offset) of positions [start, end) of kv; end <= covered length."""
@@ -248,10 +278,10 @@ class KVManager:
 
     def stats(self) -> dict[str, float]:
         """Page accounting and prefix hit rate, for /metrics and /get_server_info."""
-        cache = self.cache
+        cache = self._cache
         return {
-            "num_total_pages": self.allocator.num_total_pages,
-            "num_free_pages": self.allocator.num_free_pages(),
+            "num_total_pages": self._allocator.num_total_pages,
+            "num_free_pages": self._allocator.num_free_pages(),
             "num_evictable_pages": cache.evictable_size(),
             "num_protected_pages": cache.protected_size(),
             "total_queried_tokens": cache.total_queried_tokens,
@@ -265,12 +295,20 @@ class KVManager:
 
     def _alloc(self, n: int) -> list[int] | None:
         """Allocate n pages, evicting LRU unlocked leaves first if the free list is short."""
-        shortfall = n - self.allocator.num_free_pages()
+        shortfall = n - self._allocator.num_free_pages()
         if shortfall > 0:
-            self.cache.evict(shortfall)
-        return self.allocator.alloc(n)
+            self._cache.evict(shortfall)
+        return self._allocator.alloc(n)
 
     @staticmethod
     def _check_active(kv: ReqKV) -> None:
         if kv.last_node is None:
             raise ValueError("request holds no KV (already finished or released)")
+
+
+def _hint(handle: PrefixHandle | None) -> MatchHint | None:
+    return None if handle is None else handle._hint
+
+
+def _bytes(handle: PrefixHandle | None) -> bytes | None:
+    return None if handle is None else handle._token_bytes
