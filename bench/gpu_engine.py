@@ -77,7 +77,8 @@ class PassTrace:
     def stop(self) -> list[dict[str, Any]]:
         self._remove()
         return [{"batch_size": len(r.sb), "mode": int(build_mode(r.sb)), "busy_ms": r.busy_ms,
-                 "gap_ms": r.gap_ms, "cascade": r.sb.cascade is not None, "path": getattr(r.handle, "path", None),
+                 "gap_ms": r.gap_ms, "cascade": r.sb.cascade is not None,
+                 "path": getattr(r.handle, "path", None),
                  "kv_slots_allocated": alloc, "kv_slots_unused": unused, "wait_ms": r.wait_ms, "t_s": r.t_s,
                  "num_tokens": r.num_tokens, "schedule_ms": r.schedule_ms, "build_ms": r.build_ms,
                  "launch_ms": r.launch_ms, "process_ms": r.process_ms} for r, alloc, unused in self.recs]
