@@ -47,7 +47,9 @@ class DeviceBatch:
     req_rows: torch.Tensor  # [B] row of req_to_page of each request
     out_cache_loc: torch.Tensor  # [T] slot each new token's K/V is written to
     positions: torch.Tensor  # [T]
-    input_ids: torch.Tensor  # [T] as sent: placeholders not yet resolved (ModelRunner does that)
+    input_ids: torch.Tensor  # [T] as sent: in-flight inputs not yet resolved (ModelRunner does that)
+    prev_token_pos: torch.Tensor  # [K] positions in input_ids sampled by the previous pass
+    prev_token_src: torch.Tensor  # [K] their rows in the previous pass's next token ids
     top_k: torch.Tensor  # [B] -1 = off
     seeds: torch.Tensor  # [B]
     sample_steps: torch.Tensor  # [B]
@@ -133,7 +135,8 @@ def upload_batch(batch: protocol.ForwardBatch, device: torch.device, vocab_size:
     kv_start = cascade_kv_start(batch)
     int64 = upload_group({
         "req_rows": batch.req_rows, "out_cache_loc": batch.out_cache_loc, "positions": batch.positions,
-        "input_ids": batch.input_ids, "top_k": batch.top_k, "seeds": batch.seeds,
+        "input_ids": batch.input_ids, "prev_token_pos": batch.prev_token_pos,
+        "prev_token_src": batch.prev_token_src, "top_k": batch.top_k, "seeds": batch.seeds,
         "sample_steps": batch.sample_steps, "upd_rows": batch.upd_rows, "upd_cols": batch.upd_cols,
         "cow_src": batch.cow_src, "cow_dst": batch.cow_dst, "sampled_rows": sampled_rows,
         "cascade_members": batch.cascade_members}, np.int64, device)

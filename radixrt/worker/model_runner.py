@@ -29,6 +29,7 @@ from radixrt.config import ServerArgs
 from radixrt.models.loader import load_model, read_model_config
 from radixrt.protocol import ForwardMode
 from radixrt.worker import sampler
+from radixrt.worker.device_batch import DeviceBatch
 from radixrt.worker.device_timing import TimedSpan
 from radixrt.worker.factories import backend_for, graph_max_bs, resolve_dtype, use_cuda_graphs
 from radixrt.worker.forward_pass import PassOutputs, eager_logits, sample_outputs, stage_batch
@@ -108,18 +109,23 @@ class ModelRunner:
         Three host-to-device copies in all (int64, int32, float32 groups); no device sync.
         """
         meta, db = stage_batch(batch, self.req_to_page, self.pool, self.config)
-        return meta, self._resolve_placeholders(batch, db.input_ids), db.sampling_tensors()
+        return meta, self._resolve_placeholders(batch, db), db.sampling_tensors()
 
-    def _resolve_placeholders(self, batch: protocol.ForwardBatch, ids: torch.Tensor) -> torch.Tensor:
+    def _resolve_placeholders(self, batch: protocol.ForwardBatch, db: DeviceBatch) -> torch.Tensor:
         """Inputs not known when the pass was sent (overlap scheduling) are tokens the previous pass
         sampled: ids[prev_token_pos[k]] = last_next_ids[prev_token_src[k]], one gather on the device
-        (one small upload, no sync). ids: [T] int64 on the device; returns a new tensor when K > 0."""
+        (the indices ride in the pass's int64 upload; no sync). Returns input_ids [T] int64 on the
+        device, a new tensor when K > 0.
+
+        Raises:
+            ValueError: in-flight inputs in the first pass (nothing sampled them).
+        """
+        ids = db.input_ids
         if not len(batch.prev_token_pos):
             return ids
         if self.last_next_ids is None:
             raise ValueError(f"ForwardBatch {batch.batch_id}: in-flight input with no previous pass")
-        pos, src = self._upload([batch.prev_token_pos, batch.prev_token_src], np.int64)
-        return ids.index_put((pos,), self.last_next_ids[src].to(ids.dtype))
+        return ids.index_put((db.prev_token_pos,), self.last_next_ids[db.prev_token_src].to(ids.dtype))
 
     @torch.inference_mode()
     def forward_logits(self, batch: protocol.ForwardBatch) -> torch.Tensor:

@@ -105,5 +105,5 @@ def test_forward_meta_reads_the_page_table_rows_of_the_requests() -> None:
 def test_every_tensor_field_is_filled_by_upload() -> None:
     db = upload_batch(_cascade_batch(), CPU, vocab_size=100)
     tensor_fields = [f.name for f in dataclasses.fields(DeviceBatch) if f.type == "torch.Tensor"]
-    assert len(tensor_fields) == 24
+    assert len(tensor_fields) == 26
     assert all(isinstance(getattr(db, n), torch.Tensor) for n in tensor_fields)
