@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,10 @@ class GrammarHandle:
         timeout_s: how long to wait; 0 (default) does not wait, None waits for ever.
         Raises GrammarError when the compile failed, TimeoutError when not done within timeout_s.
         """
-        return self._future.result(timeout=timeout_s)
+        try:
+            return self._future.result(timeout=timeout_s)
+        except futures.TimeoutError:  # a distinct class before Python 3.11
+            raise TimeoutError(f"{self.spec.kind.value} grammar still compiling") from None
 
 
 class GrammarCompilerService:

@@ -211,6 +211,6 @@ class ModelRunner:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "model_type": self.config.model_type,
-            "attention_backend": self.args.resolved_attention_backend(),
+            "attention_backend": self.backend_name,
             "cuda_graph": self.graphs is not None,
         }
