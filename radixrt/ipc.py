@@ -38,7 +38,8 @@ class IpcAddresses:
         d = tempfile.mkdtemp(prefix=f"radixrt-{os.getpid()}-")
         os.chmod(d, 0o700)
         return cls(dir=d, **{name: f"ipc://{d}/{name}" for name in
-                             ("scheduler_in", "tokenizer_in", "worker_in", "scheduler_results", "launcher_in")})
+                             ("scheduler_in", "tokenizer_in", "worker_in", "scheduler_results",
+                              "launcher_in")})
 
     def cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

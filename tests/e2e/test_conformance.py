@@ -44,7 +44,8 @@ def sse_events(server: Server, path: str, body: dict, headers: dict | None = Non
 
 
 @contextmanager
-def good_request_in_flight(server: Server, headers: dict | None = None, max_tokens: int = 12) -> Iterator[None]:
+def good_request_in_flight(server: Server, headers: dict | None = None,
+                           max_tokens: int = 12) -> Iterator[None]:
     """Run the body while a well-formed streamed request is generating; then check it completed."""
     started = threading.Event()
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True,
@@ -114,7 +115,8 @@ def test_top_k_one_equals_greedy(server: Server) -> None:
 
 def test_min_p_one_equals_greedy(server: Server) -> None:
     greedy = complete(server, "My favourite animal is", max_tokens=16).text
-    minp = complete(server, "My favourite animal is", max_tokens=16, temperature=1.5, extra_body={"min_p": 1.0})
+    minp = complete(server, "My favourite animal is", max_tokens=16, temperature=1.5,
+                    extra_body={"min_p": 1.0})
     assert minp.text == greedy
 
 
@@ -264,7 +266,8 @@ def test_penalty_changes_greedy_output(server: Server, penalty: dict) -> None:
 def test_penalties_apply_on_the_native_api(server: Server) -> None:
     def gen(sp: dict) -> str:
         r = httpx.post(f"{server.base_url}/generate", json={
-            "text": REPETITIVE, "sampling_params": {"temperature": 0, "max_new_tokens": 16, **sp}}, timeout=60)
+            "text": REPETITIVE, "sampling_params": {"temperature": 0, "max_new_tokens": 16, **sp}},
+            timeout=60)
         assert r.status_code == 200, r.text
         return r.json()["text"]
 

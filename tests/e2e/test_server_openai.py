@@ -95,7 +95,8 @@ def test_killing_the_worker_stops_the_server(model_dir: Path, tmp_path: Path) ->
         deadline = time.monotonic() + 10  # the launcher may log the last "ready" line just after /health
         while True:
             log = s.log()
-            pids = {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+) process ready \(pid (\d+)\)", log)}
+            ready = re.finditer(r"(\w+) process ready \(pid (\d+)\)", log)
+            pids = {m.group(1): int(m.group(2)) for m in ready}
             if len(pids) == 3 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
@@ -146,7 +147,8 @@ def test_busy_port_fails_fast_with_one_line(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-m", "radixrt.cli", "launch-server", "--port", str(port),
-                            "--model-path", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+                            "--model-path", str(tmp_path / "nope")],
+                           capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and time.monotonic() - t0 < 30
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(err) == 1 and f"127.0.0.1:{port}" in err[0], r.stderr
