@@ -26,7 +26,7 @@ stage() {  # stage NAME LIMIT_S CMD...
 PEERS="python3 bench/peers.py run --model-config qwen2.5-7b"
 SHARED="--workload shared-prefix --num-groups 1 --prompts-per-group 128 --system-prompt-len 2048 --question-len 128
   --output-len 64"
-RANDOM="--workload random --num-prompts 256 --input-len 512 --output-len 256"
+RANDOM_WL="--workload random --num-prompts 256 --input-len 512 --output-len 256"
 for s in "$@"; do
   case $s in
     # the lead's check after a merge: every GPU test, then the engine figures of bench/results/engine.md
@@ -53,7 +53,7 @@ for s in "$@"; do
     # shellcheck disable=SC2086  # word splitting of the argument strings is intended
     peers-shared) stage peers-shared 300 $PEERS $SHARED --repeat 3 --output-json "$OUT/peers-shared.json" ;;
     # shellcheck disable=SC2086
-    peers-random) stage peers-random 260 $PEERS $RANDOM --baselines hf_generate --repeat 3 \
+    peers-random) stage peers-random 260 $PEERS $RANDOM_WL --baselines hf_generate --repeat 3 \
         --output-json "$OUT/peers-random.json" ;;
     serving) stage serving 560 python3 bench/gpu_serving.py --out-dir "$OUT/serving" --budget-s 530 ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
