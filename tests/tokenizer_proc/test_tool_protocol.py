@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from radixrt.tokenizer_proc.errors import APIError
 from radixrt.tokenizer_proc.openai_protocol import ChatCompletionRequest
-from radixrt.tokenizer_proc.serving_common import parse_body
+from radixrt.tokenizer_proc.request_checks import parse_body
 from radixrt.tokenizer_proc.tool_protocol import NamedToolChoice, ToolChatMessage, ToolFields
 
 
