@@ -62,6 +62,8 @@ class GenerateReq:
     """One request (one choice; `n > 1` arrives as n requests, one per choice).
 
     input_ids: int32 [prompt_len]. `sampling` holds SamplingParams fields (see sampling_params.py).
+    grammar_kind / grammar_text: a constraint on the output (radixrt.constrained.GrammarKind value
+    and its text, already validated at the HTTP edge); None = unconstrained.
     """
 
     rid: str
@@ -70,6 +72,8 @@ class GenerateReq:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    grammar_kind: str | None = None
+    grammar_text: str = ""
 
 
 @dataclass(slots=True)
