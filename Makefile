@@ -25,6 +25,7 @@ serve: setup
 	$(BIN)/radixrt launch-server --host $(HOST) --port $(PORT) $(ARGS)
 
 test: setup
+	$(BIN)/ruff check radixrt kernels tokenizer_proc tests bench
 	$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
 
 test-gpu:

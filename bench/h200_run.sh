@@ -3,7 +3,10 @@
 # stages, each under its own time limit, writing results under $OUT. Usage from the repo root:
 #   COMMIT=$(git rev-parse --short HEAD) bash bench/h200_run.sh verify   # stages: the case list below
 # (the device copy of the tree has no .git: COMMIT names the code in the JSON). Wheels come from
-# ../shared/tools/device-wheels.sh (.whl/, carried with the call). `verify` fits one 10-minute call.
+# ../shared/tools/device-wheels.sh (.whl/, carried with the call) with these extras, which fastapi,
+# openai and radixrt.constrained import: opentelemetry-api httpx2 httpcore2 truststore anyio idna h11
+# xgrammar==0.2.8 apache-tvm-ffi jsonschema jsonschema-specifications referencing rpds-py attrs.
+# `verify` fits one 10-minute call.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
