@@ -53,3 +53,19 @@ def test_no_grammar_rows_leaves_sampling_unchanged() -> None:
     st = PenaltyState(b, V, torch.device("cpu"))
     ids, _ = sample_outputs(batch, lg, params(b, temperature=0.0), st)
     assert ids.tolist() == lg.argmax(-1).tolist()
+
+
+def test_a_uniform_of_one_never_picks_a_zero_probability_token(monkeypatch) -> None:
+    """u rounds to 1.0 in float32 for some (seed, step, column): Exp(1) = 0 there, and a masked
+    column (p = 0) must race 0, not NaN (which argmax would pick)."""
+    from radixrt.worker import sampler
+
+    def ones_at_masked(seeds, steps, v):
+        u = torch.full((len(seeds), v), 0.5)
+        u[:, 7] = 1.0
+        return u
+
+    monkeypatch.setattr(sampler, "counter_uniform", ones_at_masked)
+    lg = torch.zeros(2, 10)
+    lg[:, 7] = float("-inf")  # masked
+    assert 7 not in sampler.sample(lg, params(2, temperature=1.0)).tolist()
