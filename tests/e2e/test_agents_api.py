@@ -50,10 +50,12 @@ def client(server: Server) -> openai.OpenAI:
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_tool_choice_makes_a_valid_call(server: Server, choice: Any) -> None:
     r = client(server).chat.completions.create(model=MODEL, messages=QUESTION, tools=[WEATHER],
-                                               tool_choice=choice, temperature=0, max_tokens=96)
+                                               tool_choice=choice, parallel_tool_calls=False,
+                                               temperature=0, max_tokens=128)
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls", ch
-    assert ch.message.content is None and ch.message.tool_calls
+    # one call (parallel_tool_calls false): the grammar ends after it, so the model can only stop
+    assert ch.message.content is None and len(ch.message.tool_calls) == 1
     for call in ch.message.tool_calls:
         assert call.type == "function" and call.id.startswith("call_")
         assert call.function.name == "get_weather"
@@ -144,7 +146,7 @@ def test_agents_sdk_runs_a_function_tool(server: Server) -> None:
     agent = agents.Agent(name="weather", instructions="Answer with the weather tool.", model=model,
                          tools=[get_weather], tool_use_behavior="stop_on_first_tool",
                          model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
-                                                             max_tokens=96))
+                                                             parallel_tool_calls=False, max_tokens=96))
     result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3))
     assert calls and all(isinstance(c, str) for c in calls)
     assert result.final_output == f"18 C and sunny in {calls[0]}"
@@ -164,7 +166,8 @@ def test_langchain_bind_tools(server: Server) -> None:
         """Current weather in a city."""
         return "sunny"
 
-    msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
+    bound = llm.bind_tools([get_weather], tool_choice="get_weather", parallel_tool_calls=False)
+    msg = bound.invoke("What is the weather in Paris?")
     assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
     assert isinstance(msg.tool_calls[0]["args"].get("city"), str)
 
