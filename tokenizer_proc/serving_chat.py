@@ -47,10 +47,12 @@ async def chat_prompt_ids(ctx: ServingContext, req: ChatCompletionRequest, plan:
     """
     if not getattr(ctx.tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
+    kwargs = dict(req.chat_template_kwargs or {})
+    template = kwargs.pop("chat_template", None)  # a client's own template replaces the model's
     try:
         text = render_chat(ctx.tokenizer, req.messages, plan.render_tools or None,
                            add_generation_prompt=req.add_generation_prompt is not False,
-                           template_kwargs=req.chat_template_kwargs)
+                           template_kwargs=kwargs, chat_template=template)
     except Exception as e:  # jinja2 TemplateError and friends: the messages do not fit the template
         raise bad_request(f"the chat template rejected the messages: {e}", param="messages") from None
     return await tokenize(ctx, text)
