@@ -50,7 +50,7 @@ def _run(role: str, args: ServerArgs, addrs: IpcAddresses, model_dir: Path, extr
     elif role == "scheduler":
         from radixrt.scheduler.scheduler_proc import run_scheduler
 
-        run_scheduler(args, addrs, extra["worker_info"])
+        run_scheduler(args, addrs, extra["worker_info"], model_dir)
     else:
         from radixrt.tokenizer_proc.main import run_tokenizer
 

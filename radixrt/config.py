@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from radixrt.tokenizer_proc.tool_parsers import TOOL_PARSERS
+
 PROTOCOL_VERSION = 2
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -73,6 +75,9 @@ class ServerArgs:
     log_level: str = _flag("Logging level.", default="info",
                            choices=["debug", "info", "warning", "error", "critical"])
     max_request_body_bytes: int = _flag("Request bodies above this get 413.", default=8 * 1024 * 1024)
+    tool_call_parser: str | None = _flag(
+        "How tool calls are read from the output (SGLang's flag). Default: detected from the chat "
+        "template, else hermes.", choices=list(TOOL_PARSERS))
 
     def __post_init__(self) -> None:
         checks = [

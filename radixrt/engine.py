@@ -68,7 +68,8 @@ class Engine:
                model_dir: Path) -> None:
         self.args, self.runner, self.info, self.tokenizer = args, runner, info, tokenizer
         self.model_dir = model_dir
-        self.pipeline = PassPipeline(build_scheduler(args, info), runner,
+        grammar_dir = model_dir if tokenizer is not None else None  # constrained decoding needs one
+        self.pipeline = PassPipeline(build_scheduler(args, info, grammar_dir), runner,
                                      overlap=not args.disable_overlap_schedule)
         self._ids = itertools.count()
 
@@ -120,16 +121,18 @@ class Engine:
         `text`, `output_ids` and `meta_info` (prompt_tokens, completion_tokens, cached_tokens,
         finish_reason). Stop strings in `stop` end a request and are trimmed from `text`.
 
+        A sampling dict may constrain its output with one of `regex`, `json_schema` (JSON text or
+        a dict) or `ebnf` (SGLang's names; radixrt.constrained.spec_from_request).
         A request the scheduler refuses (an empty or too long prompt, token ids outside the
-        vocabulary, a bad sampling value such as a negative temperature) comes back with
-        finish_reason "abort" and meta_info["error"]; the others still run.
+        vocabulary, a bad sampling value such as a negative temperature, an invalid grammar)
+        comes back with finish_reason "abort" and meta_info["error"]; the others still run.
 
         Raises:
             ValueError: sampling_params is not one dict, or one dict per prompt (before anything
                 is queued); a prompt is neither a string nor a flat sequence of integer token ids,
-                or is text while the model has no tokenizer. Prompts are converted as they are
-                queued, so the requests of this call queued before the bad prompt are aborted
-                first: nothing of the call stays queued or running.
+                or is text while the model has no tokenizer; a sampling dict sets two grammars.
+                Prompts are converted as they are queued, so the requests of this call queued
+                before the bad prompt are aborted first: nothing of the call stays queued or running.
         """
         if isinstance(prompts, np.ndarray):  # one prompt [T], or prompts [N, T]
             prompts = [prompts] if prompts.ndim == 1 else list(prompts)
@@ -154,7 +157,7 @@ class Engine:
                 ids = self._encode(prompt)
                 rid = f"engine-{next(self._ids)}"
                 rids.append(rid)
-                req = self.scheduler.add_request(GenerateReq(rid=rid, input_ids=ids, sampling=sp))
+                req = self.scheduler.add_request(_generate_req(rid, ids, sp))
                 queued += 0 if req.is_finished else len(ids)  # a refused prompt starts nothing
                 if queued >= start_at and self.pipeline.in_flight is None and len(rids) < n:
                     # A pass's worth of prompt tokens is queued: start the device on it and submit
@@ -233,3 +236,19 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         return self.scheduler.stats()
+
+
+GRAMMAR_KEYS = ("regex", "json_schema", "ebnf")
+
+
+def _generate_req(rid: str, ids: np.ndarray, sp: dict[str, Any]) -> GenerateReq:
+    """The GenerateReq of one prompt; the grammar keys of `sp` become its grammar (checked by the
+    scheduler's compiler). Raises GrammarError (a ValueError) when `sp` sets two constraints."""
+    from radixrt.constrained import spec_from_request
+
+    msg = GenerateReq(rid=rid, input_ids=ids, sampling=sp)
+    if any(sp.get(k) is not None for k in GRAMMAR_KEYS):
+        spec = spec_from_request(**{k: sp.get(k) for k in GRAMMAR_KEYS})
+        if spec is not None:
+            msg.grammar_kind, msg.grammar_text = spec.kind.value, spec.text
+    return msg

@@ -174,6 +174,13 @@ class ForwardBatch:
     once per group (radixrt.kernels.cascade_decode_attention). cascade_members int32 [M]: indices
     into the B requests, group g being members[starts[g]:starts[g+1]]; cascade_starts int32 [G+1];
     cascade_prefix_lens int32 [G], whole pages, each < the seq_len of every member.
+
+    Grammar-constrained decoding (radixrt.constrained; empty when no request in the pass has one):
+    grammar_rows int32 [R]: indices into the B requests of the constrained ones that sample;
+    grammar_bitmask int32 [R * W]: their allowed-token bitmasks, row r = words [r*W, (r+1)*W),
+    W = ceil(vocab_size / 32), bit j % 32 of word j // 32 set when token j is allowed. The worker
+    sets the logits of disallowed tokens to -inf after penalties and logit bias, before sampling;
+    logprobs stay those of the raw logits.
     """
 
     batch_id: int
@@ -211,6 +218,8 @@ class ForwardBatch:
     cascade_members: np.ndarray = field(default_factory=_i32)
     cascade_starts: np.ndarray = field(default_factory=_i32)
     cascade_prefix_lens: np.ndarray = field(default_factory=_i32)
+    grammar_rows: np.ndarray = field(default_factory=_i32)
+    grammar_bitmask: np.ndarray = field(default_factory=_i32)
     return_logprob: bool = False
     top_logprobs_num: int = 0
 

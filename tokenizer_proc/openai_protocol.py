@@ -10,44 +10,63 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from .openai_base import ChatMessage, TextPart, _Strict
+from .tool_protocol import ToolChatMessage, ToolFields
+
+__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "ConstraintFields",
+           "GenerateRequest", "ResponseFormat", "SamplingFields", "StreamOptions", "TextPart"]
 
 NonNegInt = Annotated[int, Field(ge=0)]
 TokenIds = Annotated[list[NonNegInt], Field(min_length=1)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Strict):
     include_usage: bool | None = False
 
 
-class TextPart(_Strict):
-    """One part of a multi-part message content; only text parts are supported."""
+class JsonSchemaFormat(_Strict):
+    """`response_format.json_schema`: the schema the output must match (OpenAI's structured outputs)."""
 
-    type: Literal["text"]
-    text: str
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
-
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_call_id: str | None = None
-
-    def flat_content(self) -> str:
-        """Content as one string (text parts joined by newlines); None becomes ""."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(p.text for p in self.content)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text"]
+    """`response_format`: free text, any JSON object, or JSON matching `json_schema.schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('response_format: type "json_schema" needs '
+                             '"json_schema": {"name": ..., "schema": {...}}')
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        """The OpenAI dict (what radixrt.constrained.spec_from_request reads)."""
+        out: dict[str, Any] = {"type": self.type}
+        if self.json_schema is not None:
+            out["json_schema"] = {"name": self.json_schema.name, "schema": self.json_schema.schema_}
+        return out
+
+
+class ConstraintFields(_Strict):
+    """Output constraints, on chat and completions: OpenAI's `response_format` and SGLang's `regex`,
+    `ebnf` and `json_schema` (the schema as JSON text). At most one per request (request_grammar.py
+    checks that, and the grammar itself)."""
+
+    response_format: ResponseFormat | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | None = None
 
 
 class SamplingFields(_Strict):
@@ -108,26 +127,16 @@ class SamplingFields(_Strict):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(SamplingFields):
-    """POST /v1/chat/completions."""
+class ChatCompletionRequest(ToolFields, ConstraintFields, SamplingFields):
+    """POST /v1/chat/completions (tool fields: tool_protocol.ToolFields; constraints: ConstraintFields)."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ToolChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
     # extensions
     add_generation_prompt: bool | None = True
     chat_template_kwargs: dict[str, Any] | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if v:
-            raise ValueError("tools are not supported by this server")
-        return v
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
@@ -143,7 +152,7 @@ PromptType = str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annota
     list[TokenIds], Field(min_length=1)]
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(ConstraintFields, SamplingFields):
     """POST /v1/completions. max_tokens defaults to 16, as in OpenAI's legacy completions API."""
 
     prompt: PromptType

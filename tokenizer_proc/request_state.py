@@ -46,6 +46,8 @@ class SampleSpec:
     sampling: dict[str, Any]
     stop: list[str]
     skip_special_tokens: bool = True
+    grammar_kind: str | None = None  # the output constraint, validated (GenerateReq.grammar_kind)
+    grammar_text: str = ""
 
 
 @dataclass(slots=True)
@@ -189,7 +191,8 @@ class RequestHandle:
             self.manager.submit(protocol.GenerateReq(
                 rid=rid, input_ids=np.asarray(st.spec.input_ids, dtype=np.int32),
                 sampling=st.spec.sampling, stream=self.stream, return_logprob=self.return_logprob,
-                top_logprobs_num=self.top_logprobs_num), self.queue)
+                top_logprobs_num=self.top_logprobs_num, grammar_kind=st.spec.grammar_kind,
+                grammar_text=st.spec.grammar_text), self.queue)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

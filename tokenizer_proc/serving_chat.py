@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions: chat template, then the `chat.completion` body or its SSE chunks."""
+"""POST /v1/chat/completions: chat template (with tools), then the `chat.completion` body or its SSE
+chunks, with tool calls parsed out of the text when the request has tools (see docs/tool-calling.md)."""
 
 from __future__ import annotations
 
@@ -13,28 +14,33 @@ from .logprobs import chat_logprobs
 from .openai_protocol import ChatCompletionRequest
 from .openai_response import now_s, usage_of, usage_tail
 from .request_checks import check_model, parse_body
+from .request_grammar import chat_grammar, grammar_fields
 from .request_state import RequestHandle, SampleEvent
 from .respond import Collected, respond
 from .serving_context import ServingContext
 from .sse import ChunkEncoder
 from .submission import admit, openai_submission, tokenize
+from .tool_grammar import ToolPlan, plan_tools
+from .tool_parsers import (
+    StreamDelta,
+    ToolCallStream,
+    assistant_message,
+    detect_tool_parser,
+    finish_reason_with_tools,
+    get_tool_parser,
+)
+from .tool_prompt import render_chat
 
 
-def _template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    out = []
-    for m in req.messages:
-        role = "system" if m.role == "developer" else m.role
-        d: dict[str, Any] = {"role": role, "content": m.flat_content()}
-        if m.name is not None:
-            d["name"] = m.name
-        if m.tool_call_id is not None:
-            d["tool_call_id"] = m.tool_call_id
-        out.append(d)
-    return out
+def server_tool_parser(ctx: ServingContext) -> str:
+    """The --tool-call-parser name: the flag, else detected from the chat template, else "hermes"."""
+    flag = getattr(ctx.args, "tool_call_parser", None)
+    return flag or detect_tool_parser(getattr(ctx.tokenizer, "chat_template", None)) or "hermes"
 
 
-async def chat_prompt_ids(ctx: ServingContext, req: ChatCompletionRequest) -> list[int]:
-    """Render the chat template (with the generation prompt) and tokenize it.
+async def chat_prompt_ids(ctx: ServingContext, req: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
+    """Render the chat template (tools and tool history included, with the generation prompt) and
+    tokenize it.
 
     Raises:
         APIError: 400 when the model has no chat template or the template rejects the messages.
@@ -42,47 +48,66 @@ async def chat_prompt_ids(ctx: ServingContext, req: ChatCompletionRequest) -> li
     if not getattr(ctx.tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
     kwargs = dict(req.chat_template_kwargs or {})
+    template = kwargs.pop("chat_template", None)  # a client's own template replaces the model's
     try:
-        text = ctx.tokenizer.apply_chat_template(
-            _template_messages(req), tokenize=False,
-            add_generation_prompt=req.add_generation_prompt is not False, **kwargs)
+        text = render_chat(ctx.tokenizer, req.messages, plan.render_tools or None,
+                           add_generation_prompt=req.add_generation_prompt is not False,
+                           template_kwargs=kwargs, chat_template=template)
     except Exception as e:  # jinja2 TemplateError and friends: the messages do not fit the template
         raise bad_request(f"the chat template rejected the messages: {e}", param="messages") from None
     return await tokenize(ctx, text)
 
 
 async def chat_completions(ctx: ServingContext, request: Request) -> Response:
-    """Validate, render the template, admit one prompt x n samples, answer as JSON or SSE."""
+    """Validate, plan tools and grammar, render the template, admit one prompt x n samples, answer as
+    JSON or SSE."""
     body = parse_body(ChatCompletionRequest, await read_json(request, ctx.args.max_request_body_bytes))
     check_model(ctx, body.model)
-    ids = await chat_prompt_ids(ctx, body)
+    plan = plan_tools(body, server_tool_parser(ctx))
+    grammar = grammar_fields(chat_grammar(body, body, plan))
+    ids = await chat_prompt_ids(ctx, body, plan)
     sub = openai_submission(ctx, body, [ids], prompt_param="messages", max_new_tokens=body.max_new_tokens(),
-                            return_logprob=bool(body.logprobs), top_logprobs_num=body.top_logprobs or 0)
+                            return_logprob=bool(body.logprobs), top_logprobs_num=body.top_logprobs or 0,
+                            grammar=grammar)
     handle = admit(ctx, sub)
-    return await respond(request, handle, ChatWriter(ctx, body, handle))
+    return await respond(request, handle, ChatWriter(ctx, body, handle, plan.parser))
 
 
 class ChatWriter:
     """Chat bodies (a ResponseWriter): `chat.completion`, or SSE chunks of `chat.completion.chunk`.
 
-    A stream: a role delta per choice, content deltas, a finish chunk per choice, the usage chunk
-    (with `stream_options.include_usage`), [DONE].
+    A stream: a role delta per choice, content deltas (and `delta.tool_calls` deltas when `parser` is
+    set: one ToolCallStream per choice), one finish chunk per choice ("tool_calls" when the choice made
+    calls and stopped), the usage chunk (with `stream_options.include_usage`), [DONE].
+    `parser`: the --tool-call-parser name to read calls with; None: the text is plain content.
     """
 
-    def __init__(self, ctx: ServingContext, req: ChatCompletionRequest, handle: RequestHandle) -> None:
+    def __init__(self, ctx: ServingContext, req: ChatCompletionRequest, handle: RequestHandle,
+                 parser: str | None = None) -> None:
         self.ctx, self.req, self.handle = ctx, req, handle
         self.meta = {"id": f"chatcmpl-{handle.id}", "created": now_s(), "model": ctx.served_model}
         self.n = req.n or 1
         self.with_usage = req.include_usage()
         self.chunk_meta = {**self.meta, "object": "chat.completion.chunk"}
         self.enc = ChunkEncoder(self.chunk_meta, {"usage": None} if self.with_usage else {})
+        self.parser = get_tool_parser(parser) if parser else None
+        self.streams: dict[int, ToolCallStream] = {}
+        self.num_calls: dict[int, int] = {}
+
+    def _message(self, c: Collected) -> tuple[dict[str, Any], str | None]:
+        if self.parser is None:
+            return {"role": "assistant", "content": c.text}, c.finish_reason
+        out = self.parser.parse(c.text)
+        return assistant_message(out), finish_reason_with_tools(c.finish_reason, len(out.tool_calls))
 
     def body(self, choices: dict[int, Collected]) -> dict[str, Any]:
         want_lp = bool(self.req.logprobs)
-        out = [{"index": i, "message": {"role": "assistant", "content": c.text},
-                "logprobs": {"content": chat_logprobs(self.ctx.texts, c.logprobs)} if want_lp else None,
-                "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
-               for i, c in sorted(choices.items())]
+        out = []
+        for i, c in sorted(choices.items()):
+            message, finish = self._message(c)
+            lps = {"content": chat_logprobs(self.ctx.texts, c.logprobs)} if want_lp else None
+            out.append({"index": i, "message": message, "logprobs": lps,
+                        "finish_reason": finish, "matched_stop": c.matched_stop})
         return {**self.meta, "object": "chat.completion", "choices": out, "usage": usage_of(choices, self.n)}
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None, lps: Any = None) -> bytes:
@@ -92,12 +117,39 @@ class ChatWriter:
         samples = sorted(self.handle.samples.values(), key=lambda s: s.spec.index)
         return [b"".join(self._chunk(st.spec.index, {"role": "assistant", "content": ""}) for st in samples)]
 
-    def event(self, ev: SampleEvent, parts: list[bytes]) -> None:
-        if ev.text or ev.logprobs:
-            lps = {"content": chat_logprobs(self.ctx.texts, ev.logprobs)} if self.req.logprobs else None
-            parts.append(self._chunk(ev.index, {"content": ev.text}, None, lps))
+    def _tool_deltas(self, ev: SampleEvent) -> StreamDelta:
+        assert self.parser is not None
+        stream = self.streams.get(ev.index)
+        if stream is None:
+            stream = self.streams[ev.index] = self.parser.stream()
+        d = stream.feed(ev.text) if ev.text else StreamDelta()
         if ev.finish_reason is not None:
-            parts.append(self._chunk(ev.index, {}, ev.finish_reason))
+            tail = stream.finish()
+            d = StreamDelta(d.content + tail.content, d.tool_calls + tail.tool_calls)
+        self.num_calls[ev.index] = self.num_calls.get(ev.index, 0) + sum(
+            1 for td in d.tool_calls if td.id is not None)
+        return d
+
+    def event(self, ev: SampleEvent, parts: list[bytes]) -> None:
+        lps = None
+        if self.req.logprobs and ev.logprobs:
+            lps = {"content": chat_logprobs(self.ctx.texts, ev.logprobs)}
+        if self.parser is None:
+            if ev.text or lps is not None:
+                parts.append(self._chunk(ev.index, {"content": ev.text}, None, lps))
+            if ev.finish_reason is not None:
+                parts.append(self._chunk(ev.index, {}, ev.finish_reason))
+            return
+        d = self._tool_deltas(ev)
+        if d.content or (lps is not None and not d.tool_calls):
+            parts.append(self._chunk(ev.index, {"content": d.content}, None, lps))
+            lps = None
+        if d.tool_calls:
+            parts.append(self._chunk(ev.index, {"tool_calls": [td.to_openai() for td in d.tool_calls]},
+                                     None, lps))
+        if ev.finish_reason is not None:
+            finish = finish_reason_with_tools(ev.finish_reason, self.num_calls.get(ev.index, 0))
+            parts.append(self._chunk(ev.index, {}, finish))
 
     def tail(self, last: dict[int, SampleEvent]) -> list[bytes]:
         return usage_tail(self.chunk_meta, self.with_usage, last, self.n)

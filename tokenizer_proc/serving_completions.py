@@ -13,6 +13,7 @@ from .logprobs import CompletionLogprobs
 from .openai_protocol import CompletionRequest
 from .openai_response import now_s, usage_of, usage_tail
 from .request_checks import check_model, check_prompt_shape, parse_body
+from .request_grammar import constraint_grammar, grammar_fields
 from .request_state import RequestHandle, SampleEvent
 from .respond import Collected, respond
 from .serving_context import ServingContext
@@ -41,10 +42,12 @@ async def completions(ctx: ServingContext, request: Request) -> Response:
         check_prompt_shape(raw["prompt"], "prompt")
     body = parse_body(CompletionRequest, raw)
     check_model(ctx, body.model)
+    grammar = grammar_fields(constraint_grammar(body))
     prompts = await prompt_ids(ctx, body)
     max_new = body.max_tokens if body.max_tokens is not None else DEFAULT_MAX_TOKENS
     sub = openai_submission(ctx, body, prompts, prompt_param="prompt", max_new_tokens=max_new,
-                            return_logprob=body.logprobs is not None, top_logprobs_num=body.logprobs or 0)
+                            return_logprob=body.logprobs is not None, top_logprobs_num=body.logprobs or 0,
+                            grammar=grammar)
     handle = admit(ctx, sub)
     return await respond(request, handle, CompletionWriter(ctx, body, handle))
 

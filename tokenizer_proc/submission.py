@@ -35,6 +35,8 @@ class Submission:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    grammar_kind: str | None = None  # the output constraint (GenerateReq.grammar_kind); None: none
+    grammar_text: str = ""
 
 
 async def tokenize(ctx: ServingContext, text: str) -> list[int]:
@@ -50,8 +52,10 @@ async def tokenize(ctx: ServingContext, text: str) -> list[int]:
 
 def openai_submission(ctx: ServingContext, req: SamplingFields, prompts: list[list[int]], *,
                       prompt_param: str, max_new_tokens: int | None, return_logprob: bool,
-                      top_logprobs_num: int) -> Submission:
+                      top_logprobs_num: int, grammar: tuple[str | None, str] = (None, "")) -> Submission:
     """The Submission of a request with OpenAI sampling fields: prompts checked first, then sampling.
+
+    `grammar`: (kind, text) of the output constraint, already validated (request_grammar.py).
 
     Raises:
         APIError: 400 naming `prompt_param` for a bad prompt, or the sampling field at fault.
@@ -60,11 +64,12 @@ def openai_submission(ctx: ServingContext, req: SamplingFields, prompts: list[li
     sampling = build_sampling(req, max_new_tokens, ctx)
     return Submission(prompts=prompts, sampling=sampling, stop=req.stop_list(), n=req.n or 1,
                       skip_special_tokens=req.skip_special_tokens is not False, stream=bool(req.stream),
-                      return_logprob=return_logprob, top_logprobs_num=top_logprobs_num)
+                      return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
+                      grammar_kind=grammar[0], grammar_text=grammar[1])
 
 
 def make_specs(prompts: list[list[int]], n: int, sampling: dict[str, Any], stop: list[str],
-               skip_special_tokens: bool) -> list[SampleSpec]:
+               skip_special_tokens: bool, grammar: tuple[str | None, str] = (None, "")) -> list[SampleSpec]:
     """Choice index = prompt_index * n + j (OpenAI's order for several prompts with n > 1).
 
     With a `seed` and n > 1, sample j gets seed + j: the n choices differ from each other, and the
@@ -76,7 +81,8 @@ def make_specs(prompts: list[list[int]], n: int, sampling: dict[str, Any], stop:
         return sp
 
     return [SampleSpec(index=p * n + j, input_ids=ids, sampling=sampling_of(j), stop=stop,
-                       skip_special_tokens=skip_special_tokens)
+                       skip_special_tokens=skip_special_tokens, grammar_kind=grammar[0],
+                       grammar_text=grammar[1])
             for p, ids in enumerate(prompts) for j in range(n)]
 
 
@@ -102,6 +108,7 @@ def new_handle(ctx: ServingContext, specs: list[SampleSpec], *, stream: bool, re
 
 def admit(ctx: ServingContext, sub: Submission) -> RequestHandle:
     """`sub` fanned out into samples (make_specs) under a new handle (new_handle; same errors)."""
-    specs = make_specs(sub.prompts, sub.n, sub.sampling, sub.stop, sub.skip_special_tokens)
+    specs = make_specs(sub.prompts, sub.n, sub.sampling, sub.stop, sub.skip_special_tokens,
+                       (sub.grammar_kind, sub.grammar_text))
     return new_handle(ctx, specs, stream=sub.stream, return_logprob=sub.return_logprob,
                       top_logprobs_num=sub.top_logprobs_num)

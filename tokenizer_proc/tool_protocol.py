@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from .openai_protocol import ChatMessage, _Strict
+from .openai_base import ChatMessage, _Strict
 
 # OpenAI's rule for function names: letters, digits, underscores and dashes, at most 64 characters.
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+from pathlib import Path
 from typing import Any
 
 from radixrt.config import ServerArgs
@@ -9,13 +12,22 @@ from radixrt.memory.kv_manager import KVManager
 from radixrt.scheduler.cascade import DEFAULT_MIN_SAVED_TOKENS
 from radixrt.scheduler.scheduler import Scheduler
 
+log = logging.getLogger("radixrt.scheduler")
 
-def build_scheduler(args: ServerArgs, worker_info: dict[str, Any]) -> Scheduler:
+
+def build_scheduler(args: ServerArgs, worker_info: dict[str, Any],
+                    model_dir: Path | None = None) -> Scheduler:
     """A Scheduler sized from the worker's Ready info (pool pages, rows, context, vocab, EOS).
 
     Cascade grouping is on only with the triton attention backend (the one that runs it) and
-    unless --disable-cascade-attention. Raises KeyError when worker_info lacks a field.
+    unless --disable-cascade-attention. model_dir: where the tokenizer for grammar-constrained
+    decoding is read (see grammar_compiler_for); None: constrained requests are refused.
+    Raises KeyError when worker_info lacks a field.
     """
+    compiler = None
+    if model_dir is not None:
+        compiler = grammar_compiler_for(model_dir, int(worker_info["vocab_size"]),
+                                        tuple(int(t) for t in worker_info["eos_token_ids"]))
     kv = KVManager.create(int(worker_info["num_pages"]), args.page_size, args.disable_radix_cache)
     return Scheduler(
         kv, page_size=args.page_size,
@@ -26,4 +38,20 @@ def build_scheduler(args: ServerArgs, worker_info: dict[str, Any]) -> Scheduler:
         random_seed=args.random_seed, max_prefill_tokens=args.max_prefill_tokens,
         cascade_min_saved_tokens=0 if (args.disable_cascade_attention
                                        or worker_info.get("attention_backend") != "triton")
-        else DEFAULT_MIN_SAVED_TOKENS)
+        else DEFAULT_MIN_SAVED_TOKENS, grammar_compiler=compiler)
+
+
+@functools.lru_cache(maxsize=4)
+def grammar_compiler_for(model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> Any:
+    """The GrammarCompilerService for a model directory's tokenizer (vocab_size = the LM head's
+    width, stop tokens = the EOS ids), or None when the directory has no loadable tokenizer (a
+    dummy-weights model) or xgrammar cannot build one (logged). Built once per process and key
+    (~0.5-2 s: xgrammar's TokenizerInfo), so Engines over the same model share it and its cache."""
+    from radixrt.constrained import GrammarCompilerService
+
+    try:
+        return GrammarCompilerService.from_model_dir(model_dir, vocab_size=vocab_size,
+                                                     stop_token_ids=list(eos_token_ids))
+    except (OSError, ValueError, RuntimeError, TypeError) as e:
+        log.warning("no grammar support for %s (%s): constrained requests will be refused", model_dir, e)
+        return None

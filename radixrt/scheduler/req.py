@@ -73,6 +73,10 @@ class Req:
     # the KV manager's handle for its prefix matches while waiting (lpm probe, admit): makes a
     # probe the tree cannot have changed cheap (KVManager.prefix_handle); None: plain matches
     prefix: PrefixHandle | None = None
+    # grammar-constrained decoding (scheduler/grammar.py): the compile in progress, then the
+    # RequestMatcher, which has accepted exactly the resolved outputs (num_resolved_outputs)
+    grammar: Any = None  # radixrt.constrained.GrammarHandle until compiled
+    matcher: Any = None  # radixrt.constrained.RequestMatcher once compiled
 
     def __post_init__(self) -> None:
         self.token_ids = self.prompt_ids + self.output_ids

@@ -25,6 +25,7 @@ from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
+from radixrt.scheduler.grammar import GrammarStage
 from radixrt.scheduler.outputs import OutputStage
 from radixrt.scheduler.policy import AdmittedInStep, defer_for_shared_prefix, order_waiting
 from radixrt.scheduler.req import Req, ReqState
@@ -46,12 +47,15 @@ class Scheduler:
             chunking a longer prompt still runs, alone.
         cascade_min_saved_tokens: > 0 turns on cascade grouping of DECODE passes (scheduler/cascade.py)
             when it saves at least this many KV token reads; 0 = off (e.g. a backend without it).
+        grammar_compiler: a radixrt.constrained.GrammarCompilerService for constrained requests
+            (scheduler/grammar.py); None: they are refused with an error.
     """
 
     def __init__(self, kv: KVManager, *, page_size: int, max_running_requests: int, chunk_size: int,
                  context_len: int, vocab_size: int, eos_token_ids: list[int], schedule_policy: str = "lpm",
                  max_queued_requests: int = 4096, random_seed: int = 0,
-                 cascade_min_saved_tokens: int = 0, max_prefill_tokens: int = UNCHUNKED) -> None:
+                 cascade_min_saved_tokens: int = 0, max_prefill_tokens: int = UNCHUNKED,
+                 grammar_compiler: Any = None) -> None:
         self.kv = kv
         self.page_size = page_size
         self.max_running = max_running_requests
@@ -74,6 +78,7 @@ class Scheduler:
         self.num_generated_tokens = 0
         self.cascade_min_saved_tokens = cascade_min_saved_tokens
         self.num_cascade_passes = 0
+        self.grammar = GrammarStage(grammar_compiler)
 
     # ------------------------------------------------------------------ arrivals and aborts
     def add_request(self, msg: GenerateReq, internal: bool = False) -> Req:
@@ -96,6 +101,8 @@ class Scheduler:
                   prefix=self.kv.prefix_handle(ids))
         if error is None and len(self.waiting) >= self.max_queued:
             error = "too many queued requests"
+        if error is None and msg.grammar_kind is not None:
+            error = self.grammar.submit(req, msg.grammar_kind, msg.grammar_text)
         if error is not None:
             self._finish(req, "abort", error=error)
             return req
@@ -136,6 +143,9 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         """Decide the next pass; None when there is nothing to run."""
         sb = ScheduledBatch(batch_id=self.next_batch_id)
+        if self.grammar.compiling:
+            for req, error in self.grammar.poll():
+                self._finish(req, "abort", error=error)
         # new prompt tokens in this pass: a chunk, at most --max-prefill-tokens (unchunked: see _admit)
         budget = (self.chunk_size if self.chunk_size >= UNCHUNKED
                   else min(self.chunk_size, self.max_prefill_tokens))
@@ -147,8 +157,8 @@ class Scheduler:
         for req in list(self.running):
             if req.state is not ReqState.RUNNING:  # retracted while making room for another
                 continue
-            if self._final_token_pending(req):  # overlap: its last token is still being sampled
-                continue
+            if self._final_token_pending(req) or GrammarStage.blocks_overlap(req):
+                continue  # overlap: its last token is still being sampled (and ends it / sets its mask)
             to_compute = len(req.token_ids) - req.kv.kv_len  # type: ignore[union-attr]  # running: kv set
             take = 1 if to_compute == 1 else min(to_compute, budget, prefill_cap)
             if take <= 0:
@@ -161,6 +171,7 @@ class Scheduler:
         if not items:
             return None
         self._publish_prompt_chunks(sb)
+        sb.grammar = self.grammar.fill(items) if self.grammar.compiler is not None else None
         for j, it in enumerate(items):
             req = it.req
             if req.num_in_flight:  # its last known token, this pass's last input, is being sampled
@@ -242,8 +253,8 @@ class Scheduler:
             if (budget <= 0 or prefill_left <= 0 or len(self.running) >= self.max_running
                     or not self.free_rows):
                 break
-            if req.has_in_flight_output:  # retracted while its last token was in flight
-                continue
+            if req.has_in_flight_output or not GrammarStage.is_ready(req):
+                continue  # retracted while its last token was in flight, or its grammar compiling
             got = self.kv.admit(req.all_ids, handle=req.prefix)
             if got is None:
                 if not self.running:  # alone, with every evictable page available: it never fits
@@ -312,11 +323,16 @@ class Scheduler:
                 self.kv.cache_unfinished_req(req.kv, req.all_ids)
             if not it.completes:
                 continue
+            reason, matched = GrammarStage.accept(req, tok) if req.matcher is not None else (None, None)
+            if reason == "abort":
+                self._finish(req, reason, error=matched)
+                continue
             req.out.token_ids.append(tok)
             num_generated += 1
             if req.return_logprob:
                 OutputStage.add_logprobs(req, res, i, k)
-            reason, matched = self._check_finish(req, tok, it.out_pos + 1)
+            if reason is None:
+                reason, matched = self._check_finish(req, tok, it.out_pos + 1)
             if reason is not None:
                 req.matched_stop = matched
                 self._finish(req, reason)

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,10 +68,11 @@ class WorkerLink:
 
 
 class SchedulerLoop:
-    def __init__(self, args: ServerArgs, addrs: IpcAddresses, worker_info: dict[str, Any]) -> None:
+    def __init__(self, args: ServerArgs, addrs: IpcAddresses, worker_info: dict[str, Any],
+                 model_dir: Path | None = None) -> None:
         self.args = args
         self.worker_info = worker_info
-        self.sched = build_scheduler(args, worker_info)
+        self.sched = build_scheduler(args, worker_info, model_dir)  # model_dir: grammar support
         self.debug_invariants = Env.read().debug_invariants
         ctx = zmq.Context.instance()
         self.rx_tok = Receiver(ctx, addrs.scheduler_in, TOKENIZER_TO_SCHEDULER)
@@ -191,8 +193,10 @@ class SchedulerLoop:
             self.maybe_log()
 
 
-def run_scheduler(args: ServerArgs, addrs: IpcAddresses, worker_info: dict[str, Any]) -> None:
-    loop = SchedulerLoop(args, addrs, worker_info)
+def run_scheduler(args: ServerArgs, addrs: IpcAddresses, worker_info: dict[str, Any],
+                  model_dir: Path | None = None) -> None:
+    """Run the scheduler loop until killed; model_dir gives the tokenizer for constrained decoding."""
+    loop = SchedulerLoop(args, addrs, worker_info, model_dir)
     try:
         loop.run()
     finally:

@@ -3,7 +3,8 @@
     stage_batch     upload the batch, apply its page-table writes, then its copy-on-write page
                     copies (the scheduler's order), and build the pass's ForwardMeta
     eager_logits    run the model through an attention backend; logits of each request's last token
-    sample_outputs  penalties and logit bias, sampling, logprobs: what goes back to the scheduler
+    sample_outputs  penalties and logit bias, grammar bitmasks, sampling, logprobs: what goes back
+                    to the scheduler (outside any CUDA graph: a graph replay yields the logits only)
 
 Each takes the model, KV pool, backend, page table and penalty state explicitly, so the same steps
 serve the ModelRunner's passes and the memory profile's worst-case pass over a throwaway pool
@@ -20,6 +21,7 @@ from torch import nn
 
 from radixrt import protocol
 from radixrt.attention.base import AttentionBackend, ForwardMeta
+from radixrt.constrained import apply_token_bitmask
 from radixrt.models.model_config import ModelConfig
 from radixrt.worker import sampler
 from radixrt.worker.device_batch import DeviceBatch, upload_batch
@@ -95,12 +97,13 @@ def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampl
                    penalties: PenaltyState) -> tuple[torch.Tensor, PassOutputs]:
     """Sample the next token of each request from logits [B, V] float32.
 
-    Seeds the penalty rows the scheduler just assigned, applies penalties and logit bias to a copy
-    of the logits (what is sampled), samples, counts the sampled tokens of penalised requests, and
-    takes logprobs of the raw logits when asked. Returns (next ids [B] int64 on the device, outputs).
+    Seeds the penalty rows the scheduler just assigned, applies penalties and logit bias, then the
+    grammar bitmask rows (batch.grammar_rows / grammar_bitmask), to a copy of the logits (what is
+    sampled), samples, counts the sampled tokens of penalised requests, and takes logprobs of the
+    raw logits when asked. Returns (next ids [B] int64 on the device, outputs).
     """
     penalties.prepare(batch)
-    next_ids = sampler.sample(penalties.process(logits, batch), st)
+    next_ids = sampler.sample(apply_grammar(batch, penalties.process(logits, batch), logits), st)
     penalties.record(batch, next_ids)
     out = PassOutputs(next_ids.to(torch.int32))
     if batch.return_logprob:
@@ -108,3 +111,20 @@ def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampl
         out.logprobs, out.top_logprob_ids, out.top_logprobs = (chosen, top_ids.reshape(-1).to(torch.int32),
                                                                top_vals.reshape(-1))
     return next_ids, out
+
+
+def apply_grammar(batch: protocol.ForwardBatch, processed: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    """Mask the disallowed tokens of the batch's constrained rows (-inf) in `processed` [B, V]
+    float32, cloned first when it is `raw` (the logits logprobs are taken of; on the CUDA-graph
+    path also a static buffer). One extra host-to-device copy of the bitmask (pinned, async on
+    CUDA); no device sync. Returns the tensor to sample from."""
+    num_rows = len(batch.grammar_rows)
+    if num_rows == 0:
+        return processed
+    if processed is raw:
+        processed = raw.clone()
+    mask = torch.from_numpy(np.array(batch.grammar_bitmask, np.int32).reshape(num_rows, -1))
+    if processed.device.type == "cuda":
+        mask = mask.pin_memory().to(processed.device, non_blocking=True)
+    apply_token_bitmask(processed, mask, batch.grammar_rows.tolist())
+    return processed

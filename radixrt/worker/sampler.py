@@ -146,7 +146,10 @@ def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     probs = torch.softmax(lg / temp, dim=-1)
     probs = _filter_probs(probs, st.top_k[rows], st.top_p[rows], st.min_p[rows], use_min_p, need_sort)
     u = counter_uniform(st.seeds[rows], st.sample_steps[rows], lg.shape[-1])  # [R, V]
-    race = probs / (-torch.log(u))  # argmax of p / Exp(1) samples j with probability ~ p_j
+    # argmax of p / Exp(1) samples j with probability ~ p_j. u's top value rounds to 1.0 in float32,
+    # so Exp(1) can be 0: clamped, a zero-probability token (masked by a grammar, or underflowed)
+    # races 0 instead of 0 / 0 = NaN, which argmax would pick.
+    race = probs / (-torch.log(u)).clamp_min(1e-30)
     drawn = race.argmax(dim=-1)
     out = greedy_ids.clone()
     out[rows] = drawn

@@ -31,6 +31,7 @@ class FakeWorker:
         self.num_cascade_passes = 0
         self.cascade_grouped_rows: set[int] = set()
         self.last_out = np.zeros(0, np.int64)
+        self.grammar_rows_seen: list[list[int]] = []  # fb.grammar_rows of every pass
 
     def next_token(self, seq: list[int]) -> int:
         h = 1469598103934665603
@@ -69,8 +70,23 @@ class FakeWorker:
             out.append(self.next_token(seq))
         if len(fb.cascade_starts):
             self._check_cascade(fb, expected, fill)
+        self._apply_grammar(fb, out)
         self.last_out = np.array(out, np.int64)
         return ForwardResult(batch_id=fb.batch_id, next_token_ids=np.array(out, np.int32))
+
+    def _apply_grammar(self, fb: ForwardBatch, out: list[int]) -> None:
+        """Constrained rows sample among their allowed tokens (bit j of the row's bitmask): the
+        allowed token at (hash % number allowed), so the choice still depends on the context."""
+        rows = fb.grammar_rows.tolist()
+        self.grammar_rows_seen.append(rows)
+        if not rows:
+            return
+        masks = np.asarray(fb.grammar_bitmask, np.int32).reshape(len(rows), -1)
+        for r, i in enumerate(rows):
+            bits = np.unpackbits(masks[r].view(np.uint8), bitorder="little")[:self.vocab_size]
+            allowed = np.flatnonzero(bits)
+            assert len(allowed), f"request {i}: the bitmask allows no token"
+            out[i] = int(allowed[out[i] % len(allowed)])
 
     def _check_cascade(self, fb: ForwardBatch, expected: dict[int, list[int]] | None,
                        fill: dict[int, dict[int, int]]) -> None:

@@ -5,23 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pydantic import Field, field_validator
 
 from radixrt.tokenizer_proc.errors import APIError
 from radixrt.tokenizer_proc.openai_protocol import ChatCompletionRequest
 from radixrt.tokenizer_proc.request_checks import parse_body
-from radixrt.tokenizer_proc.tool_protocol import NamedToolChoice, ToolChatMessage, ToolFields
+from radixrt.tokenizer_proc.tool_protocol import NamedToolChoice, ToolChatMessage
 
-
-class ToolChatRequest(ToolFields, ChatCompletionRequest):
-    """How the handler composes the request once tools are wired (the old "no tools" check dropped)."""
-
-    messages: list[ToolChatMessage] = Field(min_length=1)
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: Any) -> Any:
-        return v
+# ChatCompletionRequest now carries ToolFields and ToolChatMessage messages (the wiring is done).
+ToolChatRequest = ChatCompletionRequest
 
 
 WEATHER = {"type": "function", "function": {
