@@ -1,9 +1,8 @@
 """Agents on the real default model: tool calling and structured outputs through the official openai
 client, the OpenAI Agents SDK and LangChain, plus the agent loop's prefix-cache hit.
 
-Tests marked `needs_grammar` assert what only grammar enforcement guarantees (a 135M model writes a
-valid call or schema-valid JSON because it cannot write anything else); they are skipped until the
-scheduler enforces GenerateReq.grammar_kind, and run as soon as it does.
+Several tests assert what only grammar enforcement guarantees: a 135M model writes a valid call or
+schema-valid JSON because it cannot write anything else.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import asyncio
 import concurrent.futures as cf
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -37,20 +35,11 @@ def validate(instance: Any, schema: dict[str, Any]) -> None:
     pytest.importorskip("jsonschema").validate(instance, schema)
 
 
-def _scheduler_enforces_grammar() -> bool:
-    root = Path(__file__).resolve().parents[2] / "radixrt" / "scheduler"
-    return any("grammar_kind" in p.read_text() for p in root.glob("*.py"))
-
-
-needs_grammar = pytest.mark.skipif(not _scheduler_enforces_grammar(),
-                                   reason="the scheduler does not enforce GenerateReq grammars yet")
-
 
 def client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=300)
 
 
-@needs_grammar
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_tool_choice_makes_a_valid_call(server: Server, choice: Any) -> None:
     r = client(server).chat.completions.create(model=MODEL, messages=QUESTION, tools=[WEATHER],
@@ -83,7 +72,6 @@ def test_tool_history_is_accepted_and_hits_the_prefix_cache(server: Server) -> N
     assert cached >= 0.9 * first.usage.prompt_tokens, (cached, first.usage.prompt_tokens)
 
 
-@needs_grammar
 def test_json_schema_outputs_validate_at_temperature_1(server: Server) -> None:
     c = client(server)
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
@@ -101,7 +89,6 @@ def test_json_schema_outputs_validate_at_temperature_1(server: Server) -> None:
         validate(json.loads(text), PERSON)
 
 
-@needs_grammar
 def test_regex_output_fullmatches(server: Server) -> None:
     c = client(server)
     pattern = r"(yes|no), [0-9]{1,3} (cats|dogs)\."
@@ -128,7 +115,6 @@ def test_bad_schema_is_a_400_and_the_server_keeps_serving(server: Server) -> Non
     assert ok.choices[0].message.content is not None
 
 
-@needs_grammar
 def test_agents_sdk_runs_a_function_tool(server: Server) -> None:
     agents = pytest.importorskip("agents")
     calls: list[str] = []
@@ -162,7 +148,6 @@ def _langchain(server: Server) -> Any:
                          max_tokens=96, max_retries=0, timeout=300)
 
 
-@needs_grammar
 def test_langchain_bind_tools(server: Server) -> None:
     llm = _langchain(server)
 
@@ -176,7 +161,6 @@ def test_langchain_bind_tools(server: Server) -> None:
     assert isinstance(msg.tool_calls[0]["args"].get("city"), str)
 
 
-@needs_grammar
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
 def test_langchain_structured_output(server: Server, method: str) -> None:
     llm = _langchain(server)
