@@ -15,7 +15,7 @@ from typing import Any
 
 from radixrt.tokenizer_proc.tool_parsers import TOOL_PARSERS
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 

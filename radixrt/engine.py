@@ -29,6 +29,7 @@ from radixrt.scheduler.scheduler import Scheduler
 
 Prompt = str | Sequence[int]
 START_TOKENS = 8192  # generate() starts the first pass once this many prompt tokens are queued
+COMPILE_WAIT_S = 0.05  # with only grammar compiles pending, wait this long for one (instead of spinning)
 
 
 class Engine:
@@ -188,6 +189,8 @@ class Engine:
             if out is None:
                 if not busy and sched.is_idle:
                     raise RuntimeError("engine went idle with requests unfinished")
+                if not busy:  # queued work, none runnable: a grammar compiling
+                    sched.grammar.wait(COMPILE_WAIT_S)
                 continue
             new_ids, offsets = out.output_ids.tolist(), out.offsets.tolist()  # one conversion per step
             for i, rid in enumerate(out.rids):

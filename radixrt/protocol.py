@@ -4,7 +4,7 @@ Channels (all ZeroMQ PUSH/PULL over ipc:// in a private 0700 directory):
 
     tokenizer -> scheduler : GenerateReq, AbortReq, ControlReq
     scheduler -> tokenizer : TokenOutBatch, ControlResp
-    scheduler -> worker    : ForwardBatch, WorkerControl
+    scheduler -> worker    : ForwardBatch, GrammarMask, WorkerControl
     worker    -> scheduler : ForwardResult
     child     -> launcher  : Ready, Fatal
 
@@ -181,6 +181,11 @@ class ForwardBatch:
     W = ceil(vocab_size / 32), bit j % 32 of word j // 32 set when token j is allowed. The worker
     sets the logits of disallowed tokens to -inf after penalties and logit bias, before sampling;
     logprobs stay those of the raw logits.
+    grammar_deferred int32 [D]: indices into the B requests of constrained rows whose bitmask is not
+    in this message (overlap scheduling: their previous token is still being sampled, so their
+    grammar state is not known yet). The worker runs the model at once and, before sampling, waits
+    for the GrammarMask with this batch_id, which carries exactly these rows in this order.
+    Disjoint from grammar_rows; empty without overlap.
     """
 
     batch_id: int
@@ -220,8 +225,25 @@ class ForwardBatch:
     cascade_prefix_lens: np.ndarray = field(default_factory=_i32)
     grammar_rows: np.ndarray = field(default_factory=_i32)
     grammar_bitmask: np.ndarray = field(default_factory=_i32)
+    grammar_deferred: np.ndarray = field(default_factory=_i32)
     return_logprob: bool = False
     top_logprobs_num: int = 0
+
+
+@dataclass(slots=True)
+class GrammarMask:
+    """The deferred bitmask rows of pass `batch_id` (ForwardBatch.grammar_deferred), sent by the
+    scheduler once it has processed the previous pass's result (its matchers accepted those tokens).
+
+    rows int32 [D]: equal to that pass's grammar_deferred (indices into its B requests);
+    bitmask int32 [D, W], W = ceil(vocab_size / 32), the layout of ForwardBatch.grammar_bitmask.
+    A request that finished in the previous pass's result gets an all-ones row (its token is
+    dropped anyway). The worker applies the rows with the pass's grammar_rows, before sampling.
+    """
+
+    batch_id: int
+    rows: np.ndarray = field(default_factory=_i32)
+    bitmask: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), I32))
 
 
 @dataclass(slots=True)
@@ -253,7 +275,7 @@ class WorkerControl:
 # --------------------------------------------------------------------------- encoding
 TOKENIZER_TO_SCHEDULER = (GenerateReq, AbortReq, ControlReq)
 SCHEDULER_TO_TOKENIZER = (TokenOutBatch, ControlResp)
-SCHEDULER_TO_WORKER = (ForwardBatch, WorkerControl)
+SCHEDULER_TO_WORKER = (ForwardBatch, GrammarMask, WorkerControl)
 WORKER_TO_SCHEDULER = (ForwardResult,)
 CHILD_TO_LAUNCHER = (Ready, Fatal)
 

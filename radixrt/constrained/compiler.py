@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -64,6 +64,11 @@ class GrammarHandle:
     def done(self) -> bool:
         """True once the compile has finished, successfully or not."""
         return self._future.done()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call fn() once the compile has finished: from the compile thread, or at once (in the
+        caller's thread) when it already has. fn must be thread-safe and must not raise."""
+        self._future.add_done_callback(lambda _fut: fn())
 
     def error(self) -> str | None:
         """The one-line GrammarError message if the compile failed; None while pending or on success."""

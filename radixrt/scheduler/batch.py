@@ -38,8 +38,9 @@ class ScheduledBatch:
     cow_pairs: list[tuple[int, int]] = field(default_factory=list)
     # DECODE passes with requests sharing prefix pages: (members, starts, prefix_lens), see cascade.py
     cascade: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    # constrained items that sample: (rows int32 [R] into items, bitmask int32 [R, W]), see grammar.py
-    grammar: tuple[np.ndarray, np.ndarray] | None = None
+    # constrained items that sample: (rows int32 [R] into items, bitmask int32 [R, W], deferred int32
+    # [D] into items: rows filled after the previous pass's result, GrammarStage.fill_deferred)
+    grammar: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -134,7 +135,8 @@ def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
     if sb.cascade is not None:
         fb.cascade_members, fb.cascade_starts, fb.cascade_prefix_lens = sb.cascade
     if sb.grammar is not None:
-        fb.grammar_rows, fb.grammar_bitmask = sb.grammar[0], sb.grammar[1].reshape(-1)
+        fb.grammar_rows, fb.grammar_bitmask, fb.grammar_deferred = (sb.grammar[0], sb.grammar[1].reshape(-1),
+                                                                    sb.grammar[2])
     if any([uses_penalties(s) for s in sp]):
         _fill_penalties(fb, items, fresh)
     if any([s.logit_bias for s in sp]):

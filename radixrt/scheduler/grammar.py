@@ -8,22 +8,26 @@ finish_reason "abort" and the compile error. See docs/structured-outputs.md.
 Matcher invariant: a request's matcher has accepted exactly its resolved outputs
 (`Req.num_resolved_outputs`): a token is accepted when its pass's result is processed, and the only
 outputs ever dropped (`Req.drop_in_flight_outputs`, at finish) are in-flight ones, never accepted.
-Retraction keeps every output, so it needs no rollback either. Since a pass's mask depends on the
-previous token, a constrained request whose last token is still in flight (overlap scheduling) is
-not scheduled in that pass (`blocks_overlap`).
+Retraction keeps every output, so it needs no rollback either. A row is filled from the matcher
+only when every output but the pass's own is resolved: at schedule time for a request with nothing
+in flight (`fill`), else (overlap scheduling: its previous token is still being sampled) the row is
+deferred and filled right after the previous pass's result is processed (`fill_deferred`), which
+resolves that token. The worker waits for the deferred rows (protocol.GrammarMask) before sampling.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from radixrt.constrained import GrammarKind, GrammarSpec, RequestMatcher, allocate_bitmask
+from radixrt.protocol import GrammarMask
 
 if TYPE_CHECKING:
     from radixrt.constrained import GrammarCompilerService
-    from radixrt.scheduler.batch import ScheduledItem
+    from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
     from radixrt.scheduler.req import Req
 
 NO_GRAMMAR_SUPPORT = "this server has no grammar support (no tokenizer for the model): " \
@@ -39,6 +43,9 @@ class GrammarStage:
     def __init__(self, compiler: GrammarCompilerService | None) -> None:
         self.compiler = compiler
         self.compiling: list[Req] = []
+        # called (from a compile thread, or at once on a cache hit) when a submitted compile ends,
+        # so a process loop that sleeps while only compiles are pending wakes up (scheduler_proc)
+        self.on_compiled: Callable[[], None] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -57,6 +64,8 @@ class GrammarStage:
             return f"invalid grammar: {e}"
         req.grammar = self.compiler.submit(spec)
         self.compiling.append(req)
+        if self.on_compiled is not None:
+            req.grammar.add_done_callback(self.on_compiled)
         return None
 
     def poll(self) -> list[tuple[Req, str]]:
@@ -80,27 +89,53 @@ class GrammarStage:
         self.compiling = pending
         return failed
 
+    def wait(self, timeout_s: float) -> None:
+        """Block up to timeout_s (s) for the oldest pending compile (callers with nothing else to
+        do: the Engine while only compiles are pending). Never raises for a failed compile."""
+        if self.compiling:
+            try:
+                self.compiling[0].grammar.result(timeout_s=timeout_s)
+            except Exception:  # noqa: BLE001 - TimeoutError or the compile's GrammarError: poll() reports it
+                pass
+
     @staticmethod
     def is_ready(req: Req) -> bool:
         """Unconstrained, or its grammar is compiled: admission may take it."""
         return req.grammar is None or req.matcher is not None
 
-    @staticmethod
-    def blocks_overlap(req: Req) -> bool:
-        """Constrained with its last token still being sampled: its next mask is not known yet."""
-        return req.matcher is not None and req.num_in_flight > 0
-
-    def fill(self, items: list[ScheduledItem]) -> tuple[np.ndarray, np.ndarray] | None:
-        """Bitmask rows of the pass's sampling constrained items: (rows int32 [R] indices into the
-        pass's items, bitmask int32 [R, W]); None when no item needs one. Call before the pass's
-        outputs begin (each matcher has accepted every resolved output)."""
-        rows = [j for j, it in enumerate(items) if it.completes and it.req.matcher is not None]
-        if not rows:
+    def fill(self, items: list[ScheduledItem]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Bitmask rows of the pass's sampling constrained items, at schedule time: (rows int32 [R]
+        indices into the pass's items, bitmask int32 [R, W], deferred int32 [D] indices into the
+        items); None when no item needs one. Call before the pass's outputs begin. An item whose
+        request has an output in flight (overlap) is deferred: its matcher has not seen that token
+        yet; `fill_deferred` fills its row once the previous pass's result is processed."""
+        rows: list[int] = []
+        deferred: list[int] = []
+        for j, it in enumerate(items):
+            if it.completes and it.req.matcher is not None:
+                (deferred if it.req.num_in_flight else rows).append(j)
+        if not rows and not deferred:
             return None
         bitmask = allocate_bitmask(len(rows), self.vocab_size)
         for r, j in enumerate(rows):
             items[j].req.matcher.fill_bitmask(bitmask, r)
-        return np.array(rows, np.int32), bitmask
+        return np.array(rows, np.int32), bitmask, np.array(deferred, np.int32)
+
+    def fill_deferred(self, sb: ScheduledBatch) -> GrammarMask:
+        """The deferred rows of pass `sb` (sb.grammar[2]), filled now. Call right after the previous
+        pass's result is processed: each deferred request's matcher has accepted every output but
+        this pass's own. A request finished meanwhile (grammar end, stop, length, abort) gets an
+        all-ones row: its token in this pass is dropped, so any token will do."""
+        assert sb.grammar is not None
+        deferred = sb.grammar[2]
+        bitmask = allocate_bitmask(len(deferred), self.vocab_size)  # all ones
+        for r, j in enumerate(deferred.tolist()):
+            req = sb.items[j].req
+            if req.is_finished:
+                continue
+            assert req.num_in_flight == 1, "a deferred row is filled once only its own output is in flight"
+            req.matcher.fill_bitmask(bitmask, r)
+        return GrammarMask(batch_id=sb.batch_id, rows=deferred, bitmask=bitmask)
 
     @staticmethod
     def accept(req: Req, tok: int) -> tuple[str | None, Any]:

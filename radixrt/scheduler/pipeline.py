@@ -8,6 +8,10 @@ flight, late binding after long prefill passes, and the device busy / gap totals
 Overlap scheduling (docs/scheduling.md): pass N+1 is built and launched before the result of pass N
 is processed, so the device goes from N to N+1 without waiting for the scheduler's Python; the
 tokens N samples enter N+1 as in-flight inputs the worker fills in (ForwardBatch.prev_token_pos).
+A grammar-constrained request in N+1 whose token from N is in flight has its bitmask row deferred
+(ForwardBatch.grammar_deferred): right after N's result is processed (its matchers have accepted
+N's tokens) the pipeline fills those rows and hands them to the launcher (`supply_mask`), and the
+worker, which started N+1's forward at once, applies them before sampling.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from radixrt.protocol import ForwardBatch, ForwardResult
+from radixrt.protocol import ForwardBatch, ForwardResult, GrammarMask
 from radixrt.scheduler.batch import ScheduledBatch, build_forward_batch
 from radixrt.scheduler.scheduler import Scheduler
 
@@ -32,11 +36,18 @@ LATE_BINDING_PREFILL_TOKENS = 1024
 
 class PassLauncher(Protocol):
     """How a pass reaches the device. `launch` must not wait for the pass; `finish` waits for its
-    result. Passes are finished in launch order, each exactly once. ModelRunner is one."""
+    result. Passes are finished in launch order, each exactly once. ModelRunner is one.
+
+    `supply_mask(handle, mask)` is called exactly once for a pass with deferred grammar rows, after
+    the previous pass was finished and before this one is: the pass samples only once it has the
+    mask. Launchers that never see grammar rows need not implement it.
+    """
 
     def launch(self, batch: ForwardBatch) -> Any: ...
 
     def finish(self, handle: Any) -> ForwardResult: ...
+
+    def supply_mask(self, handle: Any, mask: GrammarMask) -> None: ...
 
 
 @dataclass(slots=True)
@@ -130,6 +141,9 @@ class PassPipeline:
         self._prev_busy = busy
         if self.in_flight is not None:
             self._complete(self.in_flight)
+        if launched is not None and sb.grammar is not None and len(sb.grammar[2]):
+            # its matchers have now accepted the tokens the previous pass sampled
+            self.launcher.supply_mask(launched.handle, self.sched.grammar.fill_deferred(sb))
         if launched is not None and not self.overlap:
             self._complete(launched)
             launched = None

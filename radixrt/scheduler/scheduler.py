@@ -157,8 +157,8 @@ class Scheduler:
         for req in list(self.running):
             if req.state is not ReqState.RUNNING:  # retracted while making room for another
                 continue
-            if self._final_token_pending(req) or GrammarStage.blocks_overlap(req):
-                continue  # overlap: its last token is still being sampled (and ends it / sets its mask)
+            if self._final_token_pending(req):
+                continue  # overlap: its last token is still being sampled (and ends it)
             to_compute = len(req.token_ids) - req.kv.kv_len  # type: ignore[union-attr]  # running: kv set
             take = 1 if to_compute == 1 else min(to_compute, budget, prefill_cap)
             if take <= 0:

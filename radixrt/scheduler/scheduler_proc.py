@@ -33,6 +33,7 @@ from radixrt.protocol import (
     ForwardBatch,
     ForwardResult,
     GenerateReq,
+    GrammarMask,
     Ready,
     WorkerControl,
 )
@@ -60,11 +61,37 @@ class WorkerLink:
         self.tx.send(batch)
         return batch.batch_id
 
+    def supply_mask(self, handle: int, mask: GrammarMask) -> None:
+        self.tx.send(mask)  # the worker waits for it before sampling pass `handle`
+
     def finish(self, handle: int) -> ForwardResult:
         t0 = time.perf_counter()
         while (res := self.rx.recv(timeout_ms=WAIT_POLL_MS)) is None:
             self.serve(t0)
         return res
+
+
+class Wakeup:
+    """A self-pipe: `set()`, from any thread, makes a zmq poll on `fd` return (compile threads wake
+    the loop when a grammar is ready). `clear()` drains it. Both never block."""
+
+    def __init__(self) -> None:
+        self.fd, self._w = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._w, False)
+
+    def set(self) -> None:
+        try:
+            os.write(self._w, b"x")
+        except BlockingIOError:  # the pipe is full: a wake-up is pending anyway
+            pass
+
+    def clear(self) -> None:
+        try:
+            while os.read(self.fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
 
 class SchedulerLoop:
@@ -85,6 +112,12 @@ class SchedulerLoop:
         link = WorkerLink(self.tx_worker, self.rx_worker, self._serve_while_waiting)
         self.pipeline = PassPipeline(self.sched, link, overlap=not args.disable_overlap_schedule)
         self.steps_at_last_log = 0
+        # stalled (work queued, none runnable: a grammar compiling): sleep until an arrival or a compile ends
+        self.wakeup = Wakeup()
+        self.sched.grammar.on_compiled = self.wakeup.set
+        self.stall_poller = zmq.Poller()
+        self.stall_poller.register(self.rx_tok.sock, zmq.POLLIN)
+        self.stall_poller.register(self.wakeup.fd, zmq.POLLIN)
 
     def handle(self, msg: Any) -> None:
         if isinstance(msg, GenerateReq):
@@ -176,11 +209,17 @@ class SchedulerLoop:
         freeze_startup_heap()
         self.launcher.send(Ready("scheduler", PROTOCOL_VERSION, os.getpid(), {}))
         pipeline = self.pipeline
+        busy = True
         while True:
             if pipeline.long_pass_in_flight:  # late binding after a long pass
                 pipeline.finish_in_flight()
                 self.flush_outputs()
             timeout = 0 if not self.sched.is_idle or pipeline.in_flight is not None else IDLE_POLL_MS
+            if not busy and timeout == 0 and pipeline.in_flight is None:
+                # the last step found queued work but nothing it could run (a grammar compiling):
+                # wait for an arrival or a finished compile instead of spinning
+                self.stall_poller.poll(IDLE_POLL_MS)
+                self.wakeup.clear()
             msg = self.rx_tok.recv(timeout_ms=timeout)
             if msg is not None:
                 self.handle(msg)

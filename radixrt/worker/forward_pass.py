@@ -94,16 +94,22 @@ def _to_pinned(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampler.SamplingTensors,
-                   penalties: PenaltyState) -> tuple[torch.Tensor, PassOutputs]:
+                   penalties: PenaltyState, mask: protocol.GrammarMask | None = None
+                   ) -> tuple[torch.Tensor, PassOutputs]:
     """Sample the next token of each request from logits [B, V] float32.
 
     Seeds the penalty rows the scheduler just assigned, applies penalties and logit bias, then the
-    grammar bitmask rows (batch.grammar_rows / grammar_bitmask), to a copy of the logits (what is
-    sampled), samples, counts the sampled tokens of penalised requests, and takes logprobs of the
-    raw logits when asked. Returns (next ids [B] int64 on the device, outputs).
+    grammar bitmask rows (batch.grammar_rows / grammar_bitmask, and `mask`'s rows: the batch's
+    deferred ones, required when batch.grammar_deferred is not empty), to a copy of the logits (what
+    is sampled), samples, counts the sampled tokens of penalised requests, and takes logprobs of
+    the raw logits when asked. Returns (next ids [B] int64 on the device, outputs).
+
+    Raises:
+        ValueError: deferred rows without their GrammarMask, or a mask for other rows.
     """
+    rows, bitmask = grammar_rows(batch, mask)
     penalties.prepare(batch)
-    next_ids = sampler.sample(apply_grammar(batch, penalties.process(logits, batch), logits), st)
+    next_ids = sampler.sample(apply_grammar(rows, bitmask, penalties.process(logits, batch), logits), st)
     penalties.record(batch, next_ids)
     out = PassOutputs(next_ids.to(torch.int32))
     if batch.return_logprob:
@@ -113,18 +119,42 @@ def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampl
     return next_ids, out
 
 
-def apply_grammar(batch: protocol.ForwardBatch, processed: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-    """Mask the disallowed tokens of the batch's constrained rows (-inf) in `processed` [B, V]
-    float32, cloned first when it is `raw` (the logits logprobs are taken of; on the CUDA-graph
-    path also a static buffer). One extra host-to-device copy of the bitmask (pinned, async on
-    CUDA); no device sync. Returns the tensor to sample from."""
-    num_rows = len(batch.grammar_rows)
-    if num_rows == 0:
+def grammar_rows(batch: protocol.ForwardBatch, mask: protocol.GrammarMask | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """All constrained rows of the pass: (rows int32 [R + D] indices into the B requests, bitmask
+    int32 [R + D, W]): the batch's own rows, then the deferred ones from `mask`.
+
+    Raises:
+        ValueError: the batch has deferred rows and `mask` is None or names other rows / another pass.
+    """
+    rows = np.asarray(batch.grammar_rows, np.int32)
+    bitmask = np.asarray(batch.grammar_bitmask, np.int32).reshape(len(rows), -1) if len(rows) else None
+    if not len(batch.grammar_deferred):
+        return rows, bitmask if bitmask is not None else np.zeros((0, 0), np.int32)
+    if (mask is None or mask.batch_id != batch.batch_id
+            or not np.array_equal(mask.rows, batch.grammar_deferred)):
+        got = None if mask is None else (mask.batch_id, mask.rows.tolist())
+        raise ValueError(f"ForwardBatch {batch.batch_id}: deferred grammar rows "
+                         f"{batch.grammar_deferred.tolist()} need their GrammarMask; got {got}")
+    deferred = np.asarray(mask.bitmask, np.int32).reshape(len(mask.rows), -1)
+    if bitmask is None:
+        return np.asarray(mask.rows, np.int32), deferred
+    return np.concatenate([rows, mask.rows]).astype(np.int32), np.concatenate([bitmask, deferred])
+
+
+def apply_grammar(rows: np.ndarray, bitmask: np.ndarray, processed: torch.Tensor,
+                  raw: torch.Tensor) -> torch.Tensor:
+    """Mask the disallowed tokens of constrained rows (rows int32 [R] into the B requests, bitmask
+    int32 [R, W]) with -inf in `processed` [B, V] float32, cloned first when it is `raw` (the
+    logits logprobs are taken of; on the CUDA-graph path also a static buffer). One extra
+    host-to-device copy of the bitmask (pinned, async on CUDA); no device sync. Returns the tensor
+    to sample from."""
+    if len(rows) == 0:
         return processed
     if processed is raw:
         processed = raw.clone()
-    mask = torch.from_numpy(np.array(batch.grammar_bitmask, np.int32).reshape(num_rows, -1))
+    mask = torch.from_numpy(np.ascontiguousarray(bitmask, np.int32))
     if processed.device.type == "cuda":
         mask = mask.pin_memory().to(processed.device, non_blocking=True)
-    apply_token_bitmask(processed, mask, batch.grammar_rows.tolist())
+    apply_token_bitmask(processed, mask, rows.tolist())
     return processed

@@ -50,6 +50,9 @@ class PendingPass:
     timing: TimedSpan
     outputs: PassOutputs | None = None  # None for an IDLE or empty pass
     path: str = "idle"  # how it ran (ModelRunner.last_path)
+    # deferred grammar rows: (batch, logits [B, V], sampling tensors) until `supply_mask` samples
+    unsampled: tuple[protocol.ForwardBatch, torch.Tensor, sampler.SamplingTensors] | None = None
+    stall: TimedSpan | None = None  # from the forward's end to the mask's arrival (device idle)
 
 
 class ModelRunner:
@@ -80,6 +83,7 @@ class ModelRunner:
         self.last_next_ids: torch.Tensor | None = None  # [B] int64: tokens sampled by the last pass
         self._last_timing: TimedSpan | None = None  # device timing of the last finished pass
         self.last_path = "eager"  # how the last pass ran: eager, graph, cascade-eager, cascade-graph
+        self._awaiting_mask: PendingPass | None = None  # launched with deferred grammar rows, unsampled
         # before the pool, so that CUDA pool sizing counts it: rows x vocab x 5 bytes
         self.penalties = PenaltyState(self.max_req_rows, self.config.vocab_size, self.device)
         c = self.config
@@ -150,10 +154,17 @@ class ModelRunner:
         behind this one and the GPU never waits for Python between them (overlap scheduling).
         Passes must be finished in launch order. See protocol.ForwardBatch for the fields.
 
+        A batch with deferred grammar rows (ForwardBatch.grammar_deferred) runs the model only; the
+        pass samples when `supply_mask` brings its GrammarMask, which must happen before the next
+        launch (its in-flight inputs are this pass's tokens) and before `finish`.
+
         Raises:
             ValueError: a malformed batch (extend_lens not matching input_ids, placeholders with no
-                previous pass).
+                previous pass), or the previous pass still awaits its GrammarMask.
         """
+        if self._awaiting_mask is not None:
+            raise ValueError(f"ForwardBatch {batch.batch_id}: pass {self._awaiting_mask.batch_id} "
+                             "still awaits its GrammarMask")
         t0 = time.perf_counter()
         timing = TimedSpan.start(self.device)
         pending = PendingPass(batch_id=batch.batch_id, t0=t0, timing=timing)
@@ -166,28 +177,58 @@ class ModelRunner:
                              f"sum(extend_lens) == len(input_ids); got {batch.extend_lens.tolist()} "
                              f"for {len(batch.input_ids)} tokens")
         meta, input_ids, st = self.stage(batch)
-        # penalties and logit bias shape what is sampled; logprobs stay those of the raw logits
-        self.last_next_ids, outputs = sample_outputs(batch, self._logits(meta, input_ids), st, self.penalties)
-        pending.outputs = outputs.to_host()
+        logits = self._logits(meta, input_ids)
         pending.path = self.last_path
-        timing.stop()
+        if len(batch.grammar_deferred):  # sampling waits for the GrammarMask (supply_mask)
+            pending.unsampled = (batch, logits, st)
+            pending.stall = TimedSpan.start(self.device)
+            self._awaiting_mask = pending
+            return pending
+        self._sample(pending, batch, logits, st, None)
         return pending
+
+    @torch.inference_mode()
+    def supply_mask(self, pending: PendingPass, mask: protocol.GrammarMask) -> None:
+        """The deferred grammar rows of a pass launched without them: sample it now (queued on the
+        device; no wait). Must come before the next pass's launch, which reads this pass's tokens.
+
+        Raises:
+            ValueError: the pass has no deferred rows left, or the mask is for other rows.
+        """
+        if pending.unsampled is None:
+            raise ValueError(f"GrammarMask for pass {mask.batch_id}: no pass awaits a mask")
+        batch, logits, st = pending.unsampled
+        pending.unsampled, self._awaiting_mask = None, None
+        pending.stall.stop()
+        self._sample(pending, batch, logits, st, mask)
+
+    def _sample(self, pending: PendingPass, batch: protocol.ForwardBatch, logits: torch.Tensor,
+                st: sampler.SamplingTensors, mask: protocol.GrammarMask | None) -> None:
+        # penalties and logit bias shape what is sampled; logprobs stay those of the raw logits
+        self.last_next_ids, outputs = sample_outputs(batch, logits, st, self.penalties, mask)
+        pending.outputs = outputs.to_host()
+        pending.timing.stop()
 
     def finish(self, pending: PendingPass) -> protocol.ForwardResult:
         """Wait for a launched pass and return its ForwardResult (with GPU busy/idle times)."""
+        if pending.unsampled is not None:
+            raise ValueError(f"pass {pending.batch_id} finished before its GrammarMask arrived")
         pending.timing.wait()
         res = protocol.ForwardResult(batch_id=pending.batch_id)
         if pending.outputs is not None:
             pending.outputs.fill(res)
         res.forward_ms = (time.perf_counter() - pending.t0) * 1000.0
-        res.gpu_busy_ms = pending.timing.busy_ms()
-        res.gpu_gap_ms = pending.timing.gap_ms(self._last_timing)
+        # waiting for a deferred grammar mask idles the device inside the pass: count it as a gap
+        stall_ms = pending.stall.busy_ms() if pending.stall is not None else 0.0
+        res.gpu_busy_ms = pending.timing.busy_ms() - stall_ms
+        gap_ms = pending.timing.gap_ms(self._last_timing)
+        res.gpu_gap_ms = gap_ms + stall_ms if gap_ms >= 0 else gap_ms
         self._last_timing = pending.timing
         return res
 
     def poll(self, pending: PendingPass) -> bool:
-        """True when `finish(pending)` would not block."""
-        return pending.timing.done()
+        """True when `finish(pending)` would not block (a pass awaiting its mask never is)."""
+        return pending.unsampled is None and pending.timing.done()
 
     def forward(self, batch: protocol.ForwardBatch) -> protocol.ForwardResult:
         """Execute one ForwardBatch and sample (launch + finish); see protocol.ForwardBatch."""

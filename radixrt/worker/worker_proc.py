@@ -85,6 +85,11 @@ def _serve(runner, inbox: Receiver, results: Sender) -> None:
     pending result is sent. With --disable-overlap-schedule the scheduler sends a pass only after
     the previous result, so every pass is launched and finished alone. On CPU `launch` computes
     the whole pass, so nothing is ever left pending for long.
+
+    A pass with deferred grammar rows (ForwardBatch.grammar_deferred) is launched (its forward runs
+    at once), then the pending result is sent, and only then does the loop block for the pass's
+    GrammarMask: the scheduler sends that mask after processing the pending result, so sending
+    the result first is what keeps the two from waiting on each other.
     """
     pending = None
     while True:
@@ -104,6 +109,8 @@ def _serve(runner, inbox: Receiver, results: Sender) -> None:
                 log.info("worker shutting down")
                 return
             continue  # "flush": nothing cached on the worker side today
+        if isinstance(msg, protocol.GrammarMask):
+            raise ValueError(f"GrammarMask for pass {msg.batch_id}: no pass awaits a mask")
         if pending is not None and runner.poll(pending):  # already done (always so on CPU): send first
             results.send(runner.finish(pending))
             pending = None
@@ -116,4 +123,28 @@ def _serve(runner, inbox: Receiver, results: Sender) -> None:
             raise
         if pending is not None:
             results.send(runner.finish(pending))
+            pending = None
+        if len(msg.grammar_deferred) and not _await_mask(runner, inbox, launched, msg.batch_id):
+            log.info("worker shutting down")
+            return
         pending = launched
+
+
+def _await_mask(runner, inbox: Receiver, launched, batch_id: int) -> bool:
+    """Block until pass `batch_id`'s GrammarMask arrives and let the runner sample with it. False
+    on a shutdown meanwhile (the pass is dropped unsampled).
+
+    Raises:
+        ValueError: anything but that pass's mask (or a control message) arrives first.
+    """
+    while True:
+        msg = inbox.recv()
+        if isinstance(msg, protocol.GrammarMask) and msg.batch_id == batch_id:
+            runner.supply_mask(launched, msg)
+            return True
+        if isinstance(msg, protocol.WorkerControl):
+            if msg.kind == "shutdown":
+                return False
+            continue
+        name = type(msg).__name__
+        raise ValueError(f"{name} {msg.batch_id} arrived while pass {batch_id} awaits its GrammarMask")

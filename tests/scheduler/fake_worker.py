@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from radixrt.memory.radix_cache import RadixCache
-from radixrt.protocol import ForwardBatch, ForwardMode, ForwardResult
+from radixrt.protocol import ForwardBatch, ForwardMode, ForwardResult, GrammarMask
 
 
 class KVMismatch(AssertionError):
@@ -31,7 +31,8 @@ class FakeWorker:
         self.num_cascade_passes = 0
         self.cascade_grouped_rows: set[int] = set()
         self.last_out = np.zeros(0, np.int64)
-        self.grammar_rows_seen: list[list[int]] = []  # fb.grammar_rows of every pass
+        self.grammar_rows_seen: list[list[int]] = []  # constrained rows of every pass (deferred too)
+        self.deferred_rows_seen: list[list[int]] = []  # fb.grammar_deferred of every pass
 
     def next_token(self, seq: list[int]) -> int:
         h = 1469598103934665603
@@ -39,8 +40,10 @@ class FakeWorker:
             h = ((h ^ t) * 1099511628211) & 0xFFFFFFFFFFFF
         return int((h ^ len(seq)) % self.vocab_size)
 
-    def forward(self, fb: ForwardBatch, expected: dict[int, list[int]] | None = None) -> ForwardResult:
-        """Run a pass. `expected` (row -> full known token list) enables the content check."""
+    def forward(self, fb: ForwardBatch, expected: dict[int, list[int]] | None = None,
+                mask: GrammarMask | None = None) -> ForwardResult:
+        """Run a pass. `expected` (row -> full known token list) enables the content check; `mask`
+        carries the pass's deferred grammar rows (required when fb.grammar_deferred is set)."""
         self.num_passes += 1
         self.req_to_page[fb.upd_rows, fb.upd_cols] = fb.upd_pages
         ps = self.page_size
@@ -70,18 +73,22 @@ class FakeWorker:
             out.append(self.next_token(seq))
         if len(fb.cascade_starts):
             self._check_cascade(fb, expected, fill)
-        self._apply_grammar(fb, out)
+        self._apply_grammar(fb, out, mask)
         self.last_out = np.array(out, np.int64)
         return ForwardResult(batch_id=fb.batch_id, next_token_ids=np.array(out, np.int32))
 
-    def _apply_grammar(self, fb: ForwardBatch, out: list[int]) -> None:
+    def _apply_grammar(self, fb: ForwardBatch, out: list[int], mask: GrammarMask | None) -> None:
         """Constrained rows sample among their allowed tokens (bit j of the row's bitmask): the
-        allowed token at (hash % number allowed), so the choice still depends on the context."""
-        rows = fb.grammar_rows.tolist()
+        allowed token at (hash % number allowed), so the choice still depends on the context.
+        Deferred rows come from `mask` (worker/forward_pass.grammar_rows checks and joins them)."""
+        from radixrt.worker.forward_pass import grammar_rows
+
+        rows_arr, masks = grammar_rows(fb, mask)
+        rows = rows_arr.tolist()
         self.grammar_rows_seen.append(rows)
+        self.deferred_rows_seen.append(fb.grammar_deferred.tolist())
         if not rows:
             return
-        masks = np.asarray(fb.grammar_bitmask, np.int32).reshape(len(rows), -1)
         for r, i in enumerate(rows):
             bits = np.unpackbits(masks[r].view(np.uint8), bitorder="little")[:self.vocab_size]
             allowed = np.flatnonzero(bits)

@@ -145,23 +145,91 @@ def test_bitmask_rows_only_for_constrained_items_and_matcher_terminates_with_sto
     assert by_rid["p0"].finish_reason == "length" and len(by_rid["p0"].output_ids) == 50
 
 
-def test_constrained_request_is_not_scheduled_while_its_token_is_in_flight(compiler) -> None:
+def test_overlap_defers_the_row_of_a_request_whose_token_is_in_flight(compiler) -> None:
     sched, worker = with_compiler(compiler)
     c = sched.add_request(constrained("c", [1, 2, 3], "[a-z]{8}"))
-    p = sched.add_request(plain("p", [4, 5, 6], max_new=8))
+    sched.add_request(plain("p", [4, 5, 6], max_new=8))
     c.grammar.result(timeout_s=None)
-    first = sched.schedule()  # both prefill and sample
-    assert {it.req.rid for it in first.items} == {"c", "p"}
+    first = sched.schedule()  # both prefill and sample; c's row is known now
     fb1 = build_forward_batch(first)
+    assert len(fb1.grammar_rows) == 1 and len(fb1.grammar_deferred) == 0
     second = sched.schedule()  # overlap: before the first pass's result
-    assert [it.req for it in second.items] == [p]  # c's mask depends on its in-flight token
-    assert len(build_forward_batch(second).grammar_rows) == 0
+    assert {it.req.rid for it in second.items} == {"c", "p"}  # c is not held back
+    fb2 = build_forward_batch(second)
+    j = next(k for k, it in enumerate(second.items) if it.req is c)
+    assert len(fb2.grammar_rows) == 0 and fb2.grammar_deferred.tolist() == [j]
+    res1 = worker.forward(fb1)
+    with pytest.raises(ValueError, match="GrammarMask"):  # a worker cannot sample it without the mask
+        worker.forward(fb2)
+    sched.process_result(first, res1)
+    assert c.matcher.num_accepted == 1 == c.num_resolved_outputs
+    mask = sched.grammar.fill_deferred(second)
+    want = np.full_like(mask.bitmask, -1)
+    c.matcher.fill_bitmask(want, 0)
+    assert mask.batch_id == second.batch_id and mask.rows.tolist() == [j]
+    assert np.array_equal(mask.bitmask, want) and not np.all(want == -1)
+    sched.process_result(second, worker.forward(fb2, mask=mask))
+    assert c.matcher.num_accepted == 2 and re.fullmatch("[a-z]{2}", text_of(c.output_ids))
+
+
+def test_under_overlap_a_constrained_request_runs_in_every_pass_with_the_same_output(compiler) -> None:
+    """Overlap on: the constrained requests are in every pass from admission to their end (plus
+    the one pass whose token is dropped after it), and every output equals the overlap-off one."""
+    specs = [("c0", [1, 2, 3], "[a-z]{8}"), ("c1", [5, 6, 7, 8], "(ab|cd){3,6}x"), ("c2", [9, 3], "[0-9]{5}")]
+    results = {}
+    for overlap in (False, True):
+        sched, worker = with_compiler(compiler)
+        reqs = [sched.add_request(constrained(rid, prompt, rx)) for rid, prompt, rx in specs]
+        reqs.append(sched.add_request(plain("p", [4, 5, 6], max_new=30)))
+        for r in reqs[:3]:
+            r.grammar.result(timeout_s=None)
+        passes: list[set[str]] = []  # the rids of each pass
+        schedule = sched.schedule
+
+        def recording_schedule(schedule=schedule, passes=passes):
+            sb = schedule()
+            if sb is not None:
+                passes.append({it.req.rid for it in sb.items})
+            return sb
+
+        sched.schedule = recording_schedule
+        res = run_to_idle(sched, worker, overlap=overlap)
+        results[overlap] = res["outputs"]
+        for (rid, _, rx), r in zip(specs, reqs, strict=False):
+            assert res["reasons"][rid] == "stop" and re.fullmatch(rx, text_of(res["outputs"][rid]))
+            steps = [k for k, rids in enumerate(passes) if rid in rids]
+            assert steps == list(range(steps[0], steps[0] + len(steps)))  # no pass skipped
+            # one pass per output, and under overlap the one whose token is dropped after the end
+            assert len(steps) == len(r.output_ids) + overlap
+        if overlap:
+            assert any(worker.deferred_rows_seen)
+    assert results[False] == results[True]
+
+
+def test_deferred_row_of_a_request_that_ended_meanwhile_allows_every_token(compiler) -> None:
+    """c's grammar ends after one letter: the pass scheduled while its EOS was in flight gets an
+    all-ones row once the EOS is processed; so does an aborted request's."""
+    sched, worker = with_compiler(compiler)
+    c = sched.add_request(constrained("c", [1, 2, 3], "[a-z]"))
+    d = sched.add_request(constrained("d", [4, 5, 6], "[a-z]{9}"))
+    c.grammar.result(timeout_s=None)
+    d.grammar.result(timeout_s=None)
+    first = sched.schedule()
+    fb1 = build_forward_batch(first)
+    second = sched.schedule()
     fb2 = build_forward_batch(second)
     sched.process_result(first, worker.forward(fb1))
-    assert c.matcher.num_accepted == 1 == c.num_resolved_outputs
-    sched.process_result(second, worker.forward(fb2))
-    third = sched.schedule()
-    assert c in [it.req for it in third.items]
+    mask2 = sched.grammar.fill_deferred(second)
+    third = sched.schedule()  # c's EOS (sampled by `second`) is in flight
+    fb3 = build_forward_batch(third)
+    sched.process_result(second, worker.forward(fb2, mask=mask2))
+    assert c.finish_reason == "stop" and c.output_ids[-1] == EOS
+    sched.abort("d")
+    mask3 = sched.grammar.fill_deferred(third)
+    assert len(mask3.rows) == 2 and np.all(mask3.bitmask == -1)
+    sched.process_result(third, worker.forward(fb3, mask=mask3))  # both tokens dropped
+    assert c.output_ids[-1] == EOS and d.finish_reason == "abort"
+    assert sched.schedule() is None and sched.is_idle
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -73,9 +73,14 @@ def run_to_idle(sched: Scheduler, worker: FakeWorker, on_step=None, max_steps: i
                     assert written.get(page, req) is req, \
                         f"page {page} is written in this pass and mapped by {req.rid}"
             expected = {it.req.req_row: list(it.req.all_ids) for it in sb.items}
-            done = (sb, worker.forward(build_forward_batch(sb), expected))
+            fb = build_forward_batch(sb)
+            if not len(fb.grammar_deferred):
+                done = (sb, worker.forward(fb, expected))
         if in_flight is not None:
             sched.process_result(*in_flight)
+        if sb is not None and done is None:  # deferred grammar rows: the worker samples once the
+            # previous result is processed and the rows are filled (PassPipeline.step)
+            done = (sb, worker.forward(fb, expected, sched.grammar.fill_deferred(sb)))
         if done is not None and not overlap:
             sched.process_result(*done)
             done = None
