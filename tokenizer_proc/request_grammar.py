@@ -9,6 +9,8 @@ compiles the same (kind, text) again from GenerateReq.grammar_kind / grammar_tex
 
 from __future__ import annotations
 
+from typing import Any
+
 from radixrt.constrained.errors import GrammarError
 from radixrt.constrained.spec import GrammarSpec, spec_from_request, validate_spec
 
@@ -53,8 +55,7 @@ def constraint_grammar(req: ConstraintFields) -> GrammarSpec | None:
     if not names:
         return None
     if len(names) > 1:
-        raise bad_request(f"{names[1]}: only one output constraint may be set per request, got "
-                          f"{', '.join(names)}", param=names[1])
+        raise _two_constraints(names, "")
     param = names[0]
     rf = req.response_format.as_dict() if req.response_format is not None else None
     try:
@@ -63,6 +64,39 @@ def constraint_grammar(req: ConstraintFields) -> GrammarSpec | None:
     except GrammarError as e:
         raise bad_request(f"{param}: {e}", param=param) from None
     return checked(spec, param) if spec is not None else None
+
+
+def _two_constraints(names: list[str], prefix: str) -> Exception:
+    return bad_request(f"{prefix}{names[1]}: only one output constraint may be set per request, got "
+                       f"{', '.join(names)}", param=prefix + names[1])
+
+
+GENERATE_KEYS = ("regex", "ebnf", "json_schema")  # SGLang's names in /generate's sampling_params
+
+
+def generate_grammar(sampling_params: dict[str, Any]) -> tuple[dict[str, Any], GrammarSpec | None]:
+    """/generate: split SGLang's `regex` / `ebnf` / `json_schema` (each a string) out of
+    `sampling_params`; returns (the other sampling keys, the checked grammar or None).
+
+    Raises:
+        APIError: 400 naming `sampling_params.<key>` when a value is not a string, two are set, or
+            the grammar is invalid (the same checks and messages as chat and completions).
+    """
+    rest = {k: v for k, v in sampling_params.items() if k not in GENERATE_KEYS}
+    names = [k for k in GENERATE_KEYS if sampling_params.get(k) is not None]
+    for name in names:
+        if not isinstance(sampling_params[name], str):
+            raise bad_request(f"sampling_params.{name}: must be a string", param=f"sampling_params.{name}")
+    if len(names) > 1:
+        raise _two_constraints(names, "sampling_params.")
+    if not names:
+        return rest, None
+    param = f"sampling_params.{names[0]}"
+    try:
+        spec = spec_from_request(**{names[0]: sampling_params[names[0]]})
+    except GrammarError as e:
+        raise bad_request(f"{param}: {e}", param=param) from None
+    return rest, checked(spec, param) if spec is not None else None
 
 
 def chat_grammar(req: ConstraintFields, tools: ToolFields, plan: ToolPlan) -> GrammarSpec | None:

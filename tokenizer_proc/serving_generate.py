@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from .http_io import read_json
 from .openai_protocol import GenerateRequest
 from .request_checks import check_prompt_shape, check_prompts, parse_body
+from .request_grammar import generate_grammar, grammar_fields
 from .request_sampling import generate_sampling
 from .request_state import RequestHandle, SampleEvent, TokenLogprob
 from .respond import Collected, respond
@@ -41,12 +42,14 @@ async def generate(ctx: ServingContext, request: Request) -> Response:
     if isinstance(raw, dict) and raw.get("input_ids") is not None:
         check_prompt_shape(raw["input_ids"], "input_ids", allow_text=False)
     body = parse_body(GenerateRequest, raw)
-    sampling = generate_sampling(body.sampling_params)
+    params, grammar = generate_grammar(body.sampling_params)
+    sampling = generate_sampling(params)
+    kind, text = grammar_fields(grammar)
     prompts, batch = await _prompts(ctx, body)
     check_prompts(ctx, prompts, "input_ids" if body.input_ids is not None else "text")
     sub = Submission(prompts=prompts, sampling=sampling, stop=list(sampling["stop"]),
                      stream=bool(body.stream), return_logprob=bool(body.return_logprob),
-                     top_logprobs_num=body.top_logprobs_num or 0)
+                     top_logprobs_num=body.top_logprobs_num or 0, grammar_kind=kind, grammar_text=text)
     handle = admit(ctx, sub)
     return await respond(request, handle, GenerateWriter(ctx, handle, sub.return_logprob, batch))
 

@@ -53,3 +53,29 @@ def test_invalid_grammar_aborts_with_an_error_and_others_run(engine: Engine) -> 
     outs = engine.generate(["Hi", "Hi"], [{"max_new_tokens": 4, "regex": "(x"}, {"max_new_tokens": 4}])
     assert outs[0]["meta_info"]["finish_reason"] == "abort" and "regex" in outs[0]["meta_info"]["error"]
     assert outs[1]["meta_info"]["error"] is None and outs[1]["meta_info"]["completion_tokens"] == 4
+
+
+def test_greedy_constrained_outputs_are_the_same_with_overlap_on_and_off(engine: Engine) -> None:
+    """Overlap on: constrained requests run in every pass with deferred mask rows (the worker waits
+    for them before sampling); their greedy tokens equal the overlap-off ones."""
+    sps = [{"temperature": 0.0, "max_new_tokens": 40, "json_schema": json.dumps(SCHEMA)},
+           {"temperature": 0.0, "max_new_tokens": 12, "regex": r"(red|green|blue) [0-9]{2,3}"},
+           {"temperature": 0.0, "max_new_tokens": 6}]
+    prompts = [PROMPT, "Name a colour and a number:", "The capital of France is"]
+    outs = {}
+    passes = []
+    remove = engine.pipeline.add_pass_hook(lambda rec: passes.append(
+        {it.req.rid for it in rec.sb.items if it.req.matcher is not None}))
+    try:
+        for overlap in (False, True):
+            engine.overlap = overlap
+            passes.clear()
+            outs[overlap] = [o["output_ids"] for o in engine.generate(prompts, sps)]
+            if overlap:  # the JSON request decodes in every pass from its first to its last
+                json_rid = max((rid for p in passes for rid in p), key=lambda r: sum(r in p for p in passes))
+                steps = [k for k, p in enumerate(passes) if json_rid in p]
+                assert steps == list(range(steps[0], steps[-1] + 1)) and len(steps) > 10
+    finally:
+        engine.overlap = True
+        remove()
+    assert outs[True] == outs[False]
