@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from .errors import APIError, bad_request, from_validation_error
 from .openai_base import _Strict
@@ -29,13 +30,15 @@ _ROLES = ("user", "assistant", "system", "developer")
 class ResponsesTool(FunctionDefinition):
     """`tools[i]`: a function tool, flat (`name`, `parameters` at the top). Other tool types: 400."""
 
-    type: str
+    type: Literal["function"]
 
-    @field_validator("type")
+    @model_validator(mode="before")
     @classmethod
-    def _function_only(cls, v: str) -> str:
-        if v != "function":
-            raise ValueError(f'only "function" tools are supported by this server, got {v!r}')
+    def _function_only(cls, v: Any) -> Any:
+        kind = v.get("type") if isinstance(v, dict) else None
+        if kind != "function":  # checked before the function fields, which other tool types lack
+            raise PydanticCustomError("tool_type", "type: only function tools are supported by this "
+                                      "server, got {kind}", {"kind": repr(kind)})
         return v
 
     def chat_dict(self) -> dict[str, Any]:
