@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from radixrt.tokenizer_proc.reasoning_parser import REASONING_PARSERS
 from radixrt.tokenizer_proc.tool_parsers import TOOL_PARSERS
 
 PROTOCOL_VERSION = 3
@@ -78,6 +79,10 @@ class ServerArgs:
     tool_call_parser: str | None = _flag(
         "How tool calls are read from the output (SGLang's flag). Default: detected from the chat "
         "template, else hermes.", choices=list(TOOL_PARSERS))
+    reasoning_parser: str | None = _flag(
+        "Split the model's <think>...</think> block from its answer (SGLang's flag): reasoning_content in "
+        "chat completions, reasoning items in /v1/responses, thinking blocks in /v1/messages. "
+        "Default: off (the think block stays in the text).", choices=list(REASONING_PARSERS))
 
     def __post_init__(self) -> None:
         checks = [

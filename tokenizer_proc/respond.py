@@ -80,7 +80,8 @@ async def respond(request: Request, handle: RequestHandle, writer: ResponseWrite
     """
     if handle.stream:
         batches = await open_stream(handle)
-        return StreamingResponse(guard_stream(stream_events(handle, batches, writer)),
+        on_error = getattr(writer, "error_events", None)  # optional: a protocol's own error events
+        return StreamingResponse(guard_stream(stream_events(handle, batches, writer), on_error),
                                  media_type="text/event-stream")
     choices = await until_disconnect(request, collect(handle))
     return json_response(writer.body(choices))

@@ -16,6 +16,8 @@ from fastapi.responses import Response
 
 from .errors import APIError, install_handlers
 from .http_io import json_response
+from .protocol_errors import anthropic_error
+from .protocol_routes import ANTHROPIC_PATH_PREFIX, add_protocol_routes
 from .serving_chat import chat_completions
 from .serving_completions import completions
 from .serving_context import ServingContext
@@ -28,26 +30,33 @@ CONTROL_TIMEOUT_S = 10.0
 
 
 class ApiKeyMiddleware:
-    """Require `Authorization: Bearer <key>` on every HTTP route but /health (constant-time compare)."""
+    """Require `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on every HTTP route
+    but /health (constant-time compare)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.expected_x = api_key.encode()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        given = b""
+        given, given_x = b"", b""
         for name, value in scope.get("headers", []):
             if name == b"authorization":
                 given = value
-                break
-        if hmac.compare_digest(given, self.expected):
+            elif name == b"x-api-key":
+                given_x = value
+        ok_bearer = hmac.compare_digest(given, self.expected)
+        if ok_bearer | hmac.compare_digest(given_x, self.expected_x):
             await self.app(scope, receive, send)
             return
-        resp = APIError(401, "invalid or missing API key (expected `Authorization: Bearer <key>`)",
-                        code="invalid_api_key").response(headers={"WWW-Authenticate": "Bearer"})
+        err = APIError(401, "invalid or missing API key (expected `Authorization: Bearer <key>` or "
+                       "`x-api-key: <key>`)", code="invalid_api_key")
+        headers = {"WWW-Authenticate": "Bearer"}
+        anthropic = scope["path"].startswith(ANTHROPIC_PATH_PREFIX)
+        resp = anthropic_error(err, headers) if anthropic else err.response(headers=headers)
         await resp(scope, receive, send)
 
 
@@ -97,6 +106,7 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
                            f"{ctx.served_model}.", param="model", code="model_not_found")
         return json_response(model_card())
 
+    add_protocol_routes(app, ctx)
     _add_control_routes(app, ctx)
     if extra_routes is not None:
         extra_routes(app, ctx)

@@ -3,25 +3,30 @@ chunks, with tool calls parsed out of the text when the request has tools (see d
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
+from .assistant_output import read_whole
 from .errors import bad_request
 from .http_io import read_json
 from .logprobs import chat_logprobs
 from .openai_protocol import ChatCompletionRequest
 from .openai_response import now_s, usage_of, usage_tail
+from .reasoning_parser import ReasoningDelta, ReasoningStream, get_reasoning_parser
 from .request_checks import check_model, parse_body
 from .request_grammar import chat_grammar, grammar_fields
 from .request_state import RequestHandle, SampleEvent
-from .respond import Collected, respond
+from .respond import Collected, ResponseWriter, respond
 from .serving_context import ServingContext
 from .sse import ChunkEncoder
 from .submission import admit, openai_submission, tokenize
 from .tool_grammar import ToolPlan, plan_tools
 from .tool_parsers import (
+    ParsedOutput,
     StreamDelta,
     ToolCallStream,
     assistant_message,
@@ -58,11 +63,27 @@ async def chat_prompt_ids(ctx: ServingContext, req: ChatCompletionRequest, plan:
     return await tokenize(ctx, text)
 
 
+# How a protocol answers a chat request: (validated request, handle, tool plan) -> its ResponseWriter.
+WriterFactory = Callable[[ChatCompletionRequest, RequestHandle, ToolPlan], ResponseWriter]
+
+
 async def chat_completions(ctx: ServingContext, request: Request) -> Response:
-    """Validate, plan tools and grammar, render the template, admit one prompt x n samples, answer as
-    JSON or SSE."""
+    """Validate the body, then serve it as a chat completion (serve_chat)."""
     body = parse_body(ChatCompletionRequest, await read_json(request, ctx.args.max_request_body_bytes))
     check_model(ctx, body.model)
+    return await serve_chat(ctx, request, body,
+                            lambda req, handle, plan: ChatWriter(ctx, req, handle, plan.parser))
+
+
+async def serve_chat(ctx: ServingContext, request: Request, body: ChatCompletionRequest,
+                     make_writer: WriterFactory) -> Response:
+    """The one chat path (chat completions, and the Responses and Messages APIs translated onto it):
+    plan tools and grammar, render the template, admit one prompt x n samples, answer through the
+    protocol's writer as JSON or SSE.
+
+    Raises:
+        APIError: 400s of planning, rendering and submission; the scheduler's rejections.
+    """
     plan = plan_tools(body, server_tool_parser(ctx))
     grammar = grammar_fields(chat_grammar(body, body, plan))
     ids = await chat_prompt_ids(ctx, body, plan)
@@ -70,7 +91,7 @@ async def chat_completions(ctx: ServingContext, request: Request) -> Response:
                             return_logprob=bool(body.logprobs), top_logprobs_num=body.top_logprobs or 0,
                             grammar=grammar)
     handle = admit(ctx, sub)
-    return await respond(request, handle, ChatWriter(ctx, body, handle, plan.parser))
+    return await respond(request, handle, make_writer(body, handle, plan))
 
 
 class ChatWriter:
@@ -93,12 +114,33 @@ class ChatWriter:
         self.parser = get_tool_parser(parser) if parser else None
         self.streams: dict[int, ToolCallStream] = {}
         self.num_calls: dict[int, int] = {}
+        self.reasoning = get_reasoning_parser(getattr(ctx.args, "reasoning_parser", None))
+        self.thinking: dict[int, ReasoningStream] = {}
 
     def _message(self, c: Collected) -> tuple[dict[str, Any], str | None]:
+        turn = read_whole(c.text, self.reasoning, self.parser)
         if self.parser is None:
-            return {"role": "assistant", "content": c.text}, c.finish_reason
-        out = self.parser.parse(c.text)
-        return assistant_message(out), finish_reason_with_tools(c.finish_reason, len(out.tool_calls))
+            message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+        else:
+            message = assistant_message(ParsedOutput(turn.content, turn.tool_calls))
+        if self.reasoning is not None:
+            message["reasoning_content"] = turn.reasoning or None
+        return message, finish_reason_with_tools(c.finish_reason, len(turn.tool_calls))
+
+    def _think(self, ev: SampleEvent, parts: list[bytes]) -> SampleEvent:
+        """With a reasoning parser: send the event's reasoning as `delta.reasoning_content` chunks and
+        return the event with only its answer text (what the content / tool-call path reads)."""
+        assert self.reasoning is not None
+        stream = self.thinking.get(ev.index)
+        if stream is None:
+            stream = self.thinking[ev.index] = self.reasoning.stream()
+        d = stream.feed(ev.text)
+        if ev.finish_reason is not None:
+            tail = stream.finish()
+            d = ReasoningDelta(d.reasoning + tail.reasoning, d.content + tail.content)
+        if d.reasoning:
+            parts.append(self._chunk(ev.index, {"reasoning_content": d.reasoning}))
+        return replace(ev, text=d.content)
 
     def body(self, choices: dict[int, Collected]) -> dict[str, Any]:
         want_lp = bool(self.req.logprobs)
@@ -131,6 +173,8 @@ class ChatWriter:
         return d
 
     def event(self, ev: SampleEvent, parts: list[bytes]) -> None:
+        if self.reasoning is not None:
+            ev = self._think(ev, parts)
         lps = None
         if self.req.logprobs and ev.logprobs:
             lps = {"content": chat_logprobs(self.ctx.texts, ev.logprobs)}

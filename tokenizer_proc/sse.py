@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -15,6 +15,12 @@ SSE_DONE = b"data: [DONE]\n\n"
 def sse(obj: Any) -> bytes:
     """One server-sent event: `data: <json>\\n\\n`."""
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def named_sse(event: str, obj: Any) -> bytes:
+    """One server-sent event with an event name (the Responses and Anthropic Messages framing):
+    `event: <name>\ndata: <json>\n\n`."""
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
 
 
 class ChunkEncoder:
@@ -35,11 +41,16 @@ class ChunkEncoder:
         return self.head + orjson.dumps(choice) + self.tail
 
 
-async def guard_stream(gen: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Turn an APIError raised mid-stream into an SSE error event followed by [DONE]."""
+async def guard_stream(gen: AsyncIterator[bytes],
+                       on_error: Callable[[APIError], list[bytes]] | None = None) -> AsyncIterator[bytes]:
+    """Turn an APIError raised mid-stream into an SSE error event followed by [DONE], or into the
+    events `on_error` gives (a protocol's own error framing)."""
     try:
         async for item in gen:
             yield item
     except APIError as e:
+        if on_error is not None:
+            yield b"".join(on_error(e))
+            return
         yield sse(e.body())
         yield SSE_DONE

@@ -1,0 +1,204 @@
+"""POST /v1/messages (Anthropic Messages API) request bodies, validated, and their translation onto a
+chat completion request.
+
+Translation at the HTTP edge: `system` (a string or text blocks) -> a leading system message; a user
+turn's `tool_result` blocks -> role "tool" messages (in block order, before the turn's text); an
+assistant turn's `text` blocks -> its content, `tool_use` blocks -> its `tool_calls` (the `input`
+object as JSON text), `thinking` blocks -> its `reasoning_content`; `tools[i].input_schema` -> the
+function's `parameters`; `tool_choice` auto / any / tool / none -> "auto" / "required" / a named
+function / "none" (`disable_parallel_tool_use` -> `parallel_tool_calls: false`); `stop_sequences` ->
+`stop`. The result takes the chat path (serving_chat.serve_chat) unchanged.
+
+Errors are 400s whose message starts with the field (`messages.1.content.0.tool_use_id: ...`,
+Anthropic's dotted paths), rendered in Anthropic's error shape by the handler.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from .errors import bad_request, from_validation_error
+from .openai_base import _Strict
+from .openai_protocol import ChatCompletionRequest
+from .tool_protocol import FunctionDefinition
+
+
+class MessagesTool(_Strict):
+    """`tools[i]`: a client tool (`type` absent or "custom"); server tools (bash, web search) are 400s."""
+
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _client_tools_only(cls, v: str | None) -> str | None:
+        if v not in (None, "custom"):
+            raise ValueError(f"only client tools (with an input_schema) are supported, got type {v!r}")
+        return v
+
+    def chat_dict(self) -> dict[str, Any]:
+        """The chat completions `tools[i]` (FunctionDefinition validates the name and schema)."""
+        fn = FunctionDefinition(name=self.name, description=self.description, parameters=self.input_schema)
+        return {"type": "function", "function": fn.model_dump(exclude_none=True)}
+
+
+class MessagesToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class MessagesRequest(_Strict):
+    """POST /v1/messages. `messages` items are checked in `chat_messages` (errors name
+    `messages.<i>.content.<j>`)."""
+
+    model: str
+    max_tokens: int = Field(ge=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=1)
+    stream: bool | None = False
+    tools: list[MessagesTool] | None = None
+    tool_choice: MessagesToolChoice | None = None
+    metadata: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # accepted; the think block is the model's (--reasoning-parser)
+
+
+class CountTokensRequest(MessagesRequest):
+    """POST /v1/messages/count_tokens: a Messages body without `max_tokens`."""
+
+    max_tokens: int = Field(default=1, ge=1)
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise bad_request(f"{where}: expected a string or a list of content blocks", param=where)
+    for j, b in enumerate(content):
+        if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+            raise bad_request(f"{where}.{j}: expected a content block with a type", param=f"{where}.{j}")
+    return content
+
+
+def _text_of(block: dict[str, Any], key: str, where: str) -> str:
+    value = block.get(key)
+    if not isinstance(value, str):
+        raise bad_request(f"{where}.{key}: expected a string", param=f"{where}.{key}")
+    return value
+
+
+def _tool_result_text(block: dict[str, Any], where: str) -> str:
+    content = block.get("content", "")
+    parts = _blocks(content, f"{where}.content")
+    text = "\n".join(_text_of(b, "text", f"{where}.content.{k}") for k, b in enumerate(parts)
+                     if b["type"] == "text")
+    return f"Error: {text}" if block.get("is_error") else text
+
+
+def _user_turn(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, b in enumerate(blocks):
+        at = f"{where}.{j}"
+        if b["type"] == "text":
+            texts.append(_text_of(b, "text", at))
+        elif b["type"] == "tool_result":
+            out.append({"role": "tool", "tool_call_id": _text_of(b, "tool_use_id", at),
+                        "content": _tool_result_text(b, at)})
+        else:
+            raise bad_request(f"{at}.type: unsupported content block {b['type']!r} in a user turn "
+                              "(supported: text, tool_result)", param=f"{at}.type")
+    if texts or not out:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _assistant_turn(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    texts, calls, thoughts = [], [], []
+    for j, b in enumerate(blocks):
+        at = f"{where}.{j}"
+        if b["type"] == "text":
+            texts.append(_text_of(b, "text", at))
+        elif b["type"] == "tool_use":
+            args = b.get("input", {})
+            if not isinstance(args, dict):
+                raise bad_request(f"{at}.input: expected an object", param=f"{at}.input")
+            calls.append({"id": _text_of(b, "id", at), "type": "function",
+                          "function": {"name": _text_of(b, "name", at),
+                                       "arguments": json.dumps(args, ensure_ascii=False)}})
+        elif b["type"] == "thinking":
+            thoughts.append(_text_of(b, "thinking", at))
+        elif b["type"] != "redacted_thinking":
+            raise bad_request(f"{at}.type: unsupported content block {b['type']!r} in an assistant turn "
+                              "(supported: text, tool_use, thinking)", param=f"{at}.type")
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+    if calls:
+        msg["tool_calls"] = calls
+    if thoughts:
+        msg["reasoning_content"] = "\n".join(thoughts)
+    return msg
+
+
+def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
+    """`system` + `messages` as chat messages (dicts of ToolChatMessage's fields).
+
+    Raises:
+        APIError: 400 naming the block at fault, e.g. `messages.2.content.0.tool_use_id`.
+    """
+    out: list[dict[str, Any]] = []
+    if req.system:
+        blocks = _blocks(req.system, "system")
+        out.append({"role": "system", "content": "\n".join(_text_of(b, "text", f"system.{k}")
+                                                            for k, b in enumerate(blocks))})
+    for i, m in enumerate(req.messages):
+        role = m.get("role")
+        if role not in ("user", "assistant"):
+            raise bad_request(f"messages.{i}.role: must be \"user\" or \"assistant\", got {role!r}",
+                              param=f"messages.{i}.role")
+        blocks = _blocks(m.get("content"), f"messages.{i}.content")
+        if role == "user":
+            out.extend(_user_turn(blocks, f"messages.{i}.content"))
+        else:
+            out.append(_assistant_turn(blocks, f"messages.{i}.content"))
+    return out
+
+
+def _tool_choice(choice: MessagesToolChoice | None) -> tuple[Any, bool | None]:
+    if choice is None:
+        return None, None
+    parallel = False if choice.disable_parallel_tool_use else None
+    if choice.type == "tool":
+        if not choice.name:
+            raise bad_request('tool_choice.name: required with type "tool"', param="tool_choice.name")
+        return {"type": "function", "function": {"name": choice.name}}, parallel
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type], parallel
+
+
+def to_chat_request(req: MessagesRequest, stream: bool | None = None) -> ChatCompletionRequest:
+    """The chat request that serves `req`.
+
+    Raises:
+        APIError: 400 as chat_messages, or when the translation fails chat validation.
+    """
+    choice, parallel = _tool_choice(req.tool_choice)
+    body: dict[str, Any] = {
+        "model": req.model, "messages": chat_messages(req), "max_tokens": req.max_tokens,
+        "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+        "stream": bool(req.stream if stream is None else stream), "stop": req.stop_sequences or None,
+        "tool_choice": choice, "parallel_tool_calls": parallel,
+    }
+    try:
+        if req.tools:
+            body["tools"] = [t.chat_dict() for t in req.tools]
+        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as e:
+        raise from_validation_error(e) from None

@@ -1,0 +1,224 @@
+"""The `response` objects of POST /v1/responses and their SSE event sequence (a ResponseWriter).
+
+Output items, in output order: `reasoning` (with a --reasoning-parser), `message` (one `output_text`
+part), `function_call` (one per call). A stream:
+
+    response.created, response.in_progress,
+    per item: response.output_item.added,
+        reasoning: response.content_part.added, response.reasoning_text.delta..., .reasoning_text.done,
+                   response.content_part.done
+        message:   response.content_part.added, response.output_text.delta..., response.output_text.done,
+                   response.content_part.done
+        call:      response.function_call_arguments.delta..., response.function_call_arguments.done
+    response.output_item.done; then response.completed (or response.incomplete, response.failed)
+
+Every event carries `sequence_number` (0, 1, 2, ... within the stream) and is framed as
+`event: <type>` + `data: <json>` with no `[DONE]`, as OpenAI sends it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from .assistant_output import AssistantStream, AssistantTurn, Piece, read_whole
+from .errors import APIError
+from .openai_response import now_s
+from .reasoning_parser import ReasoningParser
+from .request_state import SampleEvent
+from .respond import Collected
+from .sse import named_sse
+from .tool_parser_base import ToolCall, ToolParser
+
+
+def item_id(prefix: str) -> str:
+    """A fresh output item id: `prefix` + "_" + 24 hex digits (msg_, fc_, rs_, resp_)."""
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def usage_object(prompt: int, completion: int, cached: int, reasoning: int) -> dict[str, Any]:
+    """The Responses usage: input/output tokens, radix-cache hits as `input_tokens_details.cached_tokens`."""
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": prompt + completion}
+
+
+def message_item(iid: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [] if status == "in_progress" else [_text_part(text)]
+    return {"type": "message", "id": iid, "status": status, "role": "assistant", "content": content}
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def reasoning_item(iid: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": iid, "summary": [], "content": content, "status": status}
+
+
+def call_item(iid: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": iid, "call_id": call_id, "name": name, "arguments": arguments,
+            "status": status}
+
+
+def output_items(turn: AssistantTurn) -> list[dict[str, Any]]:
+    """A whole choice's output items: reasoning, the message (unless the turn is only calls), calls."""
+    out = []
+    if turn.reasoning:
+        out.append(reasoning_item(item_id("rs"), turn.reasoning))
+    if turn.content.strip() or not turn.tool_calls:
+        out.append(message_item(item_id("msg"), turn.content))
+    out.extend(call_item(item_id("fc"), c.id, c.name, c.arguments) for c in turn.tool_calls)
+    return out
+
+
+class ResponsesWriter:
+    """Responses bodies and events for one request (n = 1). `meta` holds the fields echoed from the
+    request (id, model, instructions, tools, ...); `on_complete` receives the final response object
+    (the store keeps it for previous_response_id). `count_tokens` turns reasoning text into
+    `reasoning_tokens`."""
+
+    def __init__(self, meta: dict[str, Any], reasoning: ReasoningParser | None, tools: ToolParser | None,
+                 count_tokens: Callable[[str], int],
+                 on_complete: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.meta = {"object": "response", "created_at": now_s(), **meta}
+        self.reasoning, self.tools = reasoning, tools
+        self.count_tokens, self.on_complete = count_tokens, on_complete
+        self.seq = 0
+        self.stream = AssistantStream.of(reasoning, tools)
+        self.items: list[dict[str, Any]] = []  # finished output items
+        self.open: dict[str, Any] | None = None  # the item being streamed: kind, id, text, call
+        self.final: dict[str, Any] | None = None
+
+    def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
+                 finish_reason: str | None = None) -> dict[str, Any]:
+        """The `response` object in `status`; a "length" finish makes it incomplete, "abort" failed."""
+        body = {**self.meta, "status": status, "output": output, "usage": usage, "error": None,
+                "incomplete_details": None}
+        if finish_reason == "length":
+            body["status"], body["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
+        elif finish_reason == "abort":
+            body["status"] = "failed"
+            body["error"] = {"code": "server_error", "message": "the request was aborted by the server"}
+        return body
+
+    def _usage(self, c: Collected | SampleEvent, reasoning_text: str) -> dict[str, Any]:
+        rt = self.count_tokens(reasoning_text) if reasoning_text else 0
+        rt = min(rt, c.completion_tokens)
+        return usage_object(c.prompt_tokens, c.completion_tokens, c.cached_tokens, rt)
+
+    def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.on_complete is not None:
+            self.on_complete(body)
+        return body
+
+    def body(self, choices: dict[int, Collected]) -> dict[str, Any]:
+        c = choices[0]
+        turn = read_whole(c.text, self.reasoning, self.tools)
+        body = self.response("completed", output_items(turn), self._usage(c, turn.reasoning), c.finish_reason)
+        return self._complete(body)
+
+    # ----- streaming -----
+    def _emit(self, parts: list[bytes], kind: str, **fields: Any) -> None:
+        parts.append(named_sse(kind, {"type": kind, "sequence_number": self.seq, **fields}))
+        self.seq += 1
+
+    def head(self) -> list[bytes]:
+        parts: list[bytes] = []
+        start = self.response("in_progress", [], None)
+        self._emit(parts, "response.created", response=start)
+        self._emit(parts, "response.in_progress", response=start)
+        return [b"".join(parts)]
+
+    def _open_item(self, parts: list[bytes], kind: str, call: Any = None) -> dict[str, Any]:
+        index = len(self.items)
+        if kind == "call":
+            it = {"kind": kind, "id": item_id("fc"), "call": ToolCall(call.id, call.name or "", ""),
+                  "text": ""}
+            item = call_item(it["id"], call.id, call.name or "", "", "in_progress")
+        else:
+            it = {"kind": kind, "id": item_id("rs" if kind == "reasoning" else "msg"), "text": ""}
+            item = (reasoning_item if kind == "reasoning" else message_item)(it["id"], "", "in_progress")
+        self._emit(parts, "response.output_item.added", output_index=index, item=item)
+        if kind != "call":
+            part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else _text_part("")
+            self._emit(parts, "response.content_part.added", item_id=it["id"], output_index=index,
+                       content_index=0, part=part)
+        self.open = it
+        return it
+
+    def _close_item(self, parts: list[bytes]) -> None:
+        it, self.open = self.open, None
+        if it is None:
+            return
+        index, text = len(self.items), it["text"]
+        loc = {"item_id": it["id"], "output_index": index}
+        if it["kind"] == "call":
+            call = it["call"]
+            self._emit(parts, "response.function_call_arguments.done", **loc, name=call.name, arguments=text)
+            item = call_item(it["id"], call.id, call.name, text)
+        elif it["kind"] == "reasoning":
+            self._emit(parts, "response.reasoning_text.done", **loc, content_index=0, text=text)
+            self._emit(parts, "response.content_part.done", **loc, content_index=0,
+                       part={"type": "reasoning_text", "text": text})
+            item = reasoning_item(it["id"], text)
+        else:
+            self._emit(parts, "response.output_text.done", **loc, content_index=0, text=text, logprobs=[])
+            self._emit(parts, "response.content_part.done", **loc, content_index=0, part=_text_part(text))
+            item = message_item(it["id"], text)
+        self._emit(parts, "response.output_item.done", output_index=index, item=item)
+        self.items.append(item)
+
+    def _piece(self, p: Piece, parts: list[bytes]) -> None:
+        starts_call = p.kind == "call" and p.call is not None and p.call.id is not None
+        it = self.open
+        if it is None or it["kind"] != p.kind or starts_call:
+            if p.kind == "text" and not p.text.strip() and (it is None or it["kind"] != "text"):
+                return  # whitespace between items is layout, not a message
+            self._close_item(parts)
+            it = self._open_item(parts, p.kind, p.call)
+        loc = {"item_id": it["id"], "output_index": len(self.items)}
+        delta = p.call.arguments if p.call is not None else p.text
+        if not delta:
+            return
+        it["text"] += delta
+        if p.kind == "call":
+            self._emit(parts, "response.function_call_arguments.delta", **loc, delta=delta)
+        elif p.kind == "reasoning":
+            self._emit(parts, "response.reasoning_text.delta", **loc, content_index=0, delta=delta)
+        else:
+            self._emit(parts, "response.output_text.delta", **loc, content_index=0, delta=delta, logprobs=[])
+
+    def event(self, ev: SampleEvent, parts: list[bytes]) -> None:
+        pieces = self.stream.feed(ev.text) if ev.text else []
+        if ev.finish_reason is not None:
+            pieces += self.stream.finish()
+        for p in pieces:
+            self._piece(p, parts)
+        if ev.finish_reason is not None:
+            self._close_item(parts)
+            if not self.items:  # an empty answer is still one (empty) message
+                self._open_item(parts, "text")
+                self._close_item(parts)
+            thought = "".join(i["content"][0]["text"] for i in self.items if i["type"] == "reasoning")
+            self.final = self._complete(self.response("completed", self.items, self._usage(ev, thought),
+                                                      ev.finish_reason))
+
+    def tail(self, last: dict[int, SampleEvent]) -> list[bytes]:
+        parts: list[bytes] = []
+        final = self.final or self.response("failed", self.items, None, "abort")
+        kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
+            final["status"], "response.failed")
+        self._emit(parts, kind, response=final)
+        return parts
+
+    def error_events(self, err: APIError) -> list[bytes]:
+        """A mid-stream error: an `error` event, then `response.failed`."""
+        parts: list[bytes] = []
+        self._emit(parts, "error", code=err.code or err.type, message=err.message, param=err.param)
+        failed = self.response("failed", self.items, None)
+        failed["error"] = {"code": err.code or "server_error", "message": err.message}
+        self._emit(parts, "response.failed", response=failed)
+        return parts
