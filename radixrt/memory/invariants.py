@@ -7,7 +7,7 @@ requests:
   2. tree shape: children keyed by their first token, child.start == parent.end, non-empty keys,
      len(node.pages) == number of page indices the node's span touches, no page 0, no page twice in a
      node, parent.last_access_time >= child.last_access_time (so leaves are the LRU candidates),
-     key_bytes (when built) == the key as int64 bytes; a namespace root (negative key, below the
+     key_bytes (when built) == the key as int64 bytes; a namespace root (start -1, negative key, below the
      root, start -1, no pages) is exempt from the span rules;
   3. locks: node.lock_ref == node.own_lock_ref + sum(child.lock_ref), all >= 0;
   4. references: for every page, refcount == tree holders + external holders (exactly, when
@@ -77,7 +77,7 @@ def _check_node_shape(node: TreeNode, page_size: int) -> None:
     parent = node.parent
     where = f"node at [{node.start}, {node.end})"
     assert parent is not None, f"{where}: reachable but detached"
-    if node.key and node.key[0] < 0:  # a namespace root (RadixCache.namespace_root)
+    if node.start < 0:  # a namespace root (RadixCache.namespace_root)
         assert parent.parent is None and node.start == -1 and not node.pages, f"{where}: bad namespace root"
         assert parent.children.get(node.key[0]) is node, f"{where}: not keyed by its namespace"
         return
