@@ -337,17 +337,19 @@ async def soak(base_url: str, cfg: SoakConfig, pid: int | None = None,
 def format_report(r: SoakReport) -> str:
     """The load held and every count, one block of text."""
     c, cfg = r.counts, r.config
+    rate = c["requests"] / max(r.duration_s, 1e-9)
+    idle = r.idle_stats
     lines = [f"soak: {c['requests']} requests at concurrency {cfg['concurrency']} in {r.duration_s:.1f} s "
-             f"({c['requests'] / max(r.duration_s, 1e-9):.1f} req/s), disconnect share {cfg['disconnect_frac']}, "
+             f"({rate:.2f} req/s), disconnect share {cfg['disconnect_frac']}, "
              f"malformed share {cfg['malformed_frac']}",
              "counts: " + ", ".join(f"{k}={v}" for k, v in sorted(c.items())),
              "by kind: " + ", ".join(f"{k}={v}" for k, v in sorted(r.by_kind.items())),
              f"aborted counter delta {r.aborted_counter_delta:g}, /health failures {r.health_failures}",
-             f"idle: running {r.idle_stats.get('num_running_reqs')}, waiting {r.idle_stats.get('num_waiting_reqs')},"
-             f" front-end samples {r.idle_stats.get('tokenizer_inflight_samples')}, "
-             f"invariants_ok {r.idle_stats.get('invariants_ok')}",
-             f"rss: baseline {r.rss_baseline_bytes / 2**20:.0f} MiB, after {r.rss_after_bytes / 2**20:.0f} MiB "
-             f"(margin max({RSS_MARGIN_FRAC:.0%}, {RSS_MARGIN_BYTES // 2**20} MiB))",
+             f"idle: running {idle.get('num_running_reqs')}, waiting {idle.get('num_waiting_reqs')},"
+             f" front-end samples {idle.get('tokenizer_inflight_samples')}, "
+             f"invariants_ok {idle.get('invariants_ok')}",
+             f"rss: baseline {r.rss_baseline_bytes / 2**20:.0f} MiB, "
+             f"after {r.rss_after_bytes / 2**20:.0f} MiB (margin max({RSS_MARGIN_FRAC:.0%}, {RSS_MARGIN_BYTES // 2**20} MiB))",
              "PASS" if not r.problems else "FAIL:\n  " + "\n  ".join(r.problems)]
     return "\n".join(lines)
 

@@ -125,8 +125,9 @@ def malformed_plan(rng: random.Random) -> Plan:
         ("bad_range", "/v1/completions", {"model": MODEL, "prompt": "hi", "temperature": 9.5}, None),
         ("bad_token_id", "/v1/completions", {"model": MODEL, "prompt": [[1, -4]]}, None),
         ("huge_n", "/v1/completions", {"model": MODEL, "prompt": "hi", "n": 100000}, None),
-        ("bad_schema", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                                                "response_format": {"type": "json_schema"}}, None),
+        ("bad_schema", "/v1/chat/completions",
+         {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+          "response_format": {"type": "json_schema"}}, None),
         ("generate_both", "/generate", {"text": "a", "input_ids": [1, 2]}, None),
     ]
     kind, path, body, raw = rng.choice(cases)

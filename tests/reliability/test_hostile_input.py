@@ -27,8 +27,8 @@ ERROR_SHAPE = {"/v1/messages": "anthropic"}
 
 @pytest.fixture(scope="module")
 def keyed(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(model_dir, tmp_path_factory.mktemp("hostile"), "--api-key", KEY, "--request-timeout", "6",
-                     "--max-total-tokens", "16384", "--max-request-body-bytes", "65536",
+    s = start_server(model_dir, tmp_path_factory.mktemp("hostile"), "--api-key", KEY,
+                     "--request-timeout", "6", "--max-total-tokens", "16384", "--max-request-body-bytes", "65536",
                      env={"RADIXRT_DEBUG_INVARIANTS": "1"})
     yield s
     s.stop()
@@ -56,28 +56,34 @@ def _fuzz(server: Server, headers: dict[str, str], expect_401: bool) -> list[str
         op = result.ok()
         seen.add(f"{op.method.upper()} {op.path}")
 
-        @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))
-        @given(case=op.as_strategy())
-        def run(case: Any, op: Any = op) -> None:
-            r = case.call(base_url=server.base_url, headers=headers, timeout=60)
-            status = r.status_code
-            if status >= 500 or (expect_401 and status != 401):
-                problems.append(f"{op.method.upper()} {op.path}: {status} for {case.body!r:.200}")
-            elif status >= 400:
-                problem = error_body_problem(op.path, status, r.content)
-                if problem:
-                    problems.append(problem)
-
-        run()
+        _fuzz_operation(server, op, headers, expect_401, problems)
     assert {"POST /v1/chat/completions", "POST /v1/completions", "POST /generate", "GET /v1/models"} <= seen
     return problems
 
 
+def _fuzz_operation(server: Server, op: Any, headers: dict[str, str], expect_401: bool,
+                    problems: list[str]) -> None:
+    """MAX_EXAMPLES schemathesis cases of one operation; what goes wrong is appended to problems."""
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(case=op.as_strategy())
+    def run(case: Any) -> None:
+        r = case.call(base_url=server.base_url, headers=headers, timeout=60)
+        status = r.status_code
+        if status >= 500 or (expect_401 and status != 401):
+            problems.append(f"{op.method.upper()} {op.path}: {status} for {case.body!r:.200}")
+        elif status >= 400:
+            problem = error_body_problem(op.path, status, r.content)
+            if problem:
+                problems.append(problem)
+
+    run()
+
+
 def test_fuzz_every_route_with_the_key(keyed: Server) -> None:
     assert _fuzz(keyed, AUTH, expect_401=False) == []
-    info = httpx.get(keyed.base_url + "/get_server_info", headers=AUTH, timeout=30).json()
-    assert info["scheduler"]["num_running_reqs"] == 0 or True  # requests may still be ending
+    assert httpx.get(keyed.base_url + "/health", timeout=30).status_code == 200
 
 
 def test_fuzz_every_route_without_the_key(keyed: Server) -> None:
