@@ -349,7 +349,8 @@ def format_report(r: SoakReport) -> str:
              f" front-end samples {idle.get('tokenizer_inflight_samples')}, "
              f"invariants_ok {idle.get('invariants_ok')}",
              f"rss: baseline {r.rss_baseline_bytes / 2**20:.0f} MiB, "
-             f"after {r.rss_after_bytes / 2**20:.0f} MiB (margin max({RSS_MARGIN_FRAC:.0%}, {RSS_MARGIN_BYTES // 2**20} MiB))",
+             f"after {r.rss_after_bytes / 2**20:.0f} MiB "
+             f"(margin max({RSS_MARGIN_FRAC:.0%}, {RSS_MARGIN_BYTES // 2**20} MiB))",
              "PASS" if not r.problems else "FAIL:\n  " + "\n  ".join(r.problems)]
     return "\n".join(lines)
 

@@ -28,7 +28,8 @@ ERROR_SHAPE = {"/v1/messages": "anthropic"}
 @pytest.fixture(scope="module")
 def keyed(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(model_dir, tmp_path_factory.mktemp("hostile"), "--api-key", KEY,
-                     "--request-timeout", "6", "--max-total-tokens", "16384", "--max-request-body-bytes", "65536",
+                     "--request-timeout", "6", "--max-total-tokens", "16384",
+                     "--max-request-body-bytes", "65536",
                      env={"RADIXRT_DEBUG_INVARIANTS": "1"})
     yield s
     s.stop()
