@@ -71,6 +71,15 @@ class ServerArgs:
         "prefix once per group per step; triton backend only, where it is on by default).",
         default=False)
     api_key: str | None = _flag("Require `Authorization: Bearer <key>` on every route but /health.")
+    require_cache_salt: bool = _flag(
+        "Reject (400) chat/completions/generate requests without a `cache_salt` (tenant isolation of "
+        "the prefix cache: requests share cached KV only with requests of the same salt).", default=False)
+    graceful_shutdown_timeout: float = _flag(
+        "Seconds that SIGTERM lets in-flight requests run to completion (new ones get 503) before "
+        "the rest end with an error; 0: end them at once.", default=0.0)
+    request_timeout: float | None = _flag(
+        "Per-request time limit in seconds (from arrival to the last token); a request past it "
+        "gets 408 (a stream: an SSE error event). Default: none.")
     random_seed: int = _flag("Seed for weights in dummy mode and for unseeded sampling.", default=0)
     tp_size: int = _flag("Tensor parallel size (only 1 is supported).", default=1)
     log_level: str = _flag("Logging level.", default="info",
@@ -99,6 +108,8 @@ class ServerArgs:
             (self.max_request_body_bytes >= 1024, "--max-request-body-bytes must be >= 1024"),
             (self.max_prefill_tokens >= 1, "--max-prefill-tokens must be >= 1"),
             (self.cuda_graph_max_bs >= 1, "--cuda-graph-max-bs must be >= 1"),
+            (self.graceful_shutdown_timeout >= 0, "--graceful-shutdown-timeout must be >= 0"),
+            (self.request_timeout is None or self.request_timeout > 0, "--request-timeout must be > 0"),
             (self.tp_size == 1, "--tp-size other than 1 is not supported yet"),
         ]
         for ok, msg in checks:

@@ -4,10 +4,16 @@ Start order: the worker first (its Ready carries the KV pool size and model fact
 scheduler and the tokenizer process together (both need the worker's facts). Each child reports
 `protocol.Ready` (with PROTOCOL_VERSION) or `protocol.Fatal` on the launcher's channel.
 
-Shutdown: SIGINT/SIGTERM -> exit 0 after stopping every child; a child that dies -> every other
-child is stopped and the launcher exits 1 within seconds. Children run in their own session (the
-terminal's Ctrl-C reaches only the launcher) and die with it (PR_SET_PDEATHSIG); the private ipc
-directory is removed on every path out.
+Shutdown (docs/reliability.md lists what each path guarantees):
+- SIGTERM: graceful. The tokenizer process alone is told first (SIGTERM): it answers new requests
+  with 503 and lets in-flight ones finish for up to --graceful-shutdown-timeout, then ends the rest
+  with an error and exits; then the scheduler and the worker are stopped. Exit 0.
+- SIGINT (Ctrl-C): the same without the drain.
+- A child that dies (or reports Fatal): the tokenizer gets SIGINT (every open stream ends with an
+  SSE error event at once), the others SIGTERM, SIGKILL after CRASH_STOP_GRACE_S; exit 1, within
+  5 s of the death.
+Children run in their own session (the terminal's Ctrl-C reaches only the launcher) and die with it
+(PR_SET_PDEATHSIG); the private ipc directory is removed on every path out.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from radixrt.protocol import CHILD_TO_LAUNCHER, Fatal, Ready
 log = logging.getLogger("radixrt.launcher")
 
 READY_TIMEOUT_S = 900.0
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = 5.0  # after SIGTERM, a child gets this long before SIGKILL
+CRASH_STOP_GRACE_S = 3.0  # the same after a child died (the launcher must be gone within 5 s)
 POLL_S = 0.1
 
 
@@ -44,7 +51,11 @@ class LaunchError(RuntimeError):
 
 
 class _Stop(Exception):
-    """Raised from the signal handler to leave the wait loops."""
+    """Raised from the signal handler to leave the wait loops; `signum` is the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 class Launcher:
@@ -101,12 +112,31 @@ class Launcher:
             if isinstance(msg, Fatal):
                 raise LaunchError(f"{msg.process} process failed: {msg.message}")
 
-    def shutdown(self) -> None:
-        """SIGTERM every live child, SIGKILL after a grace period, remove the ipc directory."""
-        for proc in self.procs.values():
+    def drain(self) -> bool:
+        """Graceful first step: SIGTERM the tokenizer process alone and wait until it has exited
+        (its drain, --graceful-shutdown-timeout, plus STOP_GRACE_S); the scheduler and the worker
+        keep serving meanwhile. Returns False if another child died during the drain (the tokenizer
+        is then told to stop at once)."""
+        tok = self.procs.get("tokenizer")
+        if tok is None or tok.poll() is not None:
+            return True
+        tok.terminate()
+        deadline = time.monotonic() + self.args.graceful_shutdown_timeout + STOP_GRACE_S
+        healthy = True
+        while tok.poll() is None and time.monotonic() < deadline:
+            if healthy and any(p.poll() is not None for r, p in self.procs.items() if r != "tokenizer"):
+                healthy = False
+                tok.send_signal(signal.SIGINT)
+            time.sleep(POLL_S)
+        return healthy
+
+    def shutdown(self, crashed: bool = False) -> None:
+        """Stop every live child (crashed: the tokenizer with SIGINT, no drain), SIGKILL after a
+        grace period, remove the ipc directory."""
+        for role, proc in self.procs.items():
             if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
+                proc.send_signal(signal.SIGINT if crashed and role == "tokenizer" else signal.SIGTERM)
+        deadline = time.monotonic() + (CRASH_STOP_GRACE_S if crashed else STOP_GRACE_S)
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -119,7 +149,7 @@ class Launcher:
 
 
 def _raise_stop(signum: int, frame: Any) -> None:
-    raise _Stop()
+    raise _Stop(signum)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -171,7 +201,7 @@ def launch_server(args: ServerArgs) -> int:
     launcher = Launcher(args, model_dir)
     log.info("model dir %s, ipc dir %s", model_dir, launcher.addrs.dir)
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    code = 0
+    code, crashed = 0, False
     try:
         launcher.spawn("worker", {})
         worker_info = launcher.wait_ready({"worker"})["worker"]
@@ -182,15 +212,20 @@ def launch_server(args: ServerArgs) -> int:
                  args.host, args.port, worker_info.get("pool_tokens"), worker_info.get("pool_gib"))
         print(f"radixrt: ready on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
         launcher.monitor()
-    except _Stop:
-        log.info("signal received, shutting down")
+    except _Stop as stop:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        log.info("signal %d received, shutting down", stop.signum)
+        if stop.signum == signal.SIGTERM and not launcher.drain():
+            print("radixrt: error: a server process died during the graceful shutdown", file=sys.stderr)
+            code = crashed = 1
     except LaunchError as e:
         print(f"radixrt: error: {e}", file=sys.stderr, flush=True)
-        code = e.exit_code
+        code, crashed = e.exit_code, True
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        launcher.shutdown()
+        launcher.shutdown(crashed=bool(crashed))
         for s, h in old.items():
             signal.signal(s, h)
     return code

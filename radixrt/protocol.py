@@ -64,6 +64,7 @@ class GenerateReq:
     input_ids: int32 [prompt_len]. `sampling` holds SamplingParams fields (see sampling_params.py).
     grammar_kind / grammar_text: a constraint on the output (radixrt.constrained.GrammarKind value
     and its text, already validated at the HTTP edge); None = unconstrained.
+    cache_salt: the tenant namespace of the prefix cache (KVManager.prefix_handle); None = shared.
     """
 
     rid: str
@@ -74,6 +75,7 @@ class GenerateReq:
     top_logprobs_num: int = 0
     grammar_kind: str | None = None
     grammar_text: str = ""
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)

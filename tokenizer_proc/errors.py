@@ -1,7 +1,8 @@
 """OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` and the app's exception handlers.
 
 Client mistakes are 400 (never FastAPI's default 422, never a 500); unknown model 404; oversized body
-413; missing/wrong API key 401; overload 429; scheduler unreachable or shutting down 503.
+413; missing/wrong API key 401; past --request-timeout 408; overload 429; scheduler unreachable or
+shutting down 503.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_server_error",
@@ -46,6 +48,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type_ or _TYPES.get(status, "invalid_request_error")
+        self.headers: dict[str, str] | None = None  # extra response headers (e.g. Connection: close)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -115,7 +118,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(_req: Request, exc: APIError) -> Response:
-        return exc.response()
+        return exc.response(exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> Response:

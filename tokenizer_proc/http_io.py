@@ -15,20 +15,40 @@ from .errors import APIError, ClientGone, bad_request
 T = TypeVar("T")
 
 
+DRAIN_MAX_BYTES = 256 * 1024 * 1024  # an oversized body is read and dropped up to this, then cut
+
+
+async def _too_large(request: Request, max_bytes: int, num_read: int) -> APIError:
+    """The 413 for an oversized body, after reading (and dropping) the rest of it.
+
+    Answering while the client is still sending would close the socket with unread data, which the
+    kernel answers with a TCP reset: the client then sees "connection reset" instead of the 413.
+    So the rest is drained (in chunks, nothing kept) up to DRAIN_MAX_BYTES, and the connection is
+    closed after the reply."""
+    async for part in request.stream():
+        num_read += len(part)
+        if num_read > DRAIN_MAX_BYTES:
+            break
+    err = APIError(413, f"request body is larger than {max_bytes} bytes (--max-request-body-bytes)")
+    err.headers = {"Connection": "close"}
+    return err
+
+
 async def read_json(request: Request, max_bytes: int) -> Any:
     """The request body as JSON, read with a size cap.
 
     Raises:
-        APIError: 413 when larger than `max_bytes`; 400 when empty or not valid JSON.
+        APIError: 413 when larger than `max_bytes` (the client can read it: see _too_large); 400 when
+            empty or not valid JSON.
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise APIError(413, f"request body is larger than {max_bytes} bytes")
+        raise await _too_large(request, max_bytes, 0)
     buf = bytearray()
     async for part in request.stream():
         buf += part
         if len(buf) > max_bytes:
-            raise APIError(413, f"request body is larger than {max_bytes} bytes")
+            raise await _too_large(request, max_bytes, len(buf))
     if not buf:
         raise bad_request("request body is empty; expected a JSON object")
     try:

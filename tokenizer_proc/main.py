@@ -4,9 +4,12 @@ Start-up order: load the tokenizer; bind the PULL socket (scheduler -> tokenizer
 PUSH socket; bind the HTTP port ourselves (so a busy port is a clear start-up error, not a uvicorn
 `sys.exit`); start uvicorn on that socket inside a uvloop event loop; once uvicorn reports
 `started` (it is accepting connections), send `protocol.Ready("tokenizer")` to the launcher.
-SIGTERM/SIGINT end every in-flight request at once with 503 "server is shutting down" (a stream: an
-SSE error event, then `data: [DONE]`), uvicorn closes the connections (waiting at most
-GRACEFUL_SHUTDOWN_S), then the manager closes its sockets and `run_tokenizer` returns (exit code 0).
+SIGTERM with `--graceful-shutdown-timeout T` > 0 first drains: new requests get 503 "server is
+shutting down" while in-flight ones run on, for at most T seconds. Then (at once for SIGINT or T = 0)
+every request still in flight ends with that 503 (a stream: an SSE error event, then `data: [DONE]`),
+uvicorn closes the connections (waiting at most GRACEFUL_SHUTDOWN_S), then the manager closes its
+sockets and `run_tokenizer` returns (exit code 0). The launcher sends SIGINT when a sibling process
+died (nothing in flight can finish then) and SIGTERM for a graceful stop.
 After start-up the heap is frozen out of the garbage collector's reach (`tune_gc`).
 """
 
@@ -114,7 +117,7 @@ async def serve(ctx: ServingContext, sock: socket.socket, on_started: Any = None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(sig, _request_exit, server, sig)
+            loop.add_signal_handler(sig, _request_exit, server, ctx, sig)
         except (RuntimeError, ValueError):  # not the main thread (tests)
             pass
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -151,8 +154,24 @@ async def _end_streams_on_exit(server: uvicorn.Server, ctx: ServingContext) -> N
         logger.info("shutting down: ended %d in-flight samples with an error", n)
 
 
-def _request_exit(server: uvicorn.Server, sig: int) -> None:
-    logger.info("signal %d: shutting down the HTTP server", sig)
+def _request_exit(server: uvicorn.Server, ctx: ServingContext, sig: int) -> None:
+    drain_s = ctx.args.graceful_shutdown_timeout if sig == signal.SIGTERM else 0.0
+    if drain_s <= 0 or ctx.manager.closing:  # a second signal ends the drain
+        logger.info("signal %d: shutting down the HTTP server", sig)
+        server.should_exit = True
+        return
+    logger.info("signal %d: draining %d in-flight samples for at most %g s; new requests get 503",
+                sig, ctx.manager.num_inflight, drain_s)
+    ctx.manager.closing = True
+    asyncio.ensure_future(_drain_then_exit(server, ctx, drain_s))
+
+
+async def _drain_then_exit(server: uvicorn.Server, ctx: ServingContext, drain_s: float) -> None:
+    """Let in-flight samples finish (polling), for at most drain_s seconds; then stop the server."""
+    deadline = asyncio.get_running_loop().time() + drain_s
+    while ctx.manager.num_inflight and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    logger.info("drain over (%d samples still in flight)", ctx.manager.num_inflight)
     server.should_exit = True
 
 

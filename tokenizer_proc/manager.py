@@ -117,7 +117,8 @@ class TokenizerManager:
         self._controls: dict[str, asyncio.Future[protocol.ControlResp]] = {}
         self._recv_task: asyncio.Task[None] | None = None
         self._num_layout_errors = 0
-        self.closing = False
+        self.closing = False  # shutting down: no new requests (in-flight ones may still finish)
+        self._closed = False  # sockets closed
 
     # ----------------------------------------------------------------- lifecycle
     def bind(self) -> None:
@@ -136,7 +137,7 @@ class TokenizerManager:
             self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
 
     async def close(self) -> None:
-        self.closing = True
+        self.closing = self._closed = True
         if self._recv_task is not None:
             self._recv_task.cancel()
             try:
@@ -170,7 +171,7 @@ class TokenizerManager:
 
     def abort(self, rid: str, reason: str = "abort") -> None:
         """Tell the scheduler to stop `rid` and forget it (later chunks for it are dropped)."""
-        if self._queues.pop(rid, None) is not None and self._sender is not None and not self.closing:
+        if self._queues.pop(rid, None) is not None and self._sender is not None and not self._closed:
             self._sender.send(protocol.AbortReq(rid=rid, reason=reason))
 
     def release(self, rid: str) -> None:

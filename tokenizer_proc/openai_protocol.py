@@ -19,6 +19,7 @@ __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "Constra
            "GenerateRequest", "ResponseFormat", "SamplingFields", "StreamOptions", "TextPart"]
 
 NonNegInt = Annotated[int, Field(ge=0)]
+CacheSalt = Annotated[str, Field(min_length=1, max_length=256)]  # tenant of the prefix cache (vLLM's name)
 TokenIds = Annotated[list[NonNegInt], Field(min_length=1)]
 
 
@@ -92,6 +93,7 @@ class SamplingFields(_Strict):
     ignore_eos: bool | None = False
     stop_token_ids: list[NonNegInt] | None = None
     skip_special_tokens: bool | None = True
+    cache_salt: CacheSalt | None = None
 
     @field_validator("stop")
     @classmethod
@@ -186,6 +188,7 @@ class GenerateRequest(_Strict):
     return_logprob: bool | None = False
     top_logprobs_num: int | None = Field(default=0, ge=0, le=20)
     rid: str | None = None
+    cache_salt: CacheSalt | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:

@@ -12,6 +12,7 @@ aborts every sample that has not finished.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -48,6 +49,7 @@ class SampleSpec:
     skip_special_tokens: bool = True
     grammar_kind: str | None = None  # the output constraint, validated (GenerateReq.grammar_kind)
     grammar_text: str = ""
+    cache_salt: str | None = None  # the prefix cache's tenant namespace
 
 
 @dataclass(slots=True)
@@ -169,8 +171,11 @@ class RequestHandle:
 
     def __init__(self, manager: TokenizerManager, tokenizer: Any, specs: list[SampleSpec], *,
                  stream: bool, return_logprob: bool = False, top_logprobs_num: int = 0,
-                 on_done: Callable[[RequestHandle, str], None] | None = None) -> None:
+                 on_done: Callable[[RequestHandle, str], None] | None = None,
+                 timeout_s: float | None = None) -> None:
         self.manager = manager
+        self.timeout_s = timeout_s  # --request-timeout: unfinished samples then end with a 408
+        self._timer: asyncio.TimerHandle | None = None
         self.id = uuid.uuid4().hex
         self.stream = stream
         self.return_logprob = return_logprob
@@ -192,8 +197,21 @@ class RequestHandle:
                 rid=rid, input_ids=np.asarray(st.spec.input_ids, dtype=np.int32),
                 sampling=st.spec.sampling, stream=self.stream, return_logprob=self.return_logprob,
                 top_logprobs_num=self.top_logprobs_num, grammar_kind=st.spec.grammar_kind,
-                grammar_text=st.spec.grammar_text), self.queue)
+                grammar_text=st.spec.grammar_text, cache_salt=st.spec.cache_salt), self.queue)
+        if self.timeout_s is not None:
+            self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._expire)
         return self
+
+    def _expire(self) -> None:
+        """--request-timeout passed: end every unfinished sample with a 408 (the reader raises it;
+        leaving the handle then aborts the samples in the scheduler)."""
+        error = f"408 the request exceeded the time limit of {self.timeout_s:g} s (--request-timeout)"
+        for rid, st in self.samples.items():
+            if not st.finished:
+                self.queue.put_nowait(TokenChunk(rid=rid, ids=[], logprobs=None, top_ids=None,
+                                                 top_logprobs=None, finish_reason="abort", matched_stop=None,
+                                                 prompt_tokens=None, completion_tokens=None,
+                                                 cached_tokens=None, error=error))
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.finish(exc)
@@ -203,6 +221,8 @@ class RequestHandle:
         if self._done:
             return
         self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
         self.close()
         if exc is None and all(s.finished for s in self.samples.values()):
             self.outcome = "ok"

@@ -16,6 +16,7 @@ from fastapi.responses import Response
 
 from .errors import APIError, install_handlers
 from .http_io import json_response
+from .openapi_doc import install_openapi
 from .protocol_errors import anthropic_error
 from .protocol_routes import ANTHROPIC_PATH_PREFIX, add_protocol_routes
 from .serving_chat import chat_completions
@@ -75,8 +76,10 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
         ctx.manager.start()
         yield
 
-    app = FastAPI(title="radixrt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="radixrt", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
     install_handlers(app)
+    install_openapi(app)
     created = int(time.time())
 
     @app.post("/v1/chat/completions")

@@ -49,7 +49,8 @@ async def generate(ctx: ServingContext, request: Request) -> Response:
     check_prompts(ctx, prompts, "input_ids" if body.input_ids is not None else "text")
     sub = Submission(prompts=prompts, sampling=sampling, stop=list(sampling["stop"]),
                      stream=bool(body.stream), return_logprob=bool(body.return_logprob),
-                     top_logprobs_num=body.top_logprobs_num or 0, grammar_kind=kind, grammar_text=text)
+                     top_logprobs_num=body.top_logprobs_num or 0, grammar_kind=kind, grammar_text=text,
+                     cache_salt=body.cache_salt)
     handle = admit(ctx, sub)
     return await respond(request, handle, GenerateWriter(ctx, handle, sub.return_logprob, batch))
 

@@ -37,6 +37,7 @@ class Submission:
     top_logprobs_num: int = 0
     grammar_kind: str | None = None  # the output constraint (GenerateReq.grammar_kind); None: none
     grammar_text: str = ""
+    cache_salt: str | None = None  # the prefix cache's tenant namespace (GenerateReq.cache_salt)
 
 
 async def tokenize(ctx: ServingContext, text: str) -> list[int]:
@@ -65,7 +66,7 @@ def openai_submission(ctx: ServingContext, req: SamplingFields, prompts: list[li
     return Submission(prompts=prompts, sampling=sampling, stop=req.stop_list(), n=req.n or 1,
                       skip_special_tokens=req.skip_special_tokens is not False, stream=bool(req.stream),
                       return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
-                      grammar_kind=grammar[0], grammar_text=grammar[1])
+                      grammar_kind=grammar[0], grammar_text=grammar[1], cache_salt=req.cache_salt)
 
 
 def make_specs(prompts: list[list[int]], n: int, sampling: dict[str, Any], stop: list[str],
@@ -103,12 +104,22 @@ def new_handle(ctx: ServingContext, specs: list[SampleSpec], *, stream: bool, re
     if not ctx.manager.has_capacity(len(specs)):
         raise APIError(429, "too many requests in flight; retry later")
     return RequestHandle(ctx.manager, ctx.tokenizer, specs, stream=stream, return_logprob=return_logprob,
-                         top_logprobs_num=top_logprobs_num, on_done=ctx.on_done)
+                         top_logprobs_num=top_logprobs_num, on_done=ctx.on_done,
+                         timeout_s=ctx.args.request_timeout)
 
 
 def admit(ctx: ServingContext, sub: Submission) -> RequestHandle:
-    """`sub` fanned out into samples (make_specs) under a new handle (new_handle; same errors)."""
+    """`sub` fanned out into samples (make_specs) under a new handle (new_handle; same errors).
+
+    Raises:
+        APIError: also 400 `param: cache_salt` without a salt under --require-cache-salt.
+    """
+    if ctx.args.require_cache_salt and sub.cache_salt is None:
+        raise APIError(400, "cache_salt is required by this server (--require-cache-salt)",
+                       param="cache_salt", code="missing_cache_salt")
     specs = make_specs(sub.prompts, sub.n, sub.sampling, sub.stop, sub.skip_special_tokens,
                        (sub.grammar_kind, sub.grammar_text))
+    for spec in specs:
+        spec.cache_salt = sub.cache_salt
     return new_handle(ctx, specs, stream=sub.stream, return_logprob=sub.return_logprob,
                       top_logprobs_num=sub.top_logprobs_num)

@@ -7,7 +7,8 @@ requests:
   2. tree shape: children keyed by their first token, child.start == parent.end, non-empty keys,
      len(node.pages) == number of page indices the node's span touches, no page 0, no page twice in a
      node, parent.last_access_time >= child.last_access_time (so leaves are the LRU candidates),
-     key_bytes (when built) == the key as int64 bytes;
+     key_bytes (when built) == the key as int64 bytes; a namespace root (start -1, negative key, below the
+     root, start -1, no pages) is exempt from the span rules;
   3. locks: node.lock_ref == node.own_lock_ref + sum(child.lock_ref), all >= 0;
   4. references: for every page, refcount == tree holders + external holders (exactly, when
      external_refs is given; >= tree holders otherwise), and the allocator's reclaimable refs ==
@@ -76,6 +77,10 @@ def _check_node_shape(node: TreeNode, page_size: int) -> None:
     parent = node.parent
     where = f"node at [{node.start}, {node.end})"
     assert parent is not None, f"{where}: reachable but detached"
+    if node.start < 0:  # a namespace root (RadixCache.namespace_root)
+        assert parent.parent is None and node.start == -1 and not node.pages, f"{where}: bad namespace root"
+        assert parent.children.get(node.key[0]) is node, f"{where}: not keyed by its namespace"
+        return
     assert node.key, f"{where}: empty key"
     assert parent.children.get(node.key[0]) is node, f"{where}: not keyed by its first token"
     assert node.start == parent.end, f"{where}: parent ends at {parent.end}"

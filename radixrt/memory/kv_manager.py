@@ -28,6 +28,8 @@ returns, kv.pages[i] never changes, so a device copy of the page table can be up
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +70,7 @@ class PrefixHandle:
 
     _hint: MatchHint
     _token_bytes: bytes
+    _namespace: int | None = None  # RadixCache.namespace_root key of the request's cache_salt
 
     @property
     def last_prefix_len(self) -> int:
@@ -96,15 +99,32 @@ class KVManager:
         allocator = PageAllocator(num_pages)
         return cls(allocator, RadixCache(allocator, page_size, disable=disable_radix_cache), page_size)
 
-    def prefix_handle(self, prompt_ids: np.ndarray) -> PrefixHandle:
-        """The handle of a new request whose prompt is prompt_ids ([prompt_len] int64)."""
-        return PrefixHandle(MatchHint(), np.ascontiguousarray(prompt_ids, np.int64).tobytes())
+    def prefix_handle(self, prompt_ids: np.ndarray, cache_salt: str | None = None) -> PrefixHandle:
+        """The handle of a new request whose prompt is prompt_ids ([prompt_len] int64).
+
+        cache_salt (vLLM's name): the request's tenant. A salted request matches and publishes only
+        in its salt's namespace of the tree (RadixCache.namespace_root), so requests of different
+        salts, or a salted and an unsalted one, never share KV; None is the shared namespace. The
+        salt maps to its namespace by a keyed 63-bit hash (key random per process), so neither a
+        table grows with the number of salts nor can a client aim at another tenant's namespace.
+        """
+        ns = None
+        if cache_salt is not None and not self._cache.disable:
+            digest = hashlib.blake2b(cache_salt.encode(), digest_size=8, key=_SALT_KEY).digest()
+            ns = -1 - (int.from_bytes(digest, "little") >> 1)
+        return PrefixHandle(MatchHint(), np.ascontiguousarray(prompt_ids, np.int64).tobytes(), ns)
+
+    def _root(self, handle: PrefixHandle | None) -> TreeNode | None:
+        """The namespace root to match under (None: the shared root)."""
+        if handle is None or handle._namespace is None:
+            return None
+        return self._cache.namespace_root(handle._namespace)
 
     def cached_prefix_len(self, token_ids: Sequence[int], handle: PrefixHandle | None = None) -> int:
         """How many of token_ids[:-1] admit would take from the cache now (the lpm probe): no
         references, no hit-rate statistics; refreshes the matched path's LRU time like a match."""
         return self._cache.match_prefix(token_ids, end=len(token_ids) - 1, hint=_hint(handle),
-                                        token_bytes=_bytes(handle)).prefix_len
+                                        token_bytes=_bytes(handle), root=self._root(handle)).prefix_len
 
     # ---------------------------------------------------------------- admission / growth
     def admit(
@@ -126,7 +146,7 @@ class KVManager:
             raise ValueError("cannot admit an empty prompt")
         cache, ps = self._cache, self.page_size
         match = cache.match_prefix(token_ids, end=len(token_ids) - 1, record_stats=True, hint=_hint(handle),
-                                   token_bytes=_bytes(handle))
+                                   token_bytes=_bytes(handle), root=self._root(handle))
         prefix_len, pages = match.prefix_len, list(match.pages)
         cache.inc_lock_ref(match.last_node)  # before any eviction below can touch the match
         self._allocator.inc_ref(pages)
@@ -213,7 +233,12 @@ class KVManager:
         n = len(token_ids) if end is None else min(end, len(token_ids))
         if not 0 <= n <= kv.kv_len:
             raise ValueError(f"{n} tokens given, only {kv.kv_len} have KV")
-        self._cache.insert(token_ids, kv.pages, start=kv.last_node, end=n)  # see cache_unfinished_req
+        assert kv.last_node is not None
+        # the walk starts at the locked node (see cache_unfinished_req); in a namespace, tokens that
+        # end before it are on its path already, and the root walk insert would fall back to is
+        # the shared namespace's
+        if kv.last_node.end <= n or _in_shared(kv.last_node):
+            self._cache.insert(token_ids, kv.pages, start=kv.last_node, end=n)
         self.release(kv)
 
     def release(self, kv: ReqKV) -> None:
@@ -304,6 +329,18 @@ class KVManager:
     def _check_active(kv: ReqKV) -> None:
         if kv.last_node is None:
             raise ValueError("request holds no KV (already finished or released)")
+
+
+_SALT_KEY = secrets.token_bytes(16)  # keys the cache_salt -> namespace hash (prefix_handle)
+
+
+def _in_shared(node: TreeNode) -> bool:
+    """Whether node lies in the shared namespace (no namespace root on its path)."""
+    while node.parent is not None:
+        if node.start < 0:
+            return False
+        node = node.parent
+    return True
 
 
 def _hint(handle: PrefixHandle | None) -> MatchHint | None:

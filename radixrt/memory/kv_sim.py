@@ -94,6 +94,9 @@ class SimKVPool:
         stack = [(child, ()) for child in cache.root.children.values()]
         while stack:
             node, parent_path = stack.pop()
+            if node.start < 0:  # a namespace root: its subtree starts at position 0 again
+                stack.extend((child, ()) for child in node.children.values())
+                continue
             path = parent_path + node.key
             hashes = prefix_hashes(path)
             first = node.start // ps

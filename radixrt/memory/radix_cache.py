@@ -100,7 +100,8 @@ class RadixCache:
 
     # ---------------------------------------------------------------- lookup / insert
     def match_prefix(self, token_ids: Sequence[int], *, end: int | None = None, record_stats: bool = False,
-                     hint: MatchHint | None = None, token_bytes: bytes | None = None) -> MatchResult:
+                     hint: MatchHint | None = None, token_bytes: bytes | None = None,
+                     root: TreeNode | None = None) -> MatchResult:
         """Find the longest cached prefix of token_ids[:end] (end None: all of them); O(prefix_len + depth).
 
         Splits the node in which the match ends, so last_node.end == prefix_len. Takes no references;
@@ -117,18 +118,20 @@ class RadixCache:
         token_bytes: optional int64 (native order) bytes of a prefix of token_ids, e.g. a request's
         prompt (bytes past `end` are ignored): the tokens it covers are compared with a node's key
         as one memcmp instead of a compare per token.
+
+        root: a namespace root (`namespace_root`) to match under instead of the shared root.
         """
         n = len(token_ids) if end is None else end
         if not 0 <= n <= len(token_ids):
             raise ValueError(f"end {end} outside the {len(token_ids)} tokens given")
-        node, matched = self.root, 0
+        node, matched = root or self.root, 0
         if self.disable or n == 0:
             pass
         elif hint is not None and self._hint_holds(hint, token_ids, n):
             node, matched = hint.last_node, hint.prefix_len  # type: ignore[assignment]
             self._touch_path(node)
         else:
-            node, matched = self._walk(token_ids, n, token_bytes=token_bytes)
+            node, matched = self._walk(token_ids, n, root, token_bytes=token_bytes)
         if hint is not None:
             hint.last_node, hint.prefix_len, hint.query_len = node, matched, n
         if record_stats:
@@ -152,6 +155,23 @@ class RadixCache:
         if node.parent is None and node is not self.root:  # evicted or flushed
             return False
         return m == n or token_ids[m] not in node.children
+
+    def namespace_root(self, ns_key: int) -> TreeNode:
+        """The root of namespace ns_key (< 0), created on first use (cache_salt tenants).
+
+        A namespace root is a child of the shared root keyed by ns_key (never a token id, which is
+        >= 0, so no walk from the shared root enters it) with key (ns_key,), start -1 and no pages:
+        its end is 0, so the subtree below it is an ordinary tree of positions [0, ...). Walks that
+        start there (match_prefix(root=...), insert(start=...)) see only that namespace. Evicted
+        like any leaf once empty and unlocked. Raises ValueError for ns_key >= 0.
+        """
+        if ns_key >= 0:
+            raise ValueError(f"namespace keys are negative, got {ns_key}")
+        node = self.root.children.get(ns_key)
+        if node is None:
+            node = self.root.children[ns_key] = TreeNode(key=(ns_key,), pages=[], start=-1, parent=self.root,
+                                                         last_access_time=self._clock)
+        return node
 
     def insert(self, token_ids: Sequence[int], pages: Sequence[int], start: TreeNode | None = None,
                end: int | None = None) -> int:

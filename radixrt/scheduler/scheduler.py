@@ -98,7 +98,7 @@ class Scheduler:
         req = Req(rid=msg.rid, prompt_ids=prompt, sampling=sp, max_new_tokens=max(max_new, 0),
                   seed=seed & 0x7FFFFFFF, return_logprob=msg.return_logprob,
                   top_logprobs_num=msg.top_logprobs_num, internal=internal,
-                  prefix=self.kv.prefix_handle(ids))
+                  prefix=self.kv.prefix_handle(ids, msg.cache_salt))
         if error is None and len(self.waiting) >= self.max_queued:
             error = "too many queued requests"
         if error is None and msg.grammar_kind is not None:

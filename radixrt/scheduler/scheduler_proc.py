@@ -134,6 +134,10 @@ class SchedulerLoop:
                                          {"message": "cannot flush while requests are running"}))
         elif msg.kind == "get_server_info":
             self.tx_tok.send(ControlResp(msg.req_id, True, self.server_info()))
+        elif msg.kind == "health" and not self.sched.is_idle:
+            # busy: this loop answering between passes is the sign of life; a probe would queue
+            # behind every waiting request and time out under load
+            self.tx_tok.send(ControlResp(msg.req_id, True, {"busy": True}))
         elif msg.kind == "health":
             rid = f"health-{msg.req_id}"
             probe = GenerateReq(rid=rid, input_ids=np.array([self.worker_info["eos_token_ids"][0]], np.int32),
