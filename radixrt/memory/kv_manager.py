@@ -93,6 +93,7 @@ class KVManager:
         self._cache = cache
         self.page_size = page_size
         self._tier: HostTier | None = cache.tier
+        self._loads: dict[int, PrefixHandle] = {}  # copy id -> handle of the request waiting for it
 
     @classmethod
     def create(cls, num_pages: int, page_size: int, disable_radix_cache: bool = False, *,
@@ -167,8 +168,10 @@ class KVManager:
 
         When the match of token_ids[:-1] goes on past the device into host-only nodes, this locks
         the match, allocates device pages for those nodes (evicting), orders their load (see
-        take_copy_ops) and returns False; calls while the load is in flight return False, the call
-        after it is done unlocks and returns True (admit then finds the loaded prefix on the device).
+        take_copy_ops) and returns False; calls while the load is in flight return False. When the
+        load is done (copies_done) the lock goes, so a waiting request never pins device pages
+        beyond its copy's lifetime, and the next call returns True (admit then finds the loaded
+        prefix on the device, unless eviction took it again meanwhile: then it loads again).
         Also False while another request's load of the same nodes is in flight. When the device
         cannot make room (or handle is None: nowhere to keep the load), True: admit takes the device
         part and the rest is recomputed.
@@ -177,11 +180,7 @@ class KVManager:
         if tier is None:
             return True
         if handle is not None and handle._load is not None:
-            node, copy_id = handle._load
-            if tier.is_pending(copy_id):
-                return False
-            self.release_handle(handle)
-            return True
+            return False  # in flight (copies_done clears it)
         m = cache.match_prefix(token_ids, end=len(token_ids) - 1, hint=_hint(handle),
                                token_bytes=_bytes(handle))
         node = m.host_last_node
@@ -202,6 +201,7 @@ class KVManager:
             return True
         tier.num_host_hit_tokens += node.end - m.prefix_len
         handle._load = (node, copy_id)
+        self._loads[copy_id] = handle
         return False
 
     def release_handle(self, handle: PrefixHandle | None) -> None:
@@ -209,6 +209,7 @@ class KVManager:
         or finish. The load itself runs to its end. No-op when it holds nothing."""
         if handle is not None and handle._load is not None:
             self._cache.dec_lock_ref(handle._load[0])
+            self._loads.pop(handle._load[1], None)
             handle._load = None
 
     def take_copy_ops(self) -> list[CopyOp]:
@@ -220,7 +221,12 @@ class KVManager:
     def copies_done(self, copy_ids: Iterable[int]) -> None:
         """The worker finished these copies (ForwardResult.copies_done)."""
         if self._tier is not None:
-            self._tier.complete(copy_ids)
+            ids = list(copy_ids)
+            self._tier.complete(ids)
+            for copy_id in ids:
+                handle = self._loads.get(copy_id)
+                if handle is not None:
+                    self.release_handle(handle)
 
     @property
     def has_copies(self) -> bool:

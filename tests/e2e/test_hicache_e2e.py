@@ -13,8 +13,8 @@ import pytest
 from radixrt.engine import Engine
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 4}
-PROMPT_LEN = 150
-POOL_TOKENS = 384  # device pool: about two of the four prompts
+PROMPT_LEN = 70
+POOL_TOKENS = 256  # device pool: about two of the four prompts
 
 
 def _prompts() -> list[list[int]]:
