@@ -70,6 +70,16 @@ class ServerArgs:
         "Do not group decode requests that share prefix pages (cascade attention reads a shared "
         "prefix once per group per step; triton backend only, where it is on by default).",
         default=False)
+    enable_hierarchical_cache: bool = _flag(
+        "Keep KV evicted from the device in a host-memory tier under the radix tree (HiCache) and load "
+        "it back on a hit instead of recomputing it (docs/memory.md).", default=False)
+    hicache_ratio: float = _flag("Host tier size as a multiple of the device KV pool (when --hicache-size "
+                                 "is 0).", default=2.0)
+    hicache_size: float = _flag("Host tier size in GB (0: use --hicache-ratio).", default=0.0)
+    hicache_write_policy: str = _flag(
+        "When device KV is copied to the host tier: write_through (when published), "
+        "write_through_selective (once reused), write_back (when evicted from the device).",
+        default="write_through", choices=["write_through", "write_through_selective", "write_back"])
     api_key: str | None = _flag("Require `Authorization: Bearer <key>` on every route but /health.")
     require_cache_salt: bool = _flag(
         "Reject (400) chat/completions/generate requests without a `cache_salt` (tenant isolation of "
@@ -111,6 +121,10 @@ class ServerArgs:
             (self.graceful_shutdown_timeout >= 0, "--graceful-shutdown-timeout must be >= 0"),
             (self.request_timeout is None or self.request_timeout > 0, "--request-timeout must be > 0"),
             (self.tp_size == 1, "--tp-size other than 1 is not supported yet"),
+            (self.hicache_ratio > 0.0, "--hicache-ratio must be > 0"),
+            (self.hicache_size >= 0.0, "--hicache-size must be >= 0"),
+            (not (self.enable_hierarchical_cache and self.disable_radix_cache),
+             "--enable-hierarchical-cache needs the radix cache (drop --disable-radix-cache)"),
         ]
         for ok, msg in checks:
             if not ok:

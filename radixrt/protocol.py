@@ -188,6 +188,13 @@ class ForwardBatch:
     grammar state is not known yet). The worker runs the model at once and, before sampling, waits
     for the GrammarMask with this batch_id, which carries exactly these rows in this order.
     Disjoint from grammar_rows; empty without overlap.
+
+    Host KV tier (memory/host_tier.py; empty without one, and an IDLE pass may carry only these):
+    N copies of whole pages, copy i being pages copy_starts[i]:copy_starts[i+1] of copy_host_pages /
+    copy_device_pages (int32 [P]); copy_ids int32 [N] (reported back in ForwardResult.copies_done);
+    copy_kinds int32 [N]: 0 load host -> device and 1 store device -> host (eviction), both issued
+    before the pass (which waits on the device for kind 1); 2 store device -> host (write-through),
+    issued after the pass. On CUDA they run on a copy stream; the host never waits for them.
     """
 
     batch_id: int
@@ -228,6 +235,11 @@ class ForwardBatch:
     grammar_rows: np.ndarray = field(default_factory=_i32)
     grammar_bitmask: np.ndarray = field(default_factory=_i32)
     grammar_deferred: np.ndarray = field(default_factory=_i32)
+    copy_ids: np.ndarray = field(default_factory=_i32)
+    copy_kinds: np.ndarray = field(default_factory=_i32)
+    copy_starts: np.ndarray = field(default_factory=_i32)
+    copy_host_pages: np.ndarray = field(default_factory=_i32)
+    copy_device_pages: np.ndarray = field(default_factory=_i32)
     return_logprob: bool = False
     top_logprobs_num: int = 0
 
@@ -255,6 +267,8 @@ class ForwardResult:
     forward_ms: worker wall time from launch to result (ms). gpu_busy_ms: device time of the pass;
     gpu_gap_ms: device idle time between the previous pass's end and this one's start (-1 for the
     first pass). On CPU both are wall-clock stand-ins.
+    copies_done int32 [D]: host-tier copies (ForwardBatch.copy_ids) finished since the last result;
+    copy_load_bytes / copy_store_bytes and copy_load_s / copy_store_s: their bytes and device time.
     """
 
     batch_id: int
@@ -265,6 +279,11 @@ class ForwardResult:
     forward_ms: float = 0.0
     gpu_busy_ms: float = 0.0
     gpu_gap_ms: float = -1.0
+    copies_done: np.ndarray = field(default_factory=_i32)
+    copy_load_bytes: int = 0
+    copy_store_bytes: int = 0
+    copy_load_s: float = 0.0
+    copy_store_s: float = 0.0
 
 
 @dataclass(slots=True)

@@ -32,6 +32,14 @@ _SCHEDULER_GAUGES = {
     "num_evictable_pages": "KV pages held only by the radix cache.",
     "num_protected_pages": "KV pages held by running requests.",
     "hit_rate": "Radix cache hit rate (prompt tokens served from the cache).",
+    # host KV tier (--enable-hierarchical-cache); absent without it
+    "hicache_host_hit_tokens": "Prompt tokens whose KV was loaded back from the host tier.",
+    "hicache_host_pages_total": "Pages of the host KV tier.",
+    "hicache_host_pages_used": "Host KV tier pages in use.",
+    "hicache_load_bytes": "Bytes loaded from the host tier to the device.",
+    "hicache_load_s": "Device seconds spent loading from the host tier.",
+    "hicache_store_bytes": "Bytes stored from the device to the host tier.",
+    "hicache_store_s": "Device seconds spent storing to the host tier.",
 }
 
 

@@ -16,6 +16,19 @@ requests:
   5. accounting: evictable == #pages whose holders are all unlocked tree nodes, and
      free + evictable + protected == total with protected >= 0.
 
+With a host tier (host_tier.py), `check_host_invariants` adds, and the device checks above allow
+for, the second tier:
+
+  6. a node holds device pages, host pages or both (pages == [] only for a host-only node), and a
+     node with device pages has a parent with device pages (the device-resident nodes form a
+     subtree at the root); host_pages, when present, has one entry per page index of the span;
+  7. host references: for every host page, refcount == tree nodes holding it + copies in flight
+     holding it (a page being loaded from cannot be freed), and no reclaimable host refs;
+  8. a node's load_id / store_id names a copy still ordered or in flight; a loading node has both
+     device and host pages; a node being stored has host pages.
+  (Device refs held by copies in flight are passed in external_refs by KVManager, so rule 4 also
+  says that a page being written to host is still allocated.)
+
 Cost: O(number of pages + tree tokens / page_size + nodes).
 """
 
@@ -28,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from radixrt.memory.host_tier import HostTier
     from radixrt.memory.radix_cache import RadixCache, TreeNode
 
 
@@ -85,7 +99,10 @@ def _check_node_shape(node: TreeNode, page_size: int) -> None:
     assert parent.children.get(node.key[0]) is node, f"{where}: not keyed by its first token"
     assert node.start == parent.end, f"{where}: parent ends at {parent.end}"
     num_pages = (node.end - 1) // page_size - node.start // page_size + 1
-    assert len(node.pages) == num_pages, f"{where}: {len(node.pages)} pages, span needs {num_pages}"
+    if node.pages or not node.host_pages:  # [] device pages: a host-only node (rule 6)
+        assert len(node.pages) == num_pages, f"{where}: {len(node.pages)} pages, span needs {num_pages}"
+    if node.pages and parent.parent is not None:
+        assert parent.pages, f"{where}: on the device below a node that is not"
     assert 0 not in node.pages, f"{where}: holds reserved page 0"
     assert len(set(node.pages)) == len(node.pages), f"{where}: a page twice in {node.pages}"
     assert parent.last_access_time >= node.last_access_time, f"{where}: accessed after its parent"
@@ -100,3 +117,30 @@ def _check_node_locks(node: TreeNode) -> None:
         f"node at [{node.start}, {node.end}): lock_ref {node.lock_ref} != own {node.own_lock_ref} "
         f"+ children {expected - node.own_lock_ref}"
     )
+
+
+def check_host_invariants(tier: HostTier, op_refs: Mapping[int, int]) -> None:
+    """Rules 6-8 of the module docstring for a HostTier; op_refs: host page -> references held by
+    copies ordered or in flight. Raises AssertionError naming the first broken rule."""
+    host, cache = tier.host, tier.cache
+    host.check_invariants()
+    tree_refs: Counter[int] = Counter()
+    for node in cache.iter_nodes():
+        where = f"node at [{node.start}, {node.end})"
+        hp = node.host_pages
+        if hp:
+            num_pages = (node.end - 1) // cache.page_size - node.start // cache.page_size + 1
+            assert len(hp) == num_pages, f"{where}: {len(hp)} host pages, span needs {num_pages}"
+            assert 0 not in hp and len(set(hp)) == len(hp), f"{where}: bad host pages {hp}"
+            tree_refs.update(hp)
+        if node.load_id:
+            assert tier.is_pending(node.load_id), f"{where}: load {node.load_id} is not in flight"
+            assert node.pages and hp, f"{where}: loading without device and host pages"
+        if node.store_id:
+            assert tier.is_pending(node.store_id), f"{where}: store {node.store_id} is not in flight"
+            assert hp, f"{where}: being stored without host pages"
+    for page in range(1, host.num_pages):
+        refs, want = host.refcount(page), tree_refs[page] + op_refs.get(page, 0)
+        assert refs == want, (f"host page {page}: refcount {refs} != tree holders {tree_refs[page]} "
+                              f"+ copy holders {op_refs.get(page, 0)}")
+        assert host.reclaimable_refs(page) == 0, f"host page {page}: reclaimable host refs"

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from radixrt.memory.host_tier import CopyOp, HostTier
+from radixrt.memory.invariants import check_host_invariants
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import MatchHint, RadixCache, TreeNode
 
@@ -71,6 +73,7 @@ class PrefixHandle:
     _hint: MatchHint
     _token_bytes: bytes
     _namespace: int | None = None  # RadixCache.namespace_root key of the request's cache_salt
+    _load: tuple[TreeNode, int] | None = None  # host tier: (locked node, copy id) of its load in flight
 
     @property
     def last_prefix_len(self) -> int:
@@ -92,12 +95,19 @@ class KVManager:
         self._allocator = allocator
         self._cache = cache
         self.page_size = page_size
+        self._tier: HostTier | None = cache.tier
+        self._loads: dict[int, PrefixHandle] = {}  # copy id -> handle of the request waiting for it
 
     @classmethod
-    def create(cls, num_pages: int, page_size: int, disable_radix_cache: bool = False) -> KVManager:
-        """A manager over a fresh pool of num_pages pages (page 0 reserved) and an empty tree."""
+    def create(cls, num_pages: int, page_size: int, disable_radix_cache: bool = False, *,
+               num_host_pages: int = 0, write_policy: str = "write_through") -> KVManager:
+        """A manager over a fresh pool of num_pages pages (page 0 reserved) and an empty tree;
+        num_host_pages > 0 (and the radix cache on) adds a host tier of that many pages."""
         allocator = PageAllocator(num_pages)
-        return cls(allocator, RadixCache(allocator, page_size, disable=disable_radix_cache), page_size)
+        cache = RadixCache(allocator, page_size, disable=disable_radix_cache)
+        if num_host_pages > 0 and not disable_radix_cache:
+            HostTier(cache, num_host_pages, write_policy)
+        return cls(allocator, cache, page_size)
 
     def prefix_handle(self, prompt_ids: np.ndarray, cache_salt: str | None = None) -> PrefixHandle:
         """The handle of a new request whose prompt is prompt_ids ([prompt_len] int64).
@@ -121,10 +131,12 @@ class KVManager:
         return self._cache.namespace_root(handle._namespace)
 
     def cached_prefix_len(self, token_ids: Sequence[int], handle: PrefixHandle | None = None) -> int:
-        """How many of token_ids[:-1] admit would take from the cache now (the lpm probe): no
-        references, no hit-rate statistics; refreshes the matched path's LRU time like a match."""
-        return self._cache.match_prefix(token_ids, end=len(token_ids) - 1, hint=_hint(handle),
-                                        token_bytes=_bytes(handle), root=self._root(handle)).prefix_len
+        """How many of token_ids[:-1] admit would take from the cache now or after a load from the
+        host tier (the lpm probe): no references, no hit-rate statistics; refreshes the matched
+        path's LRU time like a match."""
+        m = self._cache.match_prefix(token_ids, end=len(token_ids) - 1, hint=_hint(handle),
+                                     token_bytes=_bytes(handle), root=self._root(handle))
+        return m.host_prefix_len
 
     # ---------------------------------------------------------------- admission / growth
     def admit(
@@ -163,9 +175,87 @@ class KVManager:
             cow.append((pages[-1], dst[0]))
             self._allocator.dec_ref(pages[-1:])  # src stays alive: held by the locked path
             pages[-1] = dst[0]
+        if self._tier is not None:
+            self._tier.on_hit(match.last_node)
         kv = ReqKV(pages=pages, kv_len=prefix_len, cached_len=prefix_len, last_node=match.last_node,
                    published_len=prefix_len)
         return kv, cow
+
+    # ---------------------------------------------------------------- host tier
+    def prepare_load(self, token_ids: Sequence[int], handle: PrefixHandle | None = None) -> bool:
+        """Whether a waiting request may be admitted now, or must wait for its KV to come back from
+        the host tier. Always True without a host tier.
+
+        When the match of token_ids[:-1] goes on past the device into host-only nodes, this locks
+        the match, allocates device pages for those nodes (evicting), orders their load (see
+        take_copy_ops) and returns False; calls while the load is in flight return False. When the
+        load is done (copies_done) the lock goes, so a waiting request never pins device pages
+        beyond its copy's lifetime, and the next call returns True (admit then finds the loaded
+        prefix on the device, unless eviction took it again meanwhile: then it loads again).
+        Also False while another request's load of the same nodes is in flight. When the device
+        cannot make room (or handle is None: nowhere to keep the load), True: admit takes the device
+        part and the rest is recomputed.
+        """
+        tier, cache = self._tier, self._cache
+        if tier is None:
+            return True
+        if handle is not None and handle._load is not None:
+            return False  # in flight (copies_done clears it)
+        m = cache.match_prefix(token_ids, end=len(token_ids) - 1, hint=_hint(handle),
+                               token_bytes=_bytes(handle), root=self._root(handle))
+        node = m.host_last_node
+        if node is None or node is m.last_node or handle is None:
+            return True
+        chain: list[TreeNode] = []
+        cur: TreeNode | None = node
+        while cur is not None and cur is not m.last_node:
+            chain.append(cur)
+            cur = cur.parent
+        if any(n.pages for n in chain):  # loading (another request's load), or below such a node
+            return False
+        chain.reverse()
+        cache.inc_lock_ref(node)
+        copy_id = tier.load(chain)
+        if copy_id is None:
+            cache.dec_lock_ref(node)
+            return True
+        tier.num_host_hit_tokens += node.end - m.prefix_len
+        handle._load = (node, copy_id)
+        self._loads[copy_id] = handle
+        return False
+
+    def release_handle(self, handle: PrefixHandle | None) -> None:
+        """Drop what a waiting request's handle holds (the lock of its load): at admission, abort
+        or finish. The load itself runs to its end. No-op when it holds nothing."""
+        if handle is not None and handle._load is not None:
+            self._cache.dec_lock_ref(handle._load[0])
+            self._loads.pop(handle._load[1], None)
+            handle._load = None
+
+    def take_copy_ops(self) -> list[CopyOp]:
+        """Host-tier copies ordered since the last call, for the next ForwardBatch ([] without a
+        host tier). The worker runs loads and store_before copies before that pass, store_after
+        copies after it, and reports each id back done (copies_done)."""
+        return [] if self._tier is None else self._tier.take_ops()
+
+    def copies_done(self, copy_ids: Iterable[int]) -> None:
+        """The worker finished these copies (ForwardResult.copies_done)."""
+        if self._tier is not None:
+            ids = list(copy_ids)
+            self._tier.complete(ids)
+            for copy_id in ids:
+                handle = self._loads.get(copy_id)
+                if handle is not None:
+                    self.release_handle(handle)
+
+    @property
+    def has_copies(self) -> bool:
+        """Host-tier copies ordered or in flight."""
+        return self._tier is not None and self._tier.has_copies
+
+    @property
+    def host_tier_enabled(self) -> bool:
+        return self._tier is not None
 
     def reserve(self, kv: ReqKV, new_kv_len: int) -> list[int] | None:
         """Grow kv to cover positions [0, new_kv_len); return the slots of [kv.kv_len, new_kv_len).
@@ -271,13 +361,25 @@ class KVManager:
 
     def flush(self) -> None:
         """Empty the radix tree (every page it holds goes back to the free list). The caller
-        guarantees that no request holds KV (nothing running or admitted)."""
+        guarantees that no request holds KV (nothing running or admitted). Raises RuntimeError
+        while host-tier copies are in flight."""
+        if self.has_copies:
+            raise RuntimeError("cannot flush the radix cache while host-tier copies are in flight")
         self._cache.reset()
 
     def check_invariants(self, kvs: Iterable[ReqKV]) -> None:
         """Check the KV invariant (radixrt/memory/invariants.py) from scratch, given every live
-        request's ReqKV. Raises AssertionError naming the first violation."""
-        self._cache.check_invariants(self.external_refs(kvs))
+        request's ReqKV. Raises AssertionError naming the first violation. With a host tier the
+        copies in flight count as holders too, and the host tier is checked as well."""
+        refs = self.external_refs(kvs)
+        if self._tier is None:
+            self._cache.check_invariants(refs)
+            return
+        dev_refs, host_refs = self._tier.op_refs()
+        for page, c in dev_refs.items():
+            refs[page] = refs.get(page, 0) + c
+        self._cache.check_invariants(refs)
+        check_host_invariants(self._tier, host_refs)
 
     def slots(self, kv: ReqKV, start: int, end: int) -> list[int]:
         """Slots (page * page_size + offset) of positions [start, end) of kv; end <= covered length."""
@@ -312,6 +414,7 @@ class KVManager:
             "total_queried_tokens": cache.total_queried_tokens,
             "total_matched_tokens": cache.total_matched_tokens,
             "hit_rate": cache.hit_rate(),
+            **({} if self._tier is None else self._tier.stats()),
         }
 
     # ---------------------------------------------------------------- helpers

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from radixrt.memory.page_allocator import PageAllocator
 
 if TYPE_CHECKING:
+    from radixrt.memory.host_tier import CopyOp
     from radixrt.memory.kv_manager import KVManager, ReqKV
     from radixrt.memory.radix_cache import RadixCache
 
@@ -33,13 +34,28 @@ def prefix_hashes(token_ids: Sequence[int]) -> list[int]:
 
 
 class SimKVPool:
-    """slot -> prefix hash of the KV 'stored' there. Absent slot = garbage (never written or freed)."""
+    """slot -> prefix hash of the KV 'stored' there. Absent slot = garbage (never written or freed).
 
-    __slots__ = ("page_size", "content")
+    `host` is the same for the host tier's pool (host slot = host page * page_size + offset), filled
+    and read by `apply_copies` in the order the worker runs them.
+    """
+
+    __slots__ = ("page_size", "content", "host")
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
         self.content: dict[int, int] = {}
+        self.host: dict[int, int] = {}
+
+    def apply_copies(self, ops: Iterable[CopyOp]) -> None:
+        """Run host-tier copies (KVManager.take_copy_ops) as the worker does: whole pages, loads
+        host -> device, stores device -> host, in order."""
+        from radixrt.memory.host_tier import LOAD
+
+        for op in ops:
+            src, dst = (self.host, self.content) if op.kind == LOAD else (self.content, self.host)
+            pairs = zip(op.host_pages, op.device_pages, strict=True)
+            _copy_slots(src, dst, [(h, d) if op.kind == LOAD else (d, h) for h, d in pairs], self.page_size)
 
     def write(self, slots: Sequence[int], token_ids: Sequence[int], start: int,
               allocator: PageAllocator | None = None) -> None:
@@ -58,21 +74,18 @@ class SimKVPool:
 
     def copy_pages(self, cow: Iterable[tuple[int, int]]) -> None:
         """Apply copy-on-write pairs (src page -> dst page), whole pages, as the worker does."""
-        ps = self.page_size
-        for src, dst in cow:
-            for off in range(ps):
-                value = self.content.get(src * ps + off)
-                if value is None:
-                    self.content.pop(dst * ps + off, None)
-                else:
-                    self.content[dst * ps + off] = value
+        _copy_slots(self.content, self.content, cow, self.page_size)
 
-    def poison_free(self, allocator: PageAllocator) -> None:
-        """Forget the content of every free page, so that reading one later fails the checks."""
+    def poison_free(self, allocator: PageAllocator, host: PageAllocator | None = None) -> None:
+        """Forget the content of every free page (and free host page), so that reading one later
+        fails the checks."""
         ps = self.page_size
-        for page in allocator.free_pages():
-            for off in range(ps):
-                self.content.pop(page * ps + off, None)
+        for alloc, content in ((allocator, self.content), (host, self.host)):
+            if alloc is None:
+                continue
+            for page in alloc.free_pages():
+                for off in range(ps):
+                    content.pop(page * ps + off, None)
 
     def check(self, pages: Sequence[int], token_ids: Sequence[int], length: int, what: str = "") -> None:
         """Assert positions [0, length) read through pages hold the KV of token_ids' prefixes."""
@@ -88,8 +101,9 @@ class SimKVPool:
             )
 
     def check_tree(self, cache: RadixCache) -> None:
-        """Assert every tree node's pages hold its path's KV, including, in its first page, the
-        positions before node.start that match_prefix may read through it."""
+        """Assert every tree node's pages (device, and host when it has a host copy) hold its
+        path's KV, including, in its first page, the positions before node.start that
+        match_prefix may read through it."""
         ps = self.page_size
         stack = [(child, ()) for child in cache.root.children.values()]
         while stack:
@@ -100,14 +114,28 @@ class SimKVPool:
             path = parent_path + node.key
             hashes = prefix_hashes(path)
             first = node.start // ps
-            for p in range(first * ps, node.end):
-                page = node.pages[p // ps - first]
-                got = self.content.get(page * ps + p % ps)
-                assert got == hashes[p], (
-                    f"tree node [{node.start}, {node.end}): page {page} position {p} holds "
-                    f"{'nothing' if got is None else 'the KV of another prefix'}"
-                )
+            for pages, content, tier in ((node.pages, self.content, "device"),
+                                         (node.host_pages, self.host, "host")):
+                for p in range(first * ps, node.end) if pages else ():
+                    page = pages[p // ps - first]
+                    got = content.get(page * ps + p % ps)
+                    assert got == hashes[p], (
+                        f"tree node [{node.start}, {node.end}): {tier} page {page} position {p} holds "
+                        f"{'nothing' if got is None else 'the KV of another prefix'}"
+                    )
             stack.extend((child, path) for child in node.children.values())
+
+
+def _copy_slots(src: dict[int, int], dst: dict[int, int], pairs: Iterable[tuple[int, int]],
+                page_size: int) -> None:
+    """Copy whole pages src page -> dst page between two slot maps (garbage copies as garbage)."""
+    for s, d in pairs:
+        for off in range(page_size):
+            value = src.get(s * page_size + off)
+            if value is None:
+                dst.pop(d * page_size + off, None)
+            else:
+                dst[d * page_size + off] = value
 
 
 def check_world(manager: KVManager, pool: SimKVPool,

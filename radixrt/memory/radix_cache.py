@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +45,14 @@ class TreeNode:
     # key as int64 bytes, built at the first compare with a query given as bytes (match_prefix's
     # token_bytes); split with the key
     key_bytes: bytes | None = field(default=None, repr=False)
+    # host tier (host_tier.py; all empty / 0 without one): host_pages mirrors `pages` page index for
+    # page index, one host reference each ([] = no host copy); `pages` is [] when the node lives on
+    # the host only. load_id != 0: its device pages are being loaded (not readable yet); store_id != 0:
+    # its host pages are being written. hit_count: admissions through it (write_through_selective).
+    host_pages: list[int] = field(default_factory=list, repr=False)
+    load_id: int = 0
+    store_id: int = 0
+    hit_count: int = 0
 
     @property
     def end(self) -> int:
@@ -64,6 +73,10 @@ class MatchResult:
     prefix_len: int
     pages: list[int]
     last_node: TreeNode
+    # with a host tier: the match through host-only (or loading) nodes too, which prefix_len, pages
+    # and last_node (the part readable on the device now) stop before; else == prefix_len, last_node
+    host_prefix_len: int = 0
+    host_last_node: TreeNode | None = None
 
 
 @dataclass(slots=True)
@@ -97,6 +110,7 @@ class RadixCache:
         self.total_queried_tokens = 0
         self.total_matched_tokens = 0
         self.num_evicted_tokens = 0  # tokens removed by evict (statistics, tests)
+        self.tier: Any = None  # a HostTier (host_tier.py) attaches itself here; None: one tier
 
     # ---------------------------------------------------------------- lookup / insert
     def match_prefix(self, token_ids: Sequence[int], *, end: int | None = None, record_stats: bool = False,
@@ -134,10 +148,15 @@ class RadixCache:
             node, matched = self._walk(token_ids, n, root, token_bytes=token_bytes)
         if hint is not None:
             hint.last_node, hint.prefix_len, hint.query_len = node, matched, n
+        full, full_len = node, matched
+        if self.tier is not None:
+            node = self.tier.device_node(node)
+            matched = node.end
         if record_stats:
             self.total_queried_tokens += n
             self.total_matched_tokens += matched
-        return MatchResult(prefix_len=matched, pages=self._path_pages(node), last_node=node)
+        return MatchResult(prefix_len=matched, pages=self._path_pages(node), last_node=node,
+                           host_prefix_len=full_len, host_last_node=full)
 
     def _hint_holds(self, hint: MatchHint, token_ids: Sequence[int], n: int) -> bool:
         """Whether a walk of token_ids[:n] would end where `hint` says, without splitting anything.
@@ -223,7 +242,11 @@ class RadixCache:
                 last_access_time=node.last_access_time,
             )
             node.children[tokens[matched]] = leaf
+            if self.tier is not None:
+                self.tier.on_insert(leaf, tokens, pages)
             return matched, leaf
+        if self.tier is not None:
+            self.tier.on_insert(node, tokens, pages)
         return matched, node
 
     def _walk(self, tokens: Sequence[int], n: int, start: TreeNode | None = None,
@@ -305,6 +328,8 @@ class RadixCache:
             upper.key_bytes, node.key_bytes = node.key_bytes[: 8 * k], node.key_bytes[8 * k :]
         if cut % ps:  # the page holding the cut is now held by both halves
             self.allocator.inc_ref(node.pages[:1], reclaimable=node.lock_ref == 0)
+        if self.tier is not None:
+            self.tier.on_split(upper, node, (cut - 1) // ps - first_index + 1, cut // ps - first_index)
         return upper
 
     # ---------------------------------------------------------------- locking
@@ -346,6 +371,8 @@ class RadixCache:
         """
         if num_pages <= 0 or self.disable:
             return 0
+        if self.tier is not None:
+            return self.tier.evict_device(num_pages)
         alloc = self.allocator
         free_before = alloc.num_free_pages()
         heap = [(n.last_access_time, i, n) for i, n in enumerate(self.iter_nodes())
@@ -380,6 +407,8 @@ class RadixCache:
             raise RuntimeError(f"cannot flush the radix cache: {self.root.lock_ref} locks are held")
         for node in list(self.iter_nodes()):
             self.allocator.dec_ref(node.pages, reclaimable=True)
+            if self.tier is not None:
+                self.tier.drop_host_copy(node)
             node.parent = None
         self.root.children = {}
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from radixrt.memory.host_tier import CopyOp
 from radixrt.protocol import ForwardBatch, ForwardMode
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.req import Req
@@ -41,6 +42,8 @@ class ScheduledBatch:
     # constrained items that sample: (rows int32 [R] into items, bitmask int32 [R, W], deferred int32
     # [D] into items: rows filled after the previous pass's result, GrammarStage.fill_deferred)
     grammar: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # host-tier copies to run with this pass (KVManager.take_copy_ops); a pass may carry only these
+    copy_ops: list[CopyOp] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -88,8 +91,13 @@ def _mode(items: list[ScheduledItem], decode: bool) -> ForwardMode:
 
 
 def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
-    """Pack a ScheduledBatch into the wire message (see protocol.ForwardBatch for the layout)."""
+    """Pack a ScheduledBatch into the wire message (see protocol.ForwardBatch for the layout).
+    A batch with no items is an IDLE pass that carries host-tier copies only."""
     items = sb.items
+    if not items:
+        fb = ForwardBatch(batch_id=sb.batch_id, mode=int(ForwardMode.IDLE))
+        _fill_copies(fb, sb.copy_ops)
+        return fb
     extend = [it.extend_len for it in items]
     assert items and min(extend) >= 1, "every request in a pass adds a token"
     reqs = [it.req for it in items]
@@ -141,7 +149,20 @@ def build_forward_batch(sb: ScheduledBatch) -> ForwardBatch:
         _fill_penalties(fb, items, fresh)
     if any([s.logit_bias for s in sp]):
         _fill_logit_bias(fb, sp)
+    if sb.copy_ops:
+        _fill_copies(fb, sb.copy_ops)
     return fb
+
+
+def _fill_copies(fb: ForwardBatch, ops: list[CopyOp]) -> None:
+    """The host-tier copies of a pass (protocol.ForwardBatch, "Host KV tier")."""
+    if not ops:
+        return
+    fb.copy_ids = np.array([op.copy_id for op in ops], I32)
+    fb.copy_kinds = np.array([op.kind for op in ops], I32)
+    fb.copy_starts = np.cumsum([0] + [len(op.host_pages) for op in ops]).astype(I32)
+    fb.copy_host_pages = np.array([p for op in ops for p in op.host_pages], I32)
+    fb.copy_device_pages = np.array([p for op in ops for p in op.device_pages], I32)
 
 
 def _in_flight_inputs(items: list[ScheduledItem], extend: list[int], decode: bool

@@ -28,7 +28,9 @@ def build_scheduler(args: ServerArgs, worker_info: dict[str, Any],
     if model_dir is not None:
         compiler = grammar_compiler_for(model_dir, int(worker_info["vocab_size"]),
                                         tuple(int(t) for t in worker_info["eos_token_ids"]))
-    kv = KVManager.create(int(worker_info["num_pages"]), args.page_size, args.disable_radix_cache)
+    kv = KVManager.create(int(worker_info["num_pages"]), args.page_size, args.disable_radix_cache,
+                          num_host_pages=int(worker_info.get("num_host_pages", 0)),
+                          write_policy=args.hicache_write_policy)
     return Scheduler(
         kv, page_size=args.page_size,
         max_running_requests=min(args.max_running_requests, int(worker_info["max_req_rows"])),

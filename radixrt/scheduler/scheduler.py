@@ -79,6 +79,9 @@ class Scheduler:
         self.cascade_min_saved_tokens = cascade_min_saved_tokens
         self.num_cascade_passes = 0
         self.grammar = GrammarStage(grammar_compiler)
+        # host KV tier: bytes and device seconds of the copies the worker reported done
+        self.copy_totals = {"hicache_load_bytes": 0, "hicache_store_bytes": 0,
+                            "hicache_load_s": 0.0, "hicache_store_s": 0.0}
 
     # ------------------------------------------------------------------ arrivals and aborts
     def add_request(self, msg: GenerateReq, internal: bool = False) -> Req:
@@ -169,8 +172,15 @@ class Scheduler:
                 budget -= take if (item.is_prefill or take > 1) else 0  # resumed requests count too
         self._admit(sb, budget)
         if not items:
-            return None
+            if not self.kv.has_copies:
+                return None
+            # an IDLE pass carrying host-tier copies (or collecting those in flight): a request
+            # waits for its load while nothing else runs
+            sb.copy_ops = self.kv.take_copy_ops()
+            self.next_batch_id += 1
+            return sb
         self._publish_prompt_chunks(sb)
+        sb.copy_ops = self.kv.take_copy_ops()
         sb.grammar = self.grammar.fill(items) if self.grammar.compiler is not None else None
         for j, it in enumerate(items):
             req = it.req
@@ -255,9 +265,11 @@ class Scheduler:
                 break
             if req.has_in_flight_output or not GrammarStage.is_ready(req):
                 continue  # retracted while its last token was in flight, or its grammar compiling
+            if not self.kv.prepare_load(req.all_ids, req.prefix):
+                continue  # its KV is being loaded back from the host tier; the others go on
             got = self.kv.admit(req.all_ids, handle=req.prefix)
             if got is None:
-                if not self.running:  # alone, with every evictable page available: it never fits
+                if not self.running and not self.kv.has_copies:  # alone, every page available: never fits
                     self._finish_unfittable(req)
                     continue
                 break
@@ -279,7 +291,7 @@ class Scheduler:
             slots = self.kv.reserve(kv, kv.kv_len + take)
             if slots is None:
                 self.kv.release(kv)
-                if not self.running:
+                if not self.running and not self.kv.has_copies:
                     self._finish_unfittable(req)
                     continue
                 break
@@ -306,6 +318,13 @@ class Scheduler:
         retracted (kv None; its token is still resolved) or aborted (finished; skipped).
         """
         assert res.batch_id == sb.batch_id, "results out of order"
+        if len(res.copies_done):
+            self.kv.copies_done(res.copies_done.tolist())
+            totals = self.copy_totals
+            totals["hicache_load_bytes"] += res.copy_load_bytes
+            totals["hicache_store_bytes"] += res.copy_store_bytes
+            totals["hicache_load_s"] += res.copy_load_s
+            totals["hicache_store_s"] += res.copy_store_s
         k = int(res.top_logprob_ids.size // max(len(sb), 1)) if res.top_logprob_ids.size else 0
         toks = res.next_token_ids.tolist()  # Python ints, one conversion for the whole pass
         finished = ReqState.FINISHED
@@ -351,6 +370,7 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: str, error: str | None = None) -> None:
         req.drop_in_flight_outputs()  # overlap: a token sampled after the end is not output
+        self.kv.release_handle(req.prefix)  # a waiting request's load (host tier), if any
         if req.kv is not None:
             if reason == "abort":
                 self.kv.release(req.kv)
@@ -394,7 +414,8 @@ class Scheduler:
     # ------------------------------------------------------------------ introspection
     @property
     def is_idle(self) -> bool:
-        return not self.running and not self.waiting
+        """Nothing running or waiting, and no host-tier copy left to run or collect."""
+        return not self.running and not self.waiting and not self.kv.has_copies
 
     def flush_cache(self) -> bool:
         """Empty the radix tree; refused (False) while any request is running or waiting."""
@@ -415,4 +436,6 @@ class Scheduler:
         s.update(num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
                  num_retractions=self.num_retractions, num_finished_reqs=self.num_finished,
                  num_generated_tokens=self.num_generated_tokens, num_cascade_passes=self.num_cascade_passes)
+        if self.kv.host_tier_enabled:
+            s.update(self.copy_totals)
         return s

@@ -33,6 +33,7 @@ from radixrt.worker.device_batch import DeviceBatch
 from radixrt.worker.device_timing import TimedSpan
 from radixrt.worker.factories import backend_for, graph_max_bs, resolve_dtype, use_cuda_graphs
 from radixrt.worker.forward_pass import PassOutputs, eager_logits, sample_outputs, stage_batch
+from radixrt.worker.host_pool import HostCopyEngine, HostKVPool
 from radixrt.worker.kv_pool import PagedKVPool
 from radixrt.worker.memory_profile import activation_reserve_bytes, num_pool_pages
 from radixrt.worker.penalties import PenaltyState
@@ -91,6 +92,12 @@ class ModelRunner:
         self.pool = PagedKVPool(num_pages, self.page_size, c.num_layers, c.num_kv_heads, c.head_dim,
                                 self.dtype, self.device)
         self.backend = backend_for(args, self.pool, c.num_heads)
+        self.copier: HostCopyEngine | None = None  # the host KV tier (--enable-hierarchical-cache)
+        if args.enable_hierarchical_cache:
+            num_host = HostKVPool.num_pages_for(self.pool, args.hicache_size, args.hicache_ratio)
+            host = HostKVPool(num_host, self.page_size, c.num_layers, c.num_kv_heads, c.head_dim,
+                              self.dtype, pin=self.device.type == "cuda")
+            self.copier = HostCopyEngine(self.pool, host)
         if use_cuda_graphs(args, self.device):
             from radixrt.worker.cuda_graph import CudaGraphRunner
 
@@ -168,8 +175,12 @@ class ModelRunner:
         t0 = time.perf_counter()
         timing = TimedSpan.start(self.device)
         pending = PendingPass(batch_id=batch.batch_id, t0=t0, timing=timing)
+        if self.copier is not None:
+            self.copier.before_pass(batch)  # host-tier loads and eviction stores
         if batch.mode == ForwardMode.IDLE or len(batch.req_rows) == 0:
             self.stage(batch)
+            if self.copier is not None:
+                self.copier.after_pass(batch)
             timing.stop()
             return pending
         if int(batch.extend_lens.min()) < 1 or int(batch.extend_lens.sum()) != len(batch.input_ids):
@@ -179,6 +190,8 @@ class ModelRunner:
         meta, input_ids, st = self.stage(batch)
         logits = self._logits(meta, input_ids)
         pending.path = self.last_path
+        if self.copier is not None:
+            self.copier.after_pass(batch)  # write-through stores of the KV this pass wrote
         if len(batch.grammar_deferred):  # sampling waits for the GrammarMask (supply_mask)
             pending.unsampled = (batch, logits, st)
             pending.stall = TimedSpan.start(self.device)
@@ -224,6 +237,8 @@ class ModelRunner:
         gap_ms = pending.timing.gap_ms(self._last_timing)
         res.gpu_gap_ms = gap_ms + stall_ms if gap_ms >= 0 else gap_ms
         self._last_timing = pending.timing
+        if self.copier is not None:  # an IDLE pass waits for the copies: nothing else runs
+            self.copier.collect(res, wait=pending.outputs is None)
         return res
 
     def poll(self, pending: PendingPass) -> bool:
@@ -254,4 +269,5 @@ class ModelRunner:
             "model_type": self.config.model_type,
             "attention_backend": self.backend_name,
             "cuda_graph": self.graphs is not None,
+            "num_host_pages": 0 if self.copier is None else self.copier.host.num_pages,
         }
