@@ -101,7 +101,7 @@ def _check_node_shape(node: TreeNode, page_size: int) -> None:
     num_pages = (node.end - 1) // page_size - node.start // page_size + 1
     if node.pages or not node.host_pages:  # [] device pages: a host-only node (rule 6)
         assert len(node.pages) == num_pages, f"{where}: {len(node.pages)} pages, span needs {num_pages}"
-    if node.pages and parent.parent is not None:
+    if node.pages and parent.parent is not None and parent.start >= 0:  # not under a root
         assert parent.pages, f"{where}: on the device below a node that is not"
     assert 0 not in node.pages, f"{where}: holds reserved page 0"
     assert len(set(node.pages)) == len(node.pages), f"{where}: a page twice in {node.pages}"

@@ -43,8 +43,9 @@ class PlainWalkCache(RadixCache):
     from the root; hints and token bytes are ignored."""
 
     def match_prefix(self, token_ids: Sequence[int], *, end: int | None = None, record_stats: bool = False,
-                     hint: MatchHint | None = None, token_bytes: bytes | None = None) -> MatchResult:
-        return super().match_prefix(list(token_ids[:end]), record_stats=record_stats)
+                     hint: MatchHint | None = None, token_bytes: bytes | None = None,
+                     root: TreeNode | None = None) -> MatchResult:
+        return super().match_prefix(list(token_ids[:end]), record_stats=record_stats, root=root)
 
     def insert(self, token_ids: Sequence[int], pages: Sequence[int], start: TreeNode | None = None,
                end: int | None = None) -> int:
