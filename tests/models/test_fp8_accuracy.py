@@ -28,7 +28,7 @@ TOP1_AGREEMENT_MIN = 0.8
 # (prompt, continuation): the first greedy token after the prompt must agree
 TEXTS = [
     ("The capital of France is", " Paris. It is known for the Eiffel Tower and its museums."),
-    ("def fibonacci(n):", "\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)"),
+    ("def fibonacci(n):", "\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fib"),
     ("Water boils at a temperature of", " 100 degrees Celsius at sea level."),
     ("Once upon a time, there was a", " small town nestled in the heart of a forest."),
     ("The three primary colors are", " red, blue and yellow."),
