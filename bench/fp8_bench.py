@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, kw in flags.items():
             report["engines"][name] = r = bench_engine(path, ns.load_format, ns.small, **kw)
             print(f"{name}: batch-1 {r['decode_b1_ms']:.2f} ms/token, random "
-                  f"{r['random_output_tok_per_s']:.0f} tok/s, weights {r['weight_bytes'] / 2**30:.2f} GiB", flush=True)
+                  f"{r['random_output_tok_per_s']:.0f} tok/s, weights {r['weight_bytes'] / 2**30:.2f} GiB",
+                  flush=True)
             write_json(ns.out, report)
     print_table(report)
     return 0
