@@ -25,15 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import (
-    FP8_DTYPE,
-    check,
-    check_int_vector,
-    check_page_size,
-    check_pool,
-    dot_precision,
-    next_pow2,
-)
+from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
 from .paged_loop import paged_attn_loop
 
 LOG2E = 1.4426950408889634
