@@ -7,6 +7,7 @@ from .activation import silu_and_mul
 from .cascade_attention import CascadeTile, cascade_decode_attention, choose_num_prefix_splits
 from .decode_attention import choose_num_kv_splits, decode_attention
 from .extend_attention import extend_attention
+from .fp8_quant import per_token_quant_fp8
 from .gemv import SkinnyConfig, SkinnyWorkspace, skinny_linear, skinny_linear_supported
 from .norm import rms_norm
 from .rotary import apply_rotary, build_rope_cache
@@ -23,6 +24,7 @@ __all__ = [
     "choose_num_prefix_splits",
     "decode_attention",
     "extend_attention",
+    "per_token_quant_fp8",
     "rms_norm",
     "silu_and_mul",
     "skinny_linear",

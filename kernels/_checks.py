@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import torch
 
+# The FP8 format of quantized weights, activations and KV pools (e4m3, no infinities) and its
+# largest finite value.
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
 
 def check(cond: bool, msg: str) -> None:
     """Raise ValueError(msg) unless cond holds (launchers validate shapes before launching)."""

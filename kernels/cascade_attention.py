@@ -52,7 +52,7 @@ from .paged_loop import paged_attn_loop
 @triton.jit(do_not_specialize=["num_groups", "num_prefix_splits", "stride_ml_b", "stride_ml_h"])
 def _cascade_prefix_kernel(
     q, k_buf, v_buf, page_table, group_members, group_starts, group_prefix_lens, mid_o, mid_lse,
-    qk_scale, num_groups, num_prefix_splits,
+    qk_scale, v_scale, num_groups, num_prefix_splits,
     stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_pt_b,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -104,6 +104,7 @@ def _cascade_prefix_kernel(
     m_i, l_i, acc = paged_attn_loop(qm, k_buf, v_buf, page_table + first_b * stride_pt_b, kvh, start, end,
                                     qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                                     BLOCK_M, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    acc = acc * v_scale  # an FP8 pool's per-layer V scale (1.0 otherwise; k_scale is in qk_scale)
 
     # partial result and its log2-sum-exp per row; an empty split writes zeros and lse = -inf
     has_keys = l_i > 0.0
@@ -193,6 +194,7 @@ def cascade_decode_attention(
     group_prefix_lens: torch.Tensor, page_size: int, scale: float | None, num_kv_splits: int,
     num_prefix_splits: int, max_group_size: int, out: torch.Tensor | None = None,
     mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None, tile: CascadeTile | None = None,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (one query token per request) that reads each group's shared prefix once.
 
@@ -216,6 +218,7 @@ def cascade_decode_attention(
     mid_o, mid_lse    : optional fp32 workspaces [B, Hq, num_kv_splits + num_prefix_splits, D] and
                         [B, Hq, num_kv_splits + num_prefix_splits]; i.e. 4 * B * Hq * (S + Sp) * (D + 1) bytes
     tile              : optional stage-A CascadeTile (default: default_tile)
+    k_scale, v_scale  : per-layer scales of an FP8 pool (as decode_attention); 1.0 otherwise
     Grids depend only on shapes and host ints and lengths are read on the device (no host sync), so the
     launches can be captured in a CUDA graph (pad G with empty groups to a fixed count).
     Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices/arguments.
@@ -232,7 +235,7 @@ def cascade_decode_attention(
     check(isinstance(tile, CascadeTile), "tile must be a CascadeTile")
     if batch_size == 0:
         return out
-    qk_scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * LOG2E
+    qk_scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * LOG2E * float(k_scale)
 
     num_groups = group_starts.shape[0] - 1
     if num_groups > 0:
@@ -243,7 +246,7 @@ def cascade_decode_attention(
         _cascade_prefix_kernel[(num_blocks, num_kv_heads, num_prefix_splits)](
             q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens,
             prefix_o, prefix_lse,
-            qk_scale, num_groups, num_prefix_splits,
+            qk_scale, float(v_scale), num_groups, num_prefix_splits,
             q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
             v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
             prefix_o.stride(0), prefix_o.stride(1), prefix_o.stride(2),
@@ -255,9 +258,9 @@ def cascade_decode_attention(
     if num_kv_splits == 1:  # B + C fused: the suffix program merges the prefix partials itself
         run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
                         1, mid_o, mid_lse, out=out,
-                        num_prefix_splits=num_prefix_splits if num_groups > 0 else 0)
+                        num_prefix_splits=num_prefix_splits if num_groups > 0 else 0, v_scale=v_scale)
         return out
     run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
-                    num_kv_splits, mid_o, mid_lse)
+                    num_kv_splits, mid_o, mid_lse, v_scale=v_scale)
     run_merge_stage(mid_o, mid_lse, out, num_kv_splits, kv_start, num_prefix_splits)
     return out

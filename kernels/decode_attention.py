@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
+from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
 from .paged_loop import paged_attn_loop
 
 LOG2E = 1.4426950408889634
@@ -41,7 +41,7 @@ SPLIT_INTS = ["num_splits", "num_prefix_splits", "stride_mo_b", "stride_mo_h", "
 @triton.jit(do_not_specialize=SPLIT_INTS)
 def _decode_split_kernel(
     q, k_buf, v_buf, page_table, seq_lens, kv_start, mid_o, mid_lse, o,
-    qk_scale, num_splits, num_prefix_splits,
+    qk_scale, v_scale, num_splits, num_prefix_splits,
     stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_pt_b,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
@@ -81,6 +81,7 @@ def _decode_split_kernel(
     m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end, qk_scale,
                                     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                                     BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    acc = acc * v_scale  # an FP8 pool's per-layer V scale (1.0 otherwise; k_scale is in qk_scale)
 
     if MERGE_PREFIX:
         # a prefix partial (o_p normalised, lse_p = log2 of its softmax sum) is the state
@@ -206,9 +207,11 @@ def check_mid(mid_o: torch.Tensor | None, mid_lse: torch.Tensor | None, shape: t
 def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
                     seq_lens: torch.Tensor, kv_start: torch.Tensor | None, page_size: int, qk_scale: float,
                     num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor,
-                    out: torch.Tensor | None = None, num_prefix_splits: int = 0) -> None:
+                    out: torch.Tensor | None = None, num_prefix_splits: int = 0,
+                    v_scale: float = 1.0) -> None:
     """Stage 1 on checked arguments: splits 0..num_kv_splits-1 of [kv_start, seq_len) into
-    mid_o[:, :, :num_kv_splits] / mid_lse (qk_scale already includes log2(e)).
+    mid_o[:, :, :num_kv_splits] / mid_lse (qk_scale already includes log2(e) and an FP8 pool's
+    k_scale; v_scale multiplies the values read from the pool).
 
     With `out` (only for num_kv_splits == 1) the single split writes the final output to out instead,
     first merging, when num_prefix_splits > 0, the prefix partials in mid slots
@@ -223,7 +226,7 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
     _decode_split_kernel[(num_kv_splits, num_kv_heads, batch_size)](
         q, k_buffer, v_buffer, page_table, seq_lens, seq_lens if kv_start is None else kv_start,
         mid_o, mid_lse, o,
-        qk_scale, num_kv_splits, num_prefix_splits,
+        qk_scale, float(v_scale), num_kv_splits, num_prefix_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
@@ -273,7 +276,7 @@ def check_decode_args(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.T
         check_int_vector(kv_start, "kv_start", batch_size)
     check_page_size(page_size)
     check(isinstance(num_kv_splits, int) and num_kv_splits >= 1, f"bad num_kv_splits {num_kv_splits!r}")
-    check(q.dtype == k_buffer.dtype, f"q is {q.dtype} but the pool is {k_buffer.dtype}")
+    check(k_buffer.dtype in (q.dtype, FP8_DTYPE), f"q is {q.dtype} but the pool is {k_buffer.dtype}")
     check(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
     check(q.stride(-1) == 1, "q must have a contiguous last dim")
     for t in (k_buffer, v_buffer, page_table, seq_lens, kv_start):
@@ -294,6 +297,7 @@ def decode_attention(
     seq_lens: torch.Tensor, page_size: int, scale: float | None, num_kv_splits: int,
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None,
     mid_lse: torch.Tensor | None = None, kv_start: torch.Tensor | None = None,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of one new query token per request over its cached sequence.
 
@@ -309,6 +313,8 @@ def decode_attention(
     kv_start          : optional [B] int32/int64: attend to positions [kv_start, seq_len) only (the
                         splits then cover that range; kv_start >= seq_len gives a zero row). None
                         (default) means 0, with the same code and speed as before it existed.
+    k_scale, v_scale  : host floats, the per-layer scales of an FP8 (float8_e4m3fn) pool: the
+                        pool holds K / k_scale and V / v_scale (store_kv); 1.0 for other pools
     Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices.
     """
     check_decode_args(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, num_kv_splits)
@@ -318,11 +324,12 @@ def decode_attention(
     if batch_size == 0:
         return out
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    qk_scale = scale * LOG2E * float(k_scale)
     if num_kv_splits == 1:  # one split covers everything: it writes the output, no merge stage
-        run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, scale * LOG2E,
-                        1, mid_o, mid_lse, out=out)
+        run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
+                        1, mid_o, mid_lse, out=out, v_scale=v_scale)
         return out
-    run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, scale * LOG2E,
-                    num_kv_splits, mid_o, mid_lse)
+    run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
+                    num_kv_splits, mid_o, mid_lse, v_scale=v_scale)
     run_merge_stage(mid_o, mid_lse, out, num_kv_splits)
     return out

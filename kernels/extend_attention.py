@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
+from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
 from .paged_loop import online_softmax_step, paged_attn_loop
 
 LOG2E = 1.4426950408889634
@@ -30,7 +30,7 @@ LOG2E = 1.4426950408889634
 def _extend_attn_kernel(
     q, k_new, v_new, k_buf, v_buf, o,
     page_table, prefix_lens, extend_lens, extend_start_loc,
-    qk_scale,
+    qk_scale, prefix_qk_scale, v_scale,
     stride_q_t, stride_q_h, stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h,
     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_o_t, stride_o_h, stride_pt_b,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -70,10 +70,13 @@ def _extend_attn_kernel(
     # this block of queries [BLOCK_M, BLOCK_D]; padded rows/dims are zero
     qb = tl.load(q + (tok0 + offs_m)[:, None] * stride_q_t + row_head[:, None] * stride_q_h + offs_d[None, :],
                  mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-    # 1) cached prefix: gather key/value rows through the page table, mask the ragged end
+    # 1) cached prefix: gather key/value rows through the page table, mask the ragged end (an FP8
+    # pool's k_scale is in prefix_qk_scale, its v_scale applied to the prefix's acc; the new
+    # tokens below are read unquantized from k_new / v_new)
     m_i, l_i, acc = paged_attn_loop(qb, k_buf, v_buf, page_table + b * stride_pt_b, kvh, 0, prefix_len,
-                                    qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                                    prefix_qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                                     BLOCK_M, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    acc = acc * v_scale
 
     # 2) new tokens strictly before this query block: every key is visible to every query row
     for n0 in range(0, mb * BLOCK_M, BLOCK_N):
@@ -136,6 +139,7 @@ def extend_attention(
     prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_start_loc: torch.Tensor,
     page_size: int, scale: float | None, max_extend_len: int,
     out: torch.Tensor | None = None, max_seq_len: int | None = None,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of B requests over their cached prefix plus themselves.
 
@@ -148,6 +152,8 @@ def extend_attention(
     max_extend_len    : host int >= max(extend_lens) (sets the grid; no device sync)
     out               : optional [T, Hq, D] output buffer (dtype of q)
     max_seq_len       : optional host int >= max(prefix_lens + extend_lens); only picks the tile
+    k_scale, v_scale  : per-layer scales of an FP8 (float8_e4m3fn) pool, which holds K / k_scale and
+                        V / v_scale; they apply to the prefix read from the pool (1.0 otherwise)
     Returns o [T, Hq, D] in q's dtype. Tokens of a request with extend_len 0 produce nothing.
     Raises ValueError on bad shapes/dtypes/devices.
     """
@@ -164,7 +170,7 @@ def extend_attention(
                     ("extend_start_loc", extend_start_loc)):
         check_int_vector(t, name, batch_size)
     check_page_size(page_size)
-    check(q.dtype == k_new.dtype == v_new.dtype == k_buffer.dtype,
+    check(q.dtype == k_new.dtype == v_new.dtype and k_buffer.dtype in (q.dtype, FP8_DTYPE),
           f"dtypes differ: q {q.dtype}, k_new {k_new.dtype}, v_new {v_new.dtype}, pool {k_buffer.dtype}")
     check(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
     for name, t in (("q", q), ("k_new", k_new), ("v_new", v_new)):
@@ -184,7 +190,7 @@ def extend_attention(
     _extend_attn_kernel[grid](
         q, k_new, v_new, k_buffer, v_buffer, out,
         page_table, prefix_lens, extend_lens, extend_start_loc,
-        scale * LOG2E,
+        scale * LOG2E, scale * LOG2E * float(k_scale), float(v_scale),
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         out.stride(0), out.stride(1), page_table.stride(0),

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check, dot_precision, next_pow2
+from ._checks import FP8_DTYPE, check, dot_precision, next_pow2
 
 MAX_M = 16  # rows routed by default (skinny_linear_supported) and the reduce path's limit
 MAX_M_DOT = 256  # rows the dot path takes; M > MAX_M is routed only for shapes TUNED lists
@@ -145,6 +145,21 @@ def default_config(m: int, n: int, k: int, num_sms: int = 132) -> SkinnyConfig:
     return SkinnyConfig(block_n, block_k, split, 4, stages, use_dot)
 
 
+def fp8_config(cfg: SkinnyConfig, m: int) -> SkinnyConfig:
+    """The default config for an FP8 weight, from the bf16 one `cfg` at M rows: the reduce path at
+    M = 1 doubles block_k, so that a program keeps the same bytes of W in flight (16-byte loads are
+    16 fp8 elements) while its fp32 partial sums stay at <= 64 registers per thread; other configs
+    are unchanged (the dot path's W tile simply takes half the shared memory). Reasoned, not yet
+    measured on the H200 (bench/fp8_bench.py times the result; RADIXRT_FP8_SKINNY_MAX_ROWS=0 sends
+    every FP8 call to torch._scaled_mm instead). Doubling never adds K splits, so a workspace sized
+    for the bf16 configs (models/linear.py) is large enough."""
+    per_thread = cfg.block_n * cfg.block_k * 2 // (32 * cfg.num_warps)
+    if cfg.use_dot or m != 1 or per_thread > 64:
+        return cfg
+    return SkinnyConfig(cfg.block_n, cfg.block_k * 2, cfg.split_k, cfg.num_warps, cfg.num_stages,
+                        use_dot=False, serial_reduce=cfg.serial_reduce)
+
+
 def programs_per_sm(cfg: SkinnyConfig, m: int, itemsize: int = 2) -> int:
     """Programs of `cfg` at M rows that fit in one SM's shared memory (228 KB on an H100/H200, 1 KB of
     it reserved per program), capped at 2 (1 or 2; registers are not counted)."""
@@ -213,12 +228,12 @@ def _sum_splits(partials, bias, y, offs_m, offs_n, M, N, num_splits, stride_ym,
 
 @triton.jit
 def _skinny_kernel(
-    x, w, bias, y, partials, counters,
+    x, w, w_scale, bias, y, partials, counters,
     M, N, K, k_per_split, num_splits,
     stride_xm, stride_wn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, SPLIT: tl.constexpr, SERIAL_REDUCE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_W_SCALE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -239,7 +254,8 @@ def _skinny_kernel(
             k_mask = (k0 + offs_k) < K
             wt = tl.load(w_ptrs + k0, mask=k_mask[None, :] | EVEN_K, other=0.0)
             xt = tl.load(x_ptrs + k0, mask=k_mask[None, :] | EVEN_K, other=0.0)
-            acc = tl.dot(wt, tl.trans(xt), acc, input_precision=DOT_PRECISION)  # [BN, BM]
+            # (FP8 weights are widened to x's dtype in registers: W8A16)
+            acc = tl.dot(wt.to(xt.dtype), tl.trans(xt), acc, input_precision=DOT_PRECISION)  # [BN, BM]
         acc = tl.trans(acc)
     else:
         # per-thread fp32 partial sums [BM, BN, BK], reduced over K once at the end
@@ -259,6 +275,8 @@ def _skinny_kernel(
             xt = tl.load(x_ptrs + k0, mask=k_mask | EVEN_K, other=0.0)
             acc3 += xt.to(tl.float32) * wt.to(tl.float32)
         acc = tl.sum(acc3, axis=2)  # [BM, BN]
+    if HAS_W_SCALE:  # FP8 weights: one scale per output channel (row of W), before split-K sums
+        acc = acc * tl.load(w_scale + w_rows)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SPLIT:
         # this split's partial sums, then (serial) the last program of the row block sums all splits
@@ -310,13 +328,22 @@ def skinny_linear_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.device == weight.device and weight.is_contiguous() and k % 16 == 0 and x.stride(-1) == 1)
 
 
-def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                weight_scale: torch.Tensor | None = None) -> None:
     check(weight.dim() == 2, f"weight must be [N, K], got {tuple(weight.shape)}")
     check(weight.shape[1] >= 1, "weight must have K >= 1 columns")
     check(x.dim() >= 1 and x.shape[-1] == weight.shape[1],
           f"x {tuple(x.shape)} must be [..., K] with K = weight.shape[1] = {weight.shape[1]}")
-    check(x.dtype in _DTYPES and x.dtype == weight.dtype,
-          f"x {x.dtype} and weight {weight.dtype} must be one of float16/bfloat16/float32 and equal")
+    if weight.dtype == FP8_DTYPE:
+        check(weight_scale is not None and weight_scale.shape == (weight.shape[0],)
+              and weight_scale.dtype == torch.float32 and weight_scale.stride(0) == 1
+              and weight_scale.device == weight.device,
+              f"an FP8 weight needs weight_scale, a contiguous float32 [{weight.shape[0]}] tensor")
+        check(x.dtype in _DTYPES, f"x must be float16/bfloat16/float32, got {x.dtype}")
+    else:
+        check(weight_scale is None, "weight_scale is only for FP8 (float8_e4m3fn) weights")
+        check(x.dtype in _DTYPES and x.dtype == weight.dtype,
+              f"x {x.dtype} and weight {weight.dtype} must be one of float16/bfloat16/float32 and equal")
     check(x.device == weight.device, "x and weight are on different devices")
     check(weight.stride(1) == 1 and weight.stride(0) >= weight.shape[1], "weight rows must be contiguous")
     check(x.stride(-1) == 1, "x must have a contiguous last dim")
@@ -328,7 +355,8 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: SkinnyConfig | None = None,
-                  workspace: SkinnyWorkspace | None = None) -> torch.Tensor:
+                  workspace: SkinnyWorkspace | None = None,
+                  weight_scale: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight^T (+ bias), F.linear for decode-sized batches, fp32 accumulation.
 
     x        : [..., K] with M = prod(leading dims) in 0..256 (0..16 with a reduce-path config),
@@ -340,13 +368,18 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     workspace: split-K scratch (SkinnyWorkspace) with >= splits * M * N partials and cdiv(N, block_n)
                counters; when None and the config splits K, one is allocated for this call (its
                counters need a memset). Pass one to reuse it across calls/graphs.
+    weight_scale: optional [N] float32 contiguous per-output-channel scales of an FP8
+               (float8_e4m3fn) weight: y = x @ (weight * weight_scale[:, None])^T (+ bias), the
+               weight widened to x's dtype in registers (W8A16: half the bytes of a bf16 weight
+               read); the default config then takes fp8_config's K chunks. Required for an FP8
+               weight, refused for others.
     Returns y [..., N] in x's dtype. Raises ValueError on bad shapes, dtypes, devices or strides,
     M > 256, M > 16 with a reduce-path (use_dot=False) config, or a workspace that is too small;
     triton's OutOfResources when a config needs more shared memory than the GPU has (see
     shared_memory_bytes). Whether M > 16 is faster than F.linear depends on the shape: route calls
     with skinny_linear_supported.
     """
-    return _run(x, weight, bias, out, config, workspace, compile_only=False)
+    return _run(x, weight, bias, out, config, workspace, compile_only=False, weight_scale=weight_scale)
 
 
 def skinny_linear_compile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -365,8 +398,9 @@ def skinny_linear_compile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
-         config: SkinnyConfig | None, workspace: SkinnyWorkspace | None, compile_only: bool) -> torch.Tensor:
-    _check_args(x, weight, bias)
+         config: SkinnyConfig | None, workspace: SkinnyWorkspace | None, compile_only: bool,
+         weight_scale: torch.Tensor | None = None) -> torch.Tensor:
+    _check_args(x, weight, bias, weight_scale)
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
@@ -382,14 +416,17 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: 
     if config is None:
         num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
         config = default_config(m, n, k, num_sms)
+        if weight_scale is not None:
+            config = fp8_config(config, m)
     check(config.use_dot or m <= MAX_M,
           f"the reduce path (use_dot=False) takes at most {MAX_M} rows, got {m}; use a dot config")
-    _launch(x2, weight, bias, y2, config, workspace, compile_only)
+    _launch(x2, weight, bias, y2, config, workspace, compile_only, weight_scale)
     return out
 
 
 def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y2: torch.Tensor,
-            cfg: SkinnyConfig, workspace: SkinnyWorkspace | None, compile_only: bool = False) -> None:
+            cfg: SkinnyConfig, workspace: SkinnyWorkspace | None, compile_only: bool = False,
+            weight_scale: torch.Tensor | None = None) -> None:
     (m, k), n = x2.shape, weight.shape[0]
     # split ranges are whole chunks; drop the splits that rounding leaves empty
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
@@ -406,14 +443,16 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y
     else:
         partials = counters = y2  # unused when SPLIT is False
     bias_arg = bias if bias is not None else y2
+    scale_arg = weight_scale if weight_scale is not None else y2
     # .run(warmup=True) compiles (JITFunction) or does nothing (interpreter) without launching
     _skinny_kernel.run(
-        x2, weight, bias_arg, y2, partials, counters,
+        x2, weight, scale_arg, bias_arg, y2, partials, counters,
         m, n, k, k_per_split, num_splits,
         x2.stride(0), weight.stride(0), y2.stride(0),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
         USE_DOT=cfg.use_dot, SPLIT=split, SERIAL_REDUCE=cfg.serial_reduce, HAS_BIAS=bias is not None,
-        DOT_PRECISION=dot_precision(x2.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_PRECISION=dot_precision(x2.dtype), HAS_W_SCALE=weight_scale is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         grid=(tiles, num_splits), warmup=compile_only,
     )
     if split and not cfg.serial_reduce:

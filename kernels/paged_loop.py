@@ -53,7 +53,9 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
     Returns the softmax state (m_i, l_i [ROWS], acc [ROWS, BLOCK_D], fp32; log2 units: qk_scale
     includes log2(e)), started empty (m = -inf, l = 0, acc = 0, which an empty range returns), for
     the caller to normalise or to continue. Positions at and past `end` are masked. Page ids are
-    loaded one block ahead (prefetch_pages)."""
+    loaded one block ahead (prefetch_pages). An FP8 pool's K/V blocks are converted to qb's dtype
+    in registers; its per-layer scales are the caller's (k_scale folded into qk_scale, v_scale
+    multiplied into the returned acc)."""
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
@@ -71,10 +73,10 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
         # scores of every row against BLOCK_N keys: one K/V read serves all rows of the block
         kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
                      mask=kv_mask, other=0.0)
-        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(qb, tl.trans(kb.to(qb.dtype)), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(mask_n[None, :], s, float("-inf"))
         p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
         vb = tl.load(v_buf + slot[:, None] * stride_vb_s + kvh * stride_vb_h + offs_d[None, :],
                      mask=kv_mask, other=0.0)
-        acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
+        acc += tl.dot(p.to(qb.dtype), vb.to(qb.dtype), input_precision=DOT_PRECISION)
     return m_i, l_i, acc

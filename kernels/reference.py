@@ -1,7 +1,8 @@
 """Pure-torch references for every kernel in radixrt.kernels (slow, obviously correct, any device).
 
 The attention references loop over requests, gather each request's keys/values position by
-position through the page table, and compute softmax attention in fp32 with an explicit causal mask.
+position through the page table (dequantized with the layer's scales for an FP8 pool), and compute
+softmax attention in fp32 with an explicit causal mask.
 """
 
 from __future__ import annotations
@@ -18,9 +19,28 @@ def slots_of(page_table_row: torch.Tensor, page_size: int, start: int, end: int)
     return page_table_row.long()[pos // page_size] * page_size + pos % page_size
 
 
+FP8_KV = torch.float8_e4m3fn
+
+
+def quantize_kv_ref(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x [..] float -> float8_e4m3fn: clamp(x * (1 / scale), +-448), rounded to nearest even (as
+    kernels.store_kv stores into an FP8 pool; the reciprocal is taken in fp32 as the kernel does)."""
+    inv = torch.tensor(1.0 / scale, dtype=torch.float32)
+    return (x.float() * inv).clamp(-448.0, 448.0).to(FP8_KV)
+
+
+def kv_rows(buffer: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
+    """Rows of a pool layer at `slots` as fp32 values: dequantized (x scale) for an FP8 pool."""
+    rows = buffer[slots]
+    return rows.float() * scale if buffer.dtype == FP8_KV else rows.float()
+
+
 def store_kv_ref(k_buffer: torch.Tensor, v_buffer: torch.Tensor, out_cache_loc: torch.Tensor,
-                 k: torch.Tensor, v: torch.Tensor) -> None:
-    """k_buffer[out_cache_loc] = k; v_buffer[out_cache_loc] = v (in place)."""
+                 k: torch.Tensor, v: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """k_buffer[out_cache_loc] = k; v_buffer[out_cache_loc] = v (in place); quantized with the scales
+    (quantize_kv_ref) into an FP8 pool."""
+    if k_buffer.dtype == FP8_KV:
+        k, v = quantize_kv_ref(k, k_scale), quantize_kv_ref(v, v_scale)
     k_buffer[out_cache_loc.long()] = k.to(k_buffer.dtype)
     v_buffer[out_cache_loc.long()] = v.to(v_buffer.dtype)
 
@@ -39,7 +59,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 
 def extend_attention_ref(q, k_new, v_new, k_buffer, v_buffer, page_table, prefix_lens, extend_lens,
-                         extend_start_loc, page_size: int, scale: float | None) -> torch.Tensor:
+                         extend_start_loc, page_size: int, scale: float | None, k_scale: float = 1.0,
+                         v_scale: float = 1.0) -> torch.Tensor:
     """Same contract as kernels.extend_attention; returns o [T, Hq, D] in q's dtype."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.zeros_like(q)
@@ -49,15 +70,16 @@ def extend_attention_ref(q, k_new, v_new, k_buffer, v_buffer, page_table, prefix
         if ext_len == 0:
             continue
         slots = slots_of(page_table[b], page_size, 0, prefix_len)
-        k = torch.cat([k_buffer[slots], k_new[start:start + ext_len]])  # [prefix + ext, Hkv, D]
-        v = torch.cat([v_buffer[slots], v_new[start:start + ext_len]])
+        k = torch.cat([kv_rows(k_buffer, slots, k_scale), k_new[start:start + ext_len].float()])
+        v = torch.cat([kv_rows(v_buffer, slots, v_scale), v_new[start:start + ext_len].float()])
         q_pos = prefix_len + torch.arange(ext_len, device=q.device)
         out[start:start + ext_len] = _attend(q[start:start + ext_len], k, v, scale, q_pos).to(q.dtype)
     return out
 
 
 def decode_attention_ref(q, k_buffer, v_buffer, page_table, seq_lens, page_size: int,
-                         scale: float | None, kv_start=None) -> torch.Tensor:
+                         scale: float | None, kv_start=None, k_scale: float = 1.0,
+                         v_scale: float = 1.0) -> torch.Tensor:
     """Same contract as kernels.decode_attention; returns o [B, Hq, D] (zero rows where seq_len == 0,
     or where kv_start >= seq_len when kv_start [B] restricts each row to positions [kv_start, seq_len))."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -69,7 +91,8 @@ def decode_attention_ref(q, k_buffer, v_buffer, page_table, seq_lens, page_size:
             continue
         slots = slots_of(page_table[b], page_size, start, seq_len)
         q_pos = torch.tensor([seq_len - start - 1], device=q.device)
-        out[b] = _attend(q[b:b + 1], k_buffer[slots], v_buffer[slots], scale, q_pos)[0].to(q.dtype)
+        k, v = kv_rows(k_buffer, slots, k_scale), kv_rows(v_buffer, slots, v_scale)
+        out[b] = _attend(q[b:b + 1], k, v, scale, q_pos)[0].to(q.dtype)
     return out
 
 
@@ -96,13 +119,15 @@ def assert_groups_share_prefix(page_table, seq_lens, kv_start, group_members, gr
 
 def cascade_decode_attention_ref(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, group_members,
                                  group_starts, group_prefix_lens, page_size: int,
-                                 scale: float | None) -> torch.Tensor:
+                                 scale: float | None, k_scale: float = 1.0,
+                                 v_scale: float = 1.0) -> torch.Tensor:
     """Same contract as kernels.cascade_decode_attention: checks the group metadata
     (assert_groups_share_prefix), then plain decode attention over each whole sequence, which is what
     the cascade must equal."""
     assert_groups_share_prefix(page_table, seq_lens, kv_start, group_members, group_starts, group_prefix_lens,
                                page_size)
-    return decode_attention_ref(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
+    return decode_attention_ref(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale,
+                                k_scale=k_scale, v_scale=v_scale)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,

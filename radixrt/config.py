@@ -47,6 +47,14 @@ class ServerArgs:
                         choices=["auto", "cpu", "cuda"])
     dtype: str = _flag("auto (bf16 on cuda, fp32 on cpu), bfloat16, float16, float32.", default="auto",
                        choices=["auto", "bfloat16", "float16", "float32"])
+    quantization: str | None = _flag(
+        "fp8: decoder linears in FP8 e4m3 with per-channel weight scales (bf16 checkpoints and dummy "
+        "weights are quantized at load) and dynamic per-token activation scales. Default: none, or "
+        "the checkpoint's own quantization_config (FP8 checkpoints are detected).", choices=["fp8"])
+    kv_cache_dtype: str = _flag(
+        "auto: the KV pool in the model dtype; fp8_e4m3: float8_e4m3fn with one scale per layer for "
+        "K and one for V (the checkpoint's k_scale / v_scale, else 1.0); triton backend only.",
+        default="auto", choices=["auto", "fp8_e4m3"])
     attention_backend: str = _flag("torch or triton. Default: triton on cuda, torch on cpu.", default="auto",
                                    choices=["auto", "torch", "triton"])
     page_size: int = _flag("Tokens per KV page.", default=16)
@@ -181,6 +189,9 @@ class Env:
     cache_dir: Path
     debug_invariants: bool
     skinny_gemm: bool = True  # RADIXRT_SKINNY_GEMM=0: decode linears on cuBLAS (models/linear.py)
+    # RADIXRT_FP8_SKINNY_MAX_ROWS: FP8 linear calls of at most this many rows take the Triton skinny
+    # GEMM (W8A16), the others torch._scaled_mm; 0 sends all to _scaled_mm (models/quant/fp8.py)
+    fp8_skinny_max_rows: int = 16
 
     @classmethod
     def read(cls) -> Env:
@@ -189,4 +200,5 @@ class Env:
             cache_dir=Path(cache),
             debug_invariants=os.environ.get("RADIXRT_DEBUG_INVARIANTS", "0") not in ("", "0", "false"),
             skinny_gemm=os.environ.get("RADIXRT_SKINNY_GEMM", "1") not in ("0", "false"),
+            fp8_skinny_max_rows=int(os.environ.get("RADIXRT_FP8_SKINNY_MAX_ROWS", "16")),
         )

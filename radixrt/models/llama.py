@@ -167,7 +167,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
-            target, rows = self._map_name(name)
+            target, rows = self.map_name(name)
             p = params[target]
             dst = p.data if rows is None else p.data[rows[0]:rows[1]]
             if tuple(dst.shape) != tuple(w.shape):
@@ -176,7 +176,7 @@ class LlamaForCausalLM(nn.Module):
             filled.add(target if rows is None else f"{target}[{rows[0]}:{rows[1]}]")
         return filled
 
-    def _map_name(self, name: str) -> tuple[str, tuple[int, int] | None]:
+    def map_name(self, name: str) -> tuple[str, tuple[int, int] | None]:
         """HF tensor name -> (our parameter name, row range inside a fused parameter or None)."""
         c = self.config
         q, kv = c.q_size, c.kv_size
@@ -199,10 +199,11 @@ class LlamaForCausalLM(nn.Module):
         for name, _ in self.named_parameters():
             if name == "lm_head.weight" and c.tie_word_embeddings:
                 continue
-            if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+            module = name.rpartition(".")[0]  # weight, bias, and an FP8 layer's weight_scale
+            if module.endswith("qkv_proj"):
                 q, kv = c.q_size, c.kv_size
                 out |= {f"{name}[0:{q}]", f"{name}[{q}:{q + kv}]", f"{name}[{q + kv}:{q + 2 * kv}]"}
-            elif name.endswith("gate_up_proj.weight") or name.endswith("gate_up_proj.bias"):
+            elif module.endswith("gate_up_proj"):
                 i = c.intermediate_size
                 out |= {f"{name}[0:{i}]", f"{name}[{i}:{2 * i}]"}
             else:

@@ -6,7 +6,8 @@
                     `<cache_dir>/<name>-<key>/` (atomic: built in a temp dir, then renamed);
                     later calls find the cached dir and return at once
     directory    -> returned as is once checked (config.json, supported architecture, weights)
-`load_model` runs in the worker: our own `nn.Module` from safetensors, or random weights ("dummy").
+`load_model` runs in the worker: our own `nn.Module` from safetensors, or random weights ("dummy"),
+with the decoder linears in FP8 for `--quantization fp8` or an FP8 checkpoint (models/quant/).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import torch
 
 from radixrt.config import DEFAULT_MODEL_NAME
 from radixrt.models.model_config import ModelConfig, parse_config, read_eos_ids, read_json
+from radixrt.models.quant.checkpoint import CheckpointStream, checkpoint_quantization
+from radixrt.models.quant.fp8 import FP8_DTYPE, Fp8Linear, convert_to_fp8
 from radixrt.models.registry import find_spec, supported_architectures
 from radixrt.models.rope import SUPPORTED_ROPE_TYPES
 
@@ -220,37 +223,70 @@ def read_model_config(model_dir: Path) -> ModelConfig:
     return mc
 
 
+def resolve_quantization(model_dir: Path, quantization: str | None) -> str | None:
+    """The weight format to serve: --quantization, else the checkpoint's own (quantization_config).
+
+    Raises:
+        ModelLoadError: an unsupported quantization_config, or a flag that contradicts it.
+    """
+    try:
+        own = checkpoint_quantization(read_json(Path(model_dir) / "config.json"))
+    except ValueError as e:
+        raise ModelLoadError(f"{model_dir}: {e}") from None
+    if quantization not in (None, "fp8"):
+        raise ModelLoadError(f"unknown --quantization {quantization!r} (supported: fp8)")
+    return quantization or own
+
+
 def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, load_format: str,
-               seed: int = 0, max_positions: int | None = None) -> tuple[torch.nn.Module, ModelConfig]:
+               seed: int = 0, max_positions: int | None = None,
+               quantization: str | None = None) -> tuple[torch.nn.Module, ModelConfig]:
     """Build our model for `model_dir` on `device` in `dtype`, with real or random weights.
 
     load_format "auto": weights from every *.safetensors file (tied embeddings reuse embed_tokens);
     "dummy": normal(0, 0.02) linear/embedding weights from a generator seeded by `seed`, norms = 1.
     max_positions: rotary table length (default: the model's max_position_embeddings).
+    quantization: "fp8" (or an FP8 checkpoint): decoder linears become Fp8Linear (quant/fp8.py),
+    bf16 and dummy weights quantized per channel as they are loaded.
+    The model gets `kv_cache_scales`: {layer: {"k": s, "v": s}} from the checkpoint (empty if none).
 
     Raises:
-        ModelLoadError: bad directory, missing or mis-shaped tensors.
+        ModelLoadError: bad directory, missing or mis-shaped tensors, an unsupported quantization.
     """
     model_dir = Path(model_dir)
     cfg = read_model_config(model_dir)
+    quant = resolve_quantization(model_dir, quantization)
     cls = find_spec([cfg.architecture]).model_class()
     with torch.device("meta"):
         model = cls(cfg)
-    model = model.to(dtype).to_empty(device=device).requires_grad_(False)
+    model = model.to(dtype)
+    if quant == "fp8":
+        convert_to_fp8(model)  # on meta, after .to(dtype), which would widen FP8 parameters
+    model = model.to_empty(device=device).requires_grad_(False)
     model.tie_weights()  # to_empty materialises shared parameters separately
+    model.kv_cache_scales = {}
     if load_format == "dummy":
-        _init_dummy(model, seed)
+        _init_dummy(model, seed, dtype)
     else:
-        _load_safetensors(model, model_dir)
+        model.kv_cache_scales = _load_safetensors(model, model_dir)
     model.init_rope(max(max_positions or 0, cfg.max_position_embeddings), device)
     return model.eval(), cfg
 
 
-def _init_dummy(model: torch.nn.Module, seed: int) -> None:
-    """Random weights drawn on the parameters' own device (a 7B model in seconds on a GPU)."""
+def _init_dummy(model: torch.nn.Module, seed: int, dtype: torch.dtype) -> None:
+    """Random weights drawn on the parameters' own device (a 7B model in seconds on a GPU). An FP8
+    layer's weight is drawn in the model dtype from the same generator sequence, then quantized."""
     gens: dict[torch.device, torch.Generator] = {}
     for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
+        if name.endswith("weight_scale"):
+            continue  # set with its FP8 weight
+        if p.dtype == FP8_DTYPE:
+            layer = model.get_submodule(name.rpartition(".")[0])
+            assert isinstance(layer, Fp8Linear)
+            gen = gens.setdefault(p.device, torch.Generator(device=p.device).manual_seed(seed))
+            w = torch.empty(p.shape, dtype=dtype, device=p.device)
+            layer.set_weight(w.normal_(0.0, 0.02, generator=gen))
+        elif name.endswith("norm.weight"):
             p.data.fill_(1.0)
         elif name.endswith("bias"):
             p.data.zero_()
@@ -259,17 +295,19 @@ def _init_dummy(model: torch.nn.Module, seed: int) -> None:
             p.data.normal_(0.0, 0.02, generator=gen)
 
 
-def _load_safetensors(model: torch.nn.Module, model_dir: Path) -> None:
+def _load_safetensors(model: torch.nn.Module, model_dir: Path) -> dict[int, dict[str, float]]:
+    """Fill `model` from every *.safetensors file; returns the checkpoint's KV-cache scales per layer."""
     from safetensors import safe_open
 
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors weights in {model_dir}")
     filled: set[str] = set()
+    stream = CheckpointStream(model)
     for f in files:
         try:
             with safe_open(str(f), framework="pt", device="cpu") as st:
-                filled |= model.load_weights((k, st.get_tensor(k)) for k in st.keys())
+                filled |= model.load_weights(stream((k, st.get_tensor(k)) for k in st.keys()))
         except (KeyError, ValueError) as e:
             raise ModelLoadError(f"weights in {f} do not match config.json: {e}") from None
         except Exception as e:  # safetensors raises its own error type for a corrupt file
@@ -278,3 +316,4 @@ def _load_safetensors(model: torch.nn.Module, model_dir: Path) -> None:
     if missing:
         raise ModelLoadError(f"weights missing from {model_dir}: {', '.join(sorted(missing)[:5])}"
                              f"{' ...' if len(missing) > 5 else ''}")
+    return stream.kv_scales

@@ -46,7 +46,12 @@ CASCADE_FUSED_MAX_PREFIX_SPLITS = 4
 class TritonAttnBackend(AttentionBackend):
     """AttentionBackend over a paged KV pool (see attention.base.AttentionBackend for the contract).
 
-    kv_pool            : object with page_size and per-layer k_buffers / v_buffers [S, Hkv, D]
+    kv_pool            : object with page_size and per-layer k_buffers / v_buffers [S, Hkv, D]; an
+                         FP8 (float8_e4m3fn) pool also has per-layer float k_scales / v_scales
+                         (worker/kv_pool.py; 1.0 when absent), which store_kv and the attention
+                         kernels apply (read per call, so set them before capturing graphs)
+    q_dtype            : dtype of q / k / v (the model's); default the pool's, which must then not
+                         be FP8
     num_q_heads        : if given, the decode workspace is allocated now (else at the first decode)
     max_batch_size     : largest decode batch served from the preallocated workspace (larger
                          batches still work but allocate their workspace per call: not graph-safe)
@@ -59,7 +64,8 @@ class TritonAttnBackend(AttentionBackend):
     """
 
     def __init__(self, kv_pool: KVPool, num_q_heads: int | None = None, max_batch_size: int = 256,
-                 max_num_kv_splits: int = 64, cascade_fused_max_suffix: int | None = None) -> None:
+                 max_num_kv_splits: int = 64, cascade_fused_max_suffix: int | None = None,
+                 q_dtype: torch.dtype | None = None) -> None:
         self.kv_pool = kv_pool
         self.cascade_fused_max_suffix = (CASCADE_FUSED_MAX_SUFFIX if cascade_fused_max_suffix is None
                                          else cascade_fused_max_suffix)
@@ -67,6 +73,9 @@ class TritonAttnBackend(AttentionBackend):
         k0 = kv_pool.k_buffers[0]
         self.num_kv_heads, self.head_dim = int(k0.shape[1]), int(k0.shape[2])
         self.device = k0.device
+        self.q_dtype = k0.dtype if q_dtype is None else q_dtype
+        if self.q_dtype == torch.float8_e4m3fn:
+            raise ValueError("an FP8 KV pool needs q_dtype (the model dtype)")
         self.max_batch_size = max_batch_size
         self.max_num_kv_splits = max_num_kv_splits
         self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
@@ -86,7 +95,7 @@ class TritonAttnBackend(AttentionBackend):
     def warmup_cascade(self, num_q_heads: int) -> None:
         """Compile the cascade kernels now rather than in the first pass that groups requests
         (a compile takes seconds). Reads page 0 (the sink) of layer 0 and writes only scratch."""
-        dev, dtype, ps = self.device, self.kv_pool.k_buffers[0].dtype, self.page_size
+        dev, dtype, ps = self.device, self.q_dtype, self.page_size
         q = torch.zeros(2, num_q_heads, self.head_dim, dtype=dtype, device=dev)
         i32 = {"dtype": torch.int32, "device": dev}
         for suffix_splits in (2, 1):  # three launches, and the fused form (see prepare)
@@ -102,7 +111,7 @@ class TritonAttnBackend(AttentionBackend):
         on the first shared-prefix requests after a start). q, k and v are views of one QKV row, as
         the model passes them, so their strides specialise alike. Reads page 0 (the sink) of layer 0
         and writes only scratch."""
-        dev, dtype, ps = self.device, self.kv_pool.k_buffers[0].dtype, self.page_size
+        dev, dtype, ps = self.device, self.q_dtype, self.page_size
         hkv, d = self.num_kv_heads, self.head_dim
         qkv = torch.zeros(2, (num_q_heads + 2 * hkv) * d, dtype=dtype, device=dev)
         q, k, v = qkv.split([num_q_heads * d, hkv * d, hkv * d], dim=-1)
@@ -154,24 +163,32 @@ class TritonAttnBackend(AttentionBackend):
             raise RuntimeError("TritonAttnBackend.forward called before prepare")
         k_buffer = self.kv_pool.k_buffers[layer_id]
         v_buffer = self.kv_pool.v_buffers[layer_id]
-        store_kv(k_buffer, v_buffer, meta.out_cache_loc, k, v)
+        kv_scales = {"k_scale": self.kv_pool_scale(layer_id, "k"),
+                     "v_scale": self.kv_pool_scale(layer_id, "v")}
+        store_kv(k_buffer, v_buffer, meta.out_cache_loc, k, v, **kv_scales)
         if meta.mode == ForwardMode.DECODE:
-            return self._decode(q, k_buffer, v_buffer, meta, scale)
+            return self._decode(q, k_buffer, v_buffer, meta, scale, kv_scales)
         if meta.mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
             return extend_attention(q, k, v, k_buffer, v_buffer, meta.page_table, meta.prefix_lens,
                                     meta.extend_lens, meta.extend_start_loc, meta.page_size, scale,
-                                    meta.max_extend_len, max_seq_len=meta.max_seq_len)
+                                    meta.max_extend_len, max_seq_len=meta.max_seq_len, **kv_scales)
         return torch.empty_like(q)  # IDLE: nothing to attend
 
+    def kv_pool_scale(self, layer_id: int, which: str) -> float:
+        """The pool's current FP8 scale of layer `layer_id`'s K ("k") or V ("v"); 1.0 without one."""
+        scales = getattr(self.kv_pool, f"{which}_scales", None)
+        return 1.0 if scales is None else float(scales[layer_id])
+
     def _decode(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta: ForwardMeta,
-                scale: float) -> torch.Tensor:
+                scale: float, kv_scales: dict[str, float]) -> torch.Tensor:
         batch_size, num_q_heads, head_dim = q.shape
         splits = self._num_kv_splits
         c = meta.cascade
         if c is not None:
             return cascade_decode_attention(
                 q, k_buffer, v_buffer, meta.page_table, meta.seq_lens, c.kv_start, c.members, c.starts,
-                c.prefix_lens, meta.page_size, scale, splits, self._num_prefix_splits, c.max_group_size)
+                c.prefix_lens, meta.page_size, scale, splits, self._num_prefix_splits, c.max_group_size,
+                **kv_scales)
         if self._num_q_heads != num_q_heads:
             self._alloc_workspace(num_q_heads)
         mid_o = mid_lse = None
@@ -181,4 +198,4 @@ class TritonAttnBackend(AttentionBackend):
                                                                       head_dim)
             mid_lse = self._mid_lse[: rows * num_q_heads].view(batch_size, num_q_heads, splits)
         return decode_attention(q, k_buffer, v_buffer, meta.page_table, meta.seq_lens, meta.page_size,
-                                scale, splits, mid_o=mid_o, mid_lse=mid_lse)
+                                scale, splits, mid_o=mid_o, mid_lse=mid_lse, **kv_scales)

@@ -21,10 +21,26 @@ def resolve_dtype(args: ServerArgs, device: str) -> torch.dtype:
     return _DTYPES[args.dtype]
 
 
-def make_backend(name: str, pool: KVPool, num_q_heads: int, max_batch_size: int) -> AttentionBackend:
+def resolve_kv_dtype(args: ServerArgs, model_dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype: auto = the model dtype; fp8_e4m3 = torch.float8_e4m3fn (triton backend only:
+    its kernels apply the per-layer scales; the torch reference backend has no FP8 path).
+
+    Raises:
+        ValueError: fp8_e4m3 with the torch attention backend.
+    """
+    if args.kv_cache_dtype == "auto":
+        return model_dtype
+    if args.resolved_attention_backend() != "triton":
+        raise ValueError("--kv-cache-dtype fp8_e4m3 needs --attention-backend triton")
+    return torch.float8_e4m3fn
+
+
+def make_backend(name: str, pool: KVPool, num_q_heads: int, max_batch_size: int,
+                 q_dtype: torch.dtype | None = None) -> AttentionBackend:
     """Attention backend by name ("torch" or "triton") over `pool`.
 
     max_batch_size: largest decode batch the triton backend preallocates workspace for (graph-safe).
+    q_dtype: the model dtype of q / k / v (the pool's dtype when None; needed for an FP8 pool).
 
     Raises:
         RuntimeError: the triton backend module is not available, or an unknown name.
@@ -39,7 +55,8 @@ def make_backend(name: str, pool: KVPool, num_q_heads: int, max_batch_size: int)
         except ImportError as e:
             raise RuntimeError(f"attention backend 'triton' unavailable ({e}); "
                                "use --attention-backend torch") from None
-        return TritonAttnBackend(pool, num_q_heads=num_q_heads, max_batch_size=max_batch_size)
+        return TritonAttnBackend(pool, num_q_heads=num_q_heads, max_batch_size=max_batch_size,
+                                 q_dtype=q_dtype)
     raise RuntimeError(f"unknown attention backend {name!r}")
 
 
@@ -47,7 +64,8 @@ def backend_for(args: ServerArgs, pool: KVPool, num_q_heads: int) -> AttentionBa
     """The --attention-backend over `pool`, with workspace for the largest batch the server runs
     (--max-running-requests, or --cuda-graph-max-bs when larger)."""
     return make_backend(args.resolved_attention_backend(), pool, num_q_heads,
-                        max(args.max_running_requests, args.cuda_graph_max_bs))
+                        max(args.max_running_requests, args.cuda_graph_max_bs),
+                        q_dtype=resolve_dtype(args, args.resolved_device()))
 
 
 def graph_max_bs(args: ServerArgs) -> int:

@@ -18,7 +18,9 @@ class PagedKVPool:
         num_pages: pages including the reserved page 0.
         page_size: tokens per page.
         num_layers, num_kv_heads, head_dim: model shape.
-        dtype, device: storage dtype and device.
+        dtype, device: storage dtype and device. For torch.float8_e4m3fn (--kv-cache-dtype fp8_e4m3)
+            the pool holds K / k_scales[layer] and V / v_scales[layer] (per-tensor, per-layer float
+            scales, 1.0 until `set_kv_scales`); the Triton kernels quantize and dequantize with them.
     """
 
     def __init__(self, num_pages: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -34,8 +36,19 @@ class PagedKVPool:
         self.device = torch.device(device)
         num_slots = num_pages * page_size
         shape = (num_slots, num_kv_heads, head_dim)
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.k_scales = [1.0] * num_layers
+        self.v_scales = [1.0] * num_layers
+
+    def set_kv_scales(self, scales: dict[int, dict[str, float]]) -> None:
+        """Per-layer FP8 scales {layer: {"k": s, "v": s}} (missing entries stay 1.0); set before the
+        first pass (CUDA graphs bake them in). Raises ValueError on a scale <= 0 or a bad layer."""
+        for layer, kv in scales.items():
+            if not 0 <= layer < self.num_layers or any(v <= 0 for v in kv.values()):
+                raise ValueError(f"bad KV-cache scales for layer {layer}: {kv}")
+            self.k_scales[layer] = float(kv.get("k", self.k_scales[layer]))
+            self.v_scales[layer] = float(kv.get("v", self.v_scales[layer]))
 
     @property
     def num_slots(self) -> int:
@@ -71,5 +84,14 @@ class PagedKVPool:
         dst = dst.to(self.device, torch.int64)
         ps = self.page_size
         for buf in (*self.k_buffers, *self.v_buffers):
+            if buf.element_size() == 1:  # FP8: indexing kernels need not exist for it, bytes are bytes
+                buf = buf.view(torch.uint8)
             pages = buf.view(self.num_pages, ps, self.num_kv_heads, self.head_dim)  # [P, ps, Hkv, D]
             pages[dst] = pages[src]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Zeroed storage; 1-byte (FP8) dtypes are zeroed as bytes (+0.0 is the all-zero pattern)."""
+    if torch.empty((), dtype=dtype).element_size() == 1 and dtype.is_floating_point:
+        return torch.zeros(shape, dtype=torch.uint8, device=device).view(dtype)
+    return torch.zeros(shape, dtype=dtype, device=device)

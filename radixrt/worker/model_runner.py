@@ -31,7 +31,13 @@ from radixrt.protocol import ForwardMode
 from radixrt.worker import sampler
 from radixrt.worker.device_batch import DeviceBatch
 from radixrt.worker.device_timing import TimedSpan
-from radixrt.worker.factories import backend_for, graph_max_bs, resolve_dtype, use_cuda_graphs
+from radixrt.worker.factories import (
+    backend_for,
+    graph_max_bs,
+    resolve_dtype,
+    resolve_kv_dtype,
+    use_cuda_graphs,
+)
 from radixrt.worker.forward_pass import PassOutputs, eager_logits, sample_outputs, stage_batch
 from radixrt.worker.host_pool import HostCopyEngine, HostKVPool
 from radixrt.worker.kv_pool import PagedKVPool
@@ -71,11 +77,13 @@ class ModelRunner:
         self.args = args
         self.device = torch.device(args.resolved_device())
         self.dtype = resolve_dtype(args, self.device.type)
+        self.kv_dtype = resolve_kv_dtype(args, self.dtype)
         self.page_size = args.page_size
         self.backend_name = args.resolved_attention_backend()
         self.context_len = args.context_length or read_model_config(Path(model_dir)).max_position_embeddings
         self.model, self.config = load_model(Path(model_dir), self.dtype, self.device, args.load_format,
-                                             seed=args.random_seed, max_positions=self.context_len)
+                                             seed=args.random_seed, max_positions=self.context_len,
+                                             quantization=args.quantization)
         self.max_pages_per_req = math.ceil(self.context_len / self.page_size) + 1
         self.max_req_rows = args.max_running_requests
         self.req_to_page = torch.zeros((self.max_req_rows, self.max_pages_per_req), dtype=torch.int32,
@@ -88,9 +96,11 @@ class ModelRunner:
         # before the pool, so that CUDA pool sizing counts it: rows x vocab x 5 bytes
         self.penalties = PenaltyState(self.max_req_rows, self.config.vocab_size, self.device)
         c = self.config
-        num_pages = num_pool_pages(args, c, self.device, self.dtype, self._activation_reserve_bytes)
+        num_pages = num_pool_pages(args, c, self.device, self.kv_dtype, self._activation_reserve_bytes)
         self.pool = PagedKVPool(num_pages, self.page_size, c.num_layers, c.num_kv_heads, c.head_dim,
-                                self.dtype, self.device)
+                                self.kv_dtype, self.device)
+        if self.kv_dtype == torch.float8_e4m3fn:  # the checkpoint's per-layer scales, else 1.0
+            self.pool.set_kv_scales(getattr(self.model, "kv_cache_scales", {}))
         self.backend = backend_for(args, self.pool, c.num_heads)
         self.copier: HostCopyEngine | None = None  # the host KV tier (--enable-hierarchical-cache)
         if args.enable_hierarchical_cache:
@@ -266,6 +276,7 @@ class ModelRunner:
             "pool_gib": round(pool.total_bytes / (1 << 30), 3),
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."),
             "model_type": self.config.model_type,
             "attention_backend": self.backend_name,
             "cuda_graph": self.graphs is not None,

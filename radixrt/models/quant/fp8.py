@@ -1,0 +1,171 @@
+"""FP8 (e4m3) weights for the decoder's linear layers: the quantizers and `Fp8Linear`.
+
+`--quantization fp8` stores every decoder linear (qkv, o, gate_up, down; not the LM head, whose
+logits are the most sensitive, nor the embedding) as a float8_e4m3fn weight [N, K] with one float32
+scale per output channel, weight ~= weight_fp8 * weight_scale[:, None] (per-channel scales as in
+SGLang's / vLLM's dynamic FP8). Checkpoints in bf16 are quantized at load, row by row, so a fused
+parameter (q|k|v, gate|up) gets the scales its source tensors would have had alone; FP8 checkpoints
+are copied as they are (quant/checkpoint.py). A linear call routes by its row count M:
+
+  M <= Fp8Linear.skinny_max_rows on CUDA -> `radixrt.kernels.skinny_linear` with the FP8 weight
+      (W8A16: x stays in bf16, the weight is widened in registers; decode is a weight read, and the
+      activation quantization would be one more launch per linear)
+  otherwise -> dynamic per-token FP8 activations (`per_token_quant_fp8`, scale = amax(row) / 448)
+      and `torch._scaled_mm` with row-wise scales ([M, 1] and [1, N] float32), which runs on CPU
+      too (torch >= 2.6), so the tests run this same call.
+
+`skinny_max_rows` comes from RADIXRT_FP8_SKINNY_MAX_ROWS (default 16; 0 sends every call to
+_scaled_mm), read once in radixrt.config.Env.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixrt.models.linear import Linear
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3 value (torch.finfo(torch.float8_e4m3fn).max)
+
+
+def _fp8_skinny_rows() -> int:
+    from radixrt.config import Env
+
+    return Env.read().fp8_skinny_max_rows
+
+
+def _scales(amax: torch.Tensor) -> torch.Tensor:
+    """amax (float32) -> scale = amax / 448, and 1.0 where amax == 0 (all-zero rows stay zero)."""
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+
+def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float -> (w_fp8 [N, K] float8_e4m3fn, scale [N] float32), w ~= w_fp8 * scale[:, None].
+
+    Each row's largest magnitude maps to 448; values are rounded to nearest even, so an element's
+    error is at most half an e4m3 step: |w - w_fp8 * scale| <= max(|w| * 2^-4, scale * 2^-10)
+    (3 mantissa bits in the normal range |w| >= scale * 2^-6; steps of 2^-9 * scale below it).
+    A zero row gets scale 1.0 and zero weights. Computed in float32 on w's device.
+
+    Raises:
+        ValueError: w is not 2-D.
+    """
+    if w.dim() != 2:
+        raise ValueError(f"quantize_per_channel takes a [N, K] weight, got {tuple(w.shape)}")
+    wf = w.float()
+    scale = _scales(wf.abs().amax(dim=1))
+    inv = 1.0 / scale
+    q = (wf * inv[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x_fp8 [M, K] float8_e4m3fn, scale [M, 1] float32): dynamic per-token scales,
+    scale = amax(|row|) / 448 (1.0 for a zero row). One Triton launch on CUDA
+    (kernels.per_token_quant_fp8), torch elsewhere; both multiply by the fp32 reciprocal."""
+    if x.is_cuda:
+        from radixrt.kernels import per_token_quant_fp8
+
+        return per_token_quant_fp8(x)
+    xf = x.float()
+    scale = _scales(xf.abs().amax(dim=1, keepdim=True))
+    return (xf * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def dequantize(w_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """w_fp8 [N, K] float8_e4m3fn, scale [N] or [N, 1] float32 -> [N, K] float32."""
+    return w_fp8.float() * scale.reshape(-1, 1).float()
+
+
+def fp8_linear_ref(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor,
+                   bias: torch.Tensor | None = None, quantize_input: bool = True) -> torch.Tensor:
+    """The FP8 linear in float32 from dequantized operands (test reference and fallback): x [M, K]
+    (quantized per token first when quantize_input, as the _scaled_mm path does) @ dequantized
+    weight^T (+ bias) -> [M, N] in x's dtype."""
+    xf = x.float()
+    if quantize_input:
+        xq, xs = quantize_per_token(x)
+        xf = xq.float() * xs
+    y = xf @ dequantize(w_fp8, w_scale).t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+class Fp8Linear(Linear):
+    """A Linear whose weight is float8_e4m3fn [N, K] with weight_scale [N] float32 (both parameters,
+    requires_grad False); bias [N] and x / y stay in the model dtype. x [..., K] -> y [..., N].
+
+    Build with `from_linear` (on the meta device, before `to_empty`), then fill with `set_weight`
+    (quantizes a float weight) or by copying FP8 rows and scales (checkpoint loading)."""
+
+    skinny_max_rows = _fp8_skinny_rows()  # M up to this goes to the Triton skinny GEMM on CUDA
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
+        """An Fp8Linear of linear's shape and bias (the bias parameter is shared), on linear's device
+        (normally meta); the model dtype is linear's weight dtype."""
+        n, k = linear.weight.shape
+        dev = linear.weight.device
+        mod = cls(k, n, bias=False, device="meta", dtype=linear.weight.dtype)
+        mod.weight = nn.Parameter(torch.empty((n, k), dtype=FP8_DTYPE, device=dev), requires_grad=False)
+        mod.weight_scale = nn.Parameter(torch.ones(n, dtype=torch.float32, device=dev), requires_grad=False)
+        mod.bias = linear.bias
+        return mod
+
+    @torch.no_grad()
+    def set_weight(self, w: torch.Tensor, rows: tuple[int, int] | None = None) -> None:
+        """Quantize float w [n, K] (quantize_per_channel) into rows [rows[0], rows[1]) of the weight
+        (all rows when None) and their scales. Raises ValueError on a shape mismatch."""
+        lo, hi = rows if rows is not None else (0, self.weight.shape[0])
+        if tuple(w.shape) != (hi - lo, self.weight.shape[1]):
+            raise ValueError(f"weight rows {tuple(w.shape)} != expected {(hi - lo, self.weight.shape[1])}")
+        q, s = quantize_per_channel(w.to(self.weight.device))
+        self.weight[lo:hi].copy_(q)
+        self.weight_scale[lo:hi].copy_(s)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.weight.shape[1]
+        x2 = x.reshape(-1, k)
+        m = x2.shape[0]
+        if x.is_cuda and self._skinny and 0 < m <= self.skinny_max_rows and k % 16 == 0:
+            from radixrt.kernels import skinny_linear
+
+            y = skinny_linear(x2, self.weight, self.bias, workspace=self._scratch(x.device),
+                              weight_scale=self.weight_scale)
+        else:
+            y = self._scaled_mm(x2)
+        return y.view(*x.shape[:-1], self.weight.shape[0])
+
+    def _scaled_mm(self, x2: torch.Tensor) -> torch.Tensor:
+        """Per-token FP8 x [M, K] @ FP8 weight^T with row-wise scales. On CUDA the row-wise form
+        needs bf16 output and K, N multiples of 16 (else: fp32 from dequantized operands); the bias
+        is added after (row-wise _scaled_mm takes only a bf16 bias)."""
+        n, k = self.weight.shape
+        if x2.shape[0] == 0:
+            return x2.new_empty((0, n))
+        if x2.is_cuda and (k % 16 or n % 16):
+            return fp8_linear_ref(x2, self.weight, self.weight_scale, self.bias)
+        xq, xs = quantize_per_token(x2)
+        out_dtype = torch.bfloat16 if x2.is_cuda else x2.dtype
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.weight_scale.view(1, n),
+                             out_dtype=out_dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y if y.dtype == x2.dtype else y.to(x2.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3 per-channel"
+
+
+def convert_to_fp8(model: nn.Module, skip: tuple[str, ...] = ("lm_head",)) -> list[str]:
+    """Replace every `Linear` of `model` (on the meta device, after `.to(dtype)`) whose name does
+    not end with one of `skip` by an Fp8Linear of the same shape; returns the replaced names."""
+    names = [name for name, mod in model.named_modules()
+             if type(mod) is Linear and not name.endswith(skip)]
+    for name in names:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, attr, Fp8Linear.from_linear(getattr(parent, attr)))
+    return names

@@ -1,0 +1,146 @@
+"""FP8 on a CUDA device (Hopper for _scaled_mm's row-wise form) at Qwen2.5-7B shapes: the FP8 linear
+(Triton skinny W8A16 and per-token quantization + torch._scaled_mm) against the dequantized fp32
+reference, the per-token quantization kernel against torch, store_kv's rounding into an FP8 pool, and
+decode / extend / cascade attention over an FP8 pool against the references. Skipped without CUDA.
+
+Tolerances: the FP8 linear's output within 2e-2 relative norm of the dequantized reference (bf16
+output, different accumulation order, and for _scaled_mm the same FP8 operands); attention as
+test_kernels_gpu.py (2e-2 + 2e-2 |ref| max, 1e-2 relative norm) since both sides read the same FP8
+bytes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixrt.kernels import (
+    cascade_decode_attention,
+    choose_num_kv_splits,
+    decode_attention,
+    extend_attention,
+    per_token_quant_fp8,
+    store_kv,
+)
+from radixrt.kernels.reference import (
+    cascade_decode_attention_ref,
+    decode_attention_ref,
+    extend_attention_ref,
+    quantize_kv_ref,
+)
+from radixrt.models.linear import Linear
+from radixrt.models.quant.fp8 import Fp8Linear, fp8_linear_ref
+
+from .conftest import make_paged_batch
+from .test_cascade_attention import make_cascade_batch
+
+pytestmark = pytest.mark.gpu
+FP8 = torch.float8_e4m3fn
+SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)]  # qkv, o, gate_up, down
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def _layer(n: int, k: int, bias: bool) -> Fp8Linear:
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    with torch.device("meta"):
+        lin = Linear(k, n, bias=bias, dtype=torch.bfloat16)
+    layer = Fp8Linear.from_linear(lin).to_empty(device="cuda")
+    layer.set_weight(torch.randn(n, k, device="cuda", generator=gen) * 0.02)
+    if bias:
+        layer.bias.data.normal_(0.0, 0.1, generator=gen)
+    return layer
+
+
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 8, 16, 17, 200])
+def test_fp8_linear_matches_dequantized_reference(n: int, k: int, m: int) -> None:
+    layer = _layer(n, k, bias=(n == 4608))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = layer(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    skinny = m <= Fp8Linear.skinny_max_rows
+    ref = fp8_linear_ref(x, layer.weight, layer.weight_scale, layer.bias, quantize_input=not skinny)
+    assert _rel(out, ref) < 2e-2
+    scaled = layer._scaled_mm(x)  # the other path, whatever the routing
+    assert _rel(scaled, fp8_linear_ref(x, layer.weight, layer.weight_scale, layer.bias)) < 2e-2
+
+
+def test_fp8_linear_captures_in_a_cuda_graph() -> None:
+    layer = _layer(3584, 3584, bias=False)
+    for m in (1, 64):
+        x = torch.randn(m, 3584, device="cuda", dtype=torch.bfloat16)
+        want = layer(x)  # warm-up: compiles, allocates the workspace
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = layer(x)
+        x.copy_(torch.randn_like(x))
+        want = layer(x)
+        graph.replay()
+        torch.testing.assert_close(y, want, atol=0, rtol=0)
+
+
+def test_per_token_quant_kernel_matches_torch() -> None:
+    rows = torch.logspace(-3, 2, 37, device="cuda")[:, None]
+    x = (torch.randn(37, 18944, device="cuda") * rows).to(torch.bfloat16)
+    x[5] = 0
+    q, s = per_token_quant_fp8(x)
+    amax = x.float().abs().amax(1, keepdim=True)
+    s_ref = torch.where(amax > 0, amax / 448.0, torch.ones_like(s))
+    torch.testing.assert_close(s, s_ref, atol=0, rtol=1e-6)
+    q_ref = (x.float() * (1.0 / s_ref)).clamp(-448, 448).to(FP8)
+    assert (q.float() != q_ref.float()).float().mean() < 1e-4  # ties: at most a reciprocal's ulp apart
+
+
+def test_store_kv_rounds_random_values_like_torch() -> None:
+    b = make_paged_batch([5, 0], [11, 300], 16, 28, 4, 128, torch.bfloat16, device=torch.device("cuda"))
+    kb, vb = b.k_buffer.to(FP8), b.v_buffer.to(FP8)
+    k_scale, v_scale = 0.013, 0.021  # values up to ~4 / 0.013 = 300: the whole e4m3 range
+    store_kv(kb, vb, b.out_cache_loc, b.k * 2, b.v, k_scale=k_scale, v_scale=v_scale)
+    want_k = quantize_kv_ref(b.k * 2, k_scale)
+    want_v = quantize_kv_ref(b.v, v_scale)
+    assert torch.equal(kb[b.out_cache_loc].view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(vb[b.out_cache_loc].view(torch.uint8), want_v.view(torch.uint8))
+
+
+def _attn_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert not torch.isnan(out).any()
+    assert ((out.float() - ref.float()).abs() <= 2e-2 + 2e-2 * ref.float().abs()).all()
+    assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("batch, seq_len", [(1, 8192), (64, 4096), (7, 333)])
+def test_decode_attention_fp8_pool(batch: int, seq_len: int) -> None:
+    b = make_paged_batch([seq_len] * batch, [0] * batch, 16, 28, 4, 128, torch.bfloat16,
+                         device=torch.device("cuda"))
+    kb, vb = quantize_kv_ref(b.k_buffer, 0.02), quantize_kv_ref(b.v_buffer, 0.03)
+    q = torch.randn(batch, 28, 128, device="cuda", dtype=torch.bfloat16)
+    splits = choose_num_kv_splits(batch, 4, seq_len)
+    out = decode_attention(q, kb, vb, b.page_table, b.seq_lens, 16, None, splits, k_scale=0.02,
+                           v_scale=0.03)
+    ref = decode_attention_ref(q, kb, vb, b.page_table, b.seq_lens, 16, None, k_scale=0.02, v_scale=0.03)
+    _attn_close(out, ref)
+
+
+def test_extend_attention_fp8_prefix() -> None:
+    b = make_paged_batch([0, 2048, 513], [1024, 128, 1], 16, 28, 4, 128, torch.bfloat16,
+                         device=torch.device("cuda"))
+    kb, vb = quantize_kv_ref(b.k_buffer, 0.02), quantize_kv_ref(b.v_buffer, 0.03)
+    out = extend_attention(b.q, b.k, b.v, kb, vb, b.page_table, b.prefix_lens, b.extend_lens,
+                           b.extend_start_loc, 16, None, b.max_extend_len, k_scale=0.02, v_scale=0.03)
+    ref = extend_attention_ref(b.q, b.k, b.v, kb, vb, b.page_table, b.prefix_lens, b.extend_lens,
+                               b.extend_start_loc, 16, None, k_scale=0.02, v_scale=0.03)
+    _attn_close(out, ref)
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 4])
+def test_cascade_attention_fp8_pool(num_kv_splits: int) -> None:
+    c = make_cascade_batch([(2048, [1, 130, 64] * 6)], [300, 17], 16, 28, 4, 128, torch.bfloat16, seed=2)
+    kb, vb = quantize_kv_ref(c.k_buffer, 0.02), quantize_kv_ref(c.v_buffer, 0.03)
+    args = (c.q, kb, vb, c.page_table, c.seq_lens, c.kv_start, c.group_members, c.group_starts,
+            c.group_prefix_lens, 16, None)
+    out = cascade_decode_attention(*args, num_kv_splits, 4, c.max_group_size, k_scale=0.02,
+                                   v_scale=0.03)
+    _attn_close(out, cascade_decode_attention_ref(*args, k_scale=0.02, v_scale=0.03))
