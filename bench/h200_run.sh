@@ -42,6 +42,11 @@ for s in "$@"; do
     # issue 15: 100% json_schema against unconstrained, Engine and HTTP (bench/results/grammar_bench.md)
     grammar) stage grammar 280 python3 bench/grammar_bench.py --model-config qwen2.5-7b --device cuda \
         --num-requests 64 --prompt-len 256 --output-len 256 --repeat 2 --out "$OUT/grammar_bench.json" ;;
+    # issue 17: host KV tier off vs on, multi-turn working set ~4x the device pool
+    hicache) stage hicache 330 python3 bench/hicache_bench.py --out "$OUT/hicache.json" ;;
+    # issue 19: FP8 weights (Triton skinny GEMV / _scaled_mm) and FP8 KV against bf16
+    fp8) stage fp8 330 python3 bench/fp8_bench.py --model-config qwen2.5-7b --load-format dummy \
+        --out "$OUT/fp8.json" ;;
     tests) stage gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     gemv) stage gemv-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
