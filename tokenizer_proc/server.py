@@ -14,7 +14,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from radixrt import __version__
+
 from .errors import APIError, install_handlers
+from .gateway_routes import add_gateway_routes
 from .http_io import json_response
 from .serving_chat import chat_completions
 from .serving_completions import completions
@@ -98,6 +101,7 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
         return json_response(model_card())
 
     _add_control_routes(app, ctx)
+    add_gateway_routes(app, ctx, _control)
     if extra_routes is not None:
         extra_routes(app, ctx)
     if ctx.args.api_key:
@@ -106,13 +110,14 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
 
 
 def _add_control_routes(app: FastAPI, ctx: ServingContext) -> None:
-    """/health, /get_server_info, /flush_cache: answered by the scheduler through ControlReq."""
+    """/health, /get_server_info (+ /server_info), /flush_cache: answered by the scheduler (ControlReq)."""
 
     @app.get("/health")
     async def _health() -> Response:
         await _control(ctx, "health")
         return Response(status_code=200)
 
+    @app.get("/server_info")
     @app.get("/get_server_info")
     async def _server_info() -> Response:
         data = await _control(ctx, "get_server_info")
@@ -123,7 +128,7 @@ def _add_control_routes(app: FastAPI, ctx: ServingContext) -> None:
                                       ("chunked_prefill_size", sched.get("chunked_prefill_size")))
                     if v is not None}  # the values in effect, where the flag said "auto" or nothing
         return json_response({**_public_args(ctx), **resolved, "served_model_name": ctx.served_model,
-                              "context_length": ctx.context_length, **data})
+                              "context_length": ctx.context_length, "version": __version__, **data})
 
     @app.post("/flush_cache")
     async def _flush(request: Request) -> Response:
