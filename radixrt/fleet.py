@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from typing import Any
 import httpx
 
 from radixrt.fleet_config import FleetConfig, ModelSpec
-from radixrt.gateway import Gateway, stop_process_group
+from radixrt.gateway import Gateway, free_port, stop_process_group
 
 log = logging.getLogger("radixrt.fleet")
 
@@ -48,12 +47,6 @@ POLL_S = 0.5
 
 class _Stop(Exception):
     """Raised from the signal handler to leave the supervision loop."""
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def backoff_s(failures: int) -> float:
@@ -136,7 +129,7 @@ class Fleet:
         for m in cfg.models:
             for i in range(m.replicas):
                 port = (cfg.worker_base_port + len(self.workers) if cfg.worker_base_port
-                        else _free_port(cfg.worker_host))
+                        else free_port(cfg.worker_host))
                 self.workers.append(Worker(m, i, cfg.worker_host, port,
                                            self.log_dir / f"worker-{m.name}-{i}.log"))
 
@@ -163,24 +156,13 @@ class Fleet:
                 if w.state == "starting" and w.healthy():
                     self.register(w)
             time.sleep(POLL_S)
-        self.wait_gateway_sees_all(deadline)
+        self.gateway.wait_healthy({w.url for w in self.workers}, max(deadline - time.monotonic(), 1.0))
 
     def register(self, w: Worker) -> None:
         w.worker_id = self.gateway.register(w.url, w.model.policy)
         w.state = "healthy"
         log.info("%s: healthy, registered with the gateway (%s)", w.label, w.worker_id)
         self.write_state()
-
-    def wait_gateway_sees_all(self, deadline: float) -> None:
-        urls = {w.url for w in self.workers}
-        while True:
-            seen = self.gateway.workers()
-            ready = {u for u, w in seen.items() if w.get("is_healthy") and w.get("status") == "ready"}
-            if urls <= ready:
-                return
-            if time.monotonic() > deadline or not self.gateway.alive():
-                raise RuntimeError(f"the gateway did not report {sorted(urls - ready)} healthy")
-            time.sleep(POLL_S)
 
     # ------------------------------------------------------------------ supervision
     def supervise_once(self, now: float) -> None:

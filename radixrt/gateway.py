@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +30,13 @@ log = logging.getLogger("radixrt.fleet")
 HEALTH_CHECK_INTERVAL_S = 5  # smg's default is 60 s: a dead worker would keep receiving requests
 SHUTDOWN_GRACE_S = 2  # smg waits this long for in-flight requests on SIGTERM (its default: 180 s)
 STOP_TIMEOUT_S = 10.0
+
+
+def free_port(host: str) -> int:
+    """A TCP port of `host` that nothing listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def smg_available() -> bool:
@@ -61,10 +69,13 @@ class Gateway:
         return {"Authorization": f"Bearer {self.api_key}"}
 
     def command(self) -> list[str]:
+        """`smg launch` in IGW mode; its Prometheus listener (smg's default: 0.0.0.0:29000, which a
+        second gateway could not bind) on a free port of `host`. extra_args come last and win."""
         return [sys.executable, "-m", "smg", "launch", "--enable-igw", "--host", self.host,
                 "--port", str(self.port), "--api-key", self.api_key, "--policy", self.policy,
                 "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S),
                 "--shutdown-grace-period-secs", str(SHUTDOWN_GRACE_S), "--log-level", "warn",
+                "--prometheus-host", self.host, "--prometheus-port", str(free_port(self.host)),
                 *self.extra_args]
 
     def start(self, timeout_s: float = 60.0) -> None:
@@ -114,6 +125,22 @@ class Gateway:
             return {w["url"]: w for w in r.json().get("workers", [])}
         except (httpx.HTTPError, ValueError, KeyError):
             return {}
+
+    def wait_healthy(self, urls: set[str], timeout_s: float) -> None:
+        """Block until smg reports every worker in `urls` healthy and ready.
+
+        Raises:
+            RuntimeError: not within `timeout_s`, or smg exited.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            seen = self.workers()
+            ready = {u for u, w in seen.items() if w.get("is_healthy") and w.get("status") == "ready"}
+            if urls <= ready:
+                return
+            if time.monotonic() > deadline or not self.alive():
+                raise RuntimeError(f"the gateway did not report {sorted(urls - ready)} healthy")
+            time.sleep(0.3)
 
     def stop(self) -> None:
         """SIGTERM smg's process group, SIGKILL it after STOP_TIMEOUT_S."""
