@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import random
 import sys
 import tempfile
@@ -81,9 +82,15 @@ async def run_load(base_url: str, prompts: list[str], output_len: int, concurren
         return summarize(list(outcomes), time.perf_counter() - t0)
 
 
-def flush(urls: list[str]) -> None:
+def flush(urls: list[str], tries: int = 50) -> None:
+    """Empty each server's radix cache. A server refuses (400) while a request runs, the gateway's
+    health probes included (a one-token generation), so retry for a few seconds."""
     for u in urls:
-        r = httpx.post(f"{u}/flush_cache", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        for _ in range(tries):
+            r = httpx.post(f"{u}/flush_cache", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+            if r.status_code != 400:
+                break
+            time.sleep(0.2)
         r.raise_for_status()
 
 
@@ -186,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in GPU.items():
         p.add_argument("--" + k.replace("_", "-"), type=int, help=f"(default {v}; --quick {QUICK[k]})")
     ns = p.parse_args(argv)
+    logging.basicConfig(level="INFO", format="[%(asctime)s fleet] %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     sizes = {k: getattr(ns, k) or (QUICK if ns.quick else GPU)[k] for k in GPU}
     prompts = text_workload(sizes)
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as td:

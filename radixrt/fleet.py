@@ -172,6 +172,7 @@ class Fleet:
             self.gateway_failures += 1
             self.gateway_restart_at = now + backoff_s(self.gateway_failures)
             log.warning("gateway exited with %s; restarting in %.0f s", code, self.gateway_restart_at - now)
+            self.write_state()
         if self.gateway_restart_at and now >= self.gateway_restart_at:
             self.restart_gateway()
         for w in self.workers:

@@ -110,11 +110,13 @@ def test_worker_routes_for_the_gateway(fleet: Fleet) -> None:
     url = fleet.workers("alpha")[0]["url"]
     assert httpx.get(f"{url}/health").status_code == 200  # open
     for route in ("/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/loads",
-                  "/get_load", "/health_generate", "/metrics", "/v1/models", "/flush_cache"):
+                  "/get_load", "/health_generate", "/metrics", "/v1/models"):
         assert httpx.get(f"{url}{route}").status_code == 401, route
         r = httpx.get(f"{url}{route}", headers=AUTH, timeout=120)
         assert r.status_code == 200, (route, r.text)
         assert KEY not in r.text, route  # never a secret
+    assert httpx.post(f"{url}/flush_cache").status_code == 401
+    _flush([url])
     info = httpx.get(f"{url}/server_info", headers=AUTH).json()
     assert info["served_model_name"] == "alpha" and info["api_key"] == "***"
     assert httpx.get(f"{url}/model_info", headers=AUTH).json()["is_generation"] is True
@@ -148,8 +150,15 @@ def _conversation(c: openai.OpenAI, model: str) -> list[int]:
 
 
 def _flush(urls: list[str]) -> None:
+    """Empty the caches; a server refuses (400) while a request runs, smg's /health probes (one-token
+    generations) included, so retry a few seconds."""
     for u in urls:
-        assert httpx.post(f"{u}/flush_cache", headers=AUTH, timeout=60).status_code == 200
+        for _ in range(50):
+            r = httpx.post(f"{u}/flush_cache", headers=AUTH, timeout=60)
+            if r.status_code != 400:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200, r.text
 
 
 def test_multi_turn_through_the_gateway_hits_the_cache_as_one_server_does(fleet: Fleet) -> None:
@@ -242,6 +251,24 @@ def test_killed_replica_model_stays_served_and_the_fleet_restarts_it(fleet: Flee
         assert time.monotonic() < deadline, gateway.workers()
         time.sleep(0.3)
     assert httpx.get(f"{w['url']}/health").status_code == 200
+
+
+def test_killed_gateway_is_restarted_with_every_worker(fleet: Fleet) -> None:
+    old = fleet.state()["gateway"]["pid"]
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    urls = {w["url"] for w in fleet.state()["workers"]}
+    gateway = Gateway("127.0.0.1", fleet.port, KEY, "cache_aware", fleet.log_dir / "unused.log")
+    while True:
+        g = fleet.state()["gateway"]
+        seen = gateway.workers() if g["alive"] and g["pid"] != old else {}
+        if urls <= {u for u, w in seen.items() if w.get("is_healthy")}:
+            break
+        assert time.monotonic() < deadline and fleet.proc.poll() is None, fleet.log()[-3000:]
+        time.sleep(0.3)
+    assert "gateway exited with -9" in fleet.log()
+    for model in ("alpha", "beta"):
+        assert _chat(fleet.client(), model, "Hello again").model == model
 
 
 def test_sigterm_stops_every_process(fleet: Fleet) -> None:
