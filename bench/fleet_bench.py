@@ -11,8 +11,9 @@ shared by --prompts-per-group questions, in shuffled order, at --concurrency):
   round_robin   the same two replicas behind a second smg gateway with round_robin (caches flushed)
   single        one server with the memory and KV pool of both replicas (0.8, 2x the tokens), direct
 
-The per-replica pool holds about --prefixes-per-replica system prompts: fewer than all of them, so
-round_robin, which sends every prefix to both replicas, evicts, while cache_aware splits them. Also
+The per-replica pool (--max-total-tokens) holds about --prefixes-per-replica system prompts: fewer
+than all of them, so round_robin, which sends every prefix to both replicas, evicts, while cache_aware
+splits them (--prefixes-per-replica 0: the pool is sized from --mem-fraction-static instead). Also
 TTFT at concurrency 1 (--ttft-requests short requests) straight to a replica and through the gateway.
 Prompts are text (smg routes on text; the stand-in tokenizer of bench/dummy_tokenizer.py gives one
 token per ASCII character, so lengths are exact). Prints one table; --out writes the JSON. Requests
@@ -105,7 +106,9 @@ def fleet_config(ns: argparse.Namespace, sizes: dict[str, int], model_path: str 
                  replicas: int, mem: float) -> FleetConfig:
     """The fleet of one model with `replicas` replicas on GPU 0 (or the CPU)."""
     pool = sizes["prefixes_per_replica"] * sizes["prefix_len"] * (2 if replicas == 1 else 1)
-    args = ["--max-total-tokens", str(pool), "--max-running-requests", str(sizes["concurrency"])]
+    args = ["--max-running-requests", str(sizes["concurrency"])]
+    if pool:  # else the pool is what --mem-fraction-static leaves (on an H200: all 32 prefixes fit)
+        args += ["--max-total-tokens", str(pool)]
     if ns.quick:
         args += ["--device", "cpu"]
     else:
@@ -180,7 +183,7 @@ def table(res: dict[str, Any]) -> str:
     d, g = res["ttft_direct_ms"], res["ttft_gateway_ms"]
     if d is not None and g is not None:
         rows.append(f"TTFT at concurrency 1: direct {d:.1f} ms, through the gateway {g:.1f} ms "
-                    f"(+{g - d:.1f} ms)")
+                    f"({g - d:+.1f} ms)")
     return "\n".join(rows)
 
 
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="[%(asctime)s fleet] %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    sizes = {k: getattr(ns, k) or (QUICK if ns.quick else GPU)[k] for k in GPU}
+    sizes = {k: (QUICK if ns.quick else GPU)[k] if getattr(ns, k) is None else getattr(ns, k) for k in GPU}
     prompts = text_workload(sizes)
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as td:
         tmp = Path(td)
