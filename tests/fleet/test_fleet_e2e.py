@@ -1,6 +1,7 @@
 """`radixrt launch-fleet` on the default model behind the real smg gateway: two served names (alpha x1,
-beta x2), one base URL and one key. Tests run in file order on one module-scoped fleet: the last two
-kill a replica and then stop the whole fleet."""
+beta x2), one base URL and one key. Tests run in file order on one module-scoped fleet: after the
+routing, cache and policy tests, one kills a replica (which restarts while the Agents SDK test runs),
+then the gateway is killed, then the whole fleet is stopped."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class Fleet:
     proc: subprocess.Popen
     port: int
     log_dir: Path
+    killed: dict[str, Any] | None = None  # the replica test_killed_replica_model_stays_served killed
 
     @property
     def url(self) -> str:
@@ -172,32 +174,6 @@ def test_multi_turn_through_the_gateway_hits_the_cache_as_one_server_does(fleet:
     assert via_gateway == one_server  # cache_aware kept the conversation on one replica
 
 
-def test_openai_agents_sdk_through_the_gateway(fleet: Fleet) -> None:
-    agents = pytest.importorskip("agents")
-    calls: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """Current weather in a city.
-
-        Args:
-            city: the city's name.
-        """
-        calls.append(city)
-        return f"18 C and sunny in {city}"
-
-    agents.set_tracing_disabled(True)
-    model = agents.OpenAIChatCompletionsModel(
-        model="alpha", openai_client=openai.AsyncOpenAI(base_url=f"{fleet.url}/v1", api_key=KEY,
-                                                        max_retries=0, timeout=300))
-    agent = agents.Agent(name="weather", instructions="Answer with the weather tool.", model=model,
-                         tools=[get_weather], tool_use_behavior="stop_on_first_tool",
-                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
-                                                             parallel_tool_calls=False, max_tokens=96))
-    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3))
-    assert calls and result.final_output == f"18 C and sunny in {calls[0]}"
-
-
 def _finished(url: str) -> int:
     text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=30).text
     m = re.search(r'^radixrt_requests_total\{outcome="ok"\} ([0-9.]+)', text, re.M)
@@ -231,12 +207,42 @@ def test_each_gateway_policy_routes_to_the_replicas(fleet: Fleet, tmp_path: Path
         gw.stop()
 
 
-def test_killed_replica_model_stays_served_and_the_fleet_restarts_it(fleet: Fleet) -> None:
-    victim = fleet.workers("beta")[0]
+def test_killed_replica_model_stays_served(fleet: Fleet) -> None:
+    victim = fleet.killed = fleet.workers("beta")[0]
     os.kill(victim["pid"], signal.SIGKILL)
     c = fleet.client()
     for i in range(3):
         assert _chat(c, "beta", f"Hello number {i}").model == "beta"
+
+
+def test_openai_agents_sdk_through_the_gateway(fleet: Fleet) -> None:
+    agents = pytest.importorskip("agents")
+    calls: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city.
+
+        Args:
+            city: the city's name.
+        """
+        calls.append(city)
+        return f"18 C and sunny in {city}"
+
+    agents.set_tracing_disabled(True)
+    model = agents.OpenAIChatCompletionsModel(
+        model="alpha", openai_client=openai.AsyncOpenAI(base_url=f"{fleet.url}/v1", api_key=KEY,
+                                                        max_retries=0, timeout=300))
+    agent = agents.Agent(name="weather", instructions="Answer with the weather tool.", model=model,
+                         tools=[get_weather], tool_use_behavior="stop_on_first_tool",
+                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
+                                                             parallel_tool_calls=False, max_tokens=96))
+    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3))
+    assert calls and result.final_output == f"18 C and sunny in {calls[0]}"
+
+
+def test_the_fleet_restarted_the_killed_replica(fleet: Fleet) -> None:
+    """beta[0], killed two tests ago (it restarts while the Agents SDK test runs)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         w = fleet.workers("beta")[0]
@@ -244,8 +250,8 @@ def test_killed_replica_model_stays_served_and_the_fleet_restarts_it(fleet: Flee
             break
         assert time.monotonic() < deadline and fleet.proc.poll() is None, fleet.log()[-3000:]
         time.sleep(0.5)
-    assert w["url"] == victim["url"] and w["pid"] != victim["pid"]
-    assert "beta[0]: exited with -9" in fleet.log()
+    assert fleet.killed is not None and "beta[0]: exited with -9" in fleet.log()
+    assert w["url"] == fleet.killed["url"] and w["pid"] != fleet.killed["pid"]  # same port, new process
     gateway = Gateway("127.0.0.1", fleet.port, KEY, "cache_aware", fleet.log_dir / "unused.log")
     while not gateway.workers().get(w["url"], {}).get("is_healthy"):
         assert time.monotonic() < deadline, gateway.workers()
