@@ -14,7 +14,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from radixrt import __version__
+
 from .errors import APIError, install_handlers
+from .gateway_routes import add_gateway_routes
 from .http_io import json_response
 from .openapi_doc import install_openapi
 from .protocol_errors import anthropic_error
@@ -111,6 +114,7 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
 
     add_protocol_routes(app, ctx)
     _add_control_routes(app, ctx)
+    add_gateway_routes(app, ctx, _control)
     if extra_routes is not None:
         extra_routes(app, ctx)
     if ctx.args.api_key:
@@ -119,13 +123,14 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
 
 
 def _add_control_routes(app: FastAPI, ctx: ServingContext) -> None:
-    """/health, /get_server_info, /flush_cache: answered by the scheduler through ControlReq."""
+    """/health, /get_server_info (+ /server_info), /flush_cache: answered by the scheduler (ControlReq)."""
 
     @app.get("/health")
     async def _health() -> Response:
         await _control(ctx, "health")
         return Response(status_code=200)
 
+    @app.get("/server_info")
     @app.get("/get_server_info")
     async def _server_info() -> Response:
         data = await _control(ctx, "get_server_info")
@@ -136,7 +141,7 @@ def _add_control_routes(app: FastAPI, ctx: ServingContext) -> None:
                                       ("chunked_prefill_size", sched.get("chunked_prefill_size")))
                     if v is not None}  # the values in effect, where the flag said "auto" or nothing
         return json_response({**_public_args(ctx), **resolved, "served_model_name": ctx.served_model,
-                              "context_length": ctx.context_length, **data})
+                              "context_length": ctx.context_length, "version": __version__, **data})
 
     @app.post("/flush_cache")
     async def _flush(request: Request) -> Response:

@@ -1,0 +1,219 @@
+"""Does cache-aware routing across replicas keep the radix cache's hits? (`radixrt launch-fleet`)
+
+    python3 bench/fleet_bench.py --out $OUT/fleet.json     # one GPU: Qwen2.5-7B shape, dummy weights
+    python3 bench/fleet_bench.py --quick                   # CPU smoke test (default model, tiny sizes)
+
+One run, three set-ups on the same shared-prefix workload (--num-groups distinct system prompts, each
+shared by --prompts-per-group questions, in shuffled order, at --concurrency):
+
+  cache_aware   two replicas on one GPU (--mem-fraction-static 0.4 each, --max-total-tokens each)
+                behind smg with the cache_aware policy (the fleet's own gateway, radixrt/fleet.py)
+  round_robin   the same two replicas behind a second smg gateway with round_robin (caches flushed)
+  single        one server with the memory and KV pool of both replicas (0.8, 2x the tokens), direct
+
+The per-replica pool (--max-total-tokens) holds about --prefixes-per-replica system prompts: fewer
+than all of them, so round_robin, which sends every prefix to both replicas, evicts, while cache_aware
+splits them (--prefixes-per-replica 0: the pool is sized from --mem-fraction-static instead). Also
+TTFT at concurrency 1 (--ttft-requests short requests) straight to a replica and through the gateway.
+Prompts are text (smg routes on text; the stand-in tokenizer of bench/dummy_tokenizer.py gives one
+token per ASCII character, so lengths are exact). Prints one table; --out writes the JSON. Requests
+go through bench/serving.py's streaming client (`send_request`, `summarize`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from bench.common import median, out_path, run_header, write_json  # noqa: E402
+from bench.server_proc import free_port  # noqa: E402
+from bench.serving import BenchConfig, send_request  # noqa: E402
+from bench.serving_metrics import RequestOutcome, summarize  # noqa: E402
+from radixrt.fleet import Fleet  # noqa: E402
+from radixrt.fleet_config import FleetConfig, ModelSpec  # noqa: E402
+from radixrt.gateway import Gateway  # noqa: E402
+
+KEY = "fleet-bench"
+MODEL = "bench"
+GPU = {"groups": 32, "per_group": 16, "prefix_len": 2048, "question_len": 64, "output_len": 32,
+       "concurrency": 64, "prefixes_per_replica": 20, "ttft_requests": 16}
+QUICK = {"groups": 4, "per_group": 3, "prefix_len": 160, "question_len": 16, "output_len": 4,
+         "concurrency": 4, "prefixes_per_replica": 3, "ttft_requests": 3}
+
+
+def text_workload(sizes: dict[str, int], seed: int = 0) -> list[str]:
+    """groups x per_group prompts `prefix + question`, shuffled; ASCII letters and spaces only."""
+    rng = random.Random(seed)
+
+    def words(n: int) -> str:
+        return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz    ") for _ in range(n))
+
+    prefixes = [f"[{g:02d}] " + words(sizes["prefix_len"] - 5) for g in range(sizes["groups"])]
+    prompts = [p + words(sizes["question_len"]) for p in prefixes for _ in range(sizes["per_group"])]
+    rng.shuffle(prompts)
+    return prompts
+
+
+async def run_load(base_url: str, prompts: list[str], output_len: int, concurrency: int) -> dict[str, Any]:
+    """Stream every prompt through /v1/completions at `concurrency`; bench/serving_metrics.summarize."""
+    cfg = BenchConfig(base_url=base_url, model=MODEL, api_key=KEY, request_token_ids=False)
+    sem = asyncio.Semaphore(concurrency)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=600,
+                                 limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+        async def one(i: int, prompt: str) -> RequestOutcome:
+            async with sem:
+                out = RequestOutcome(session_id=i, turn=0, prompt_len=len(prompt), output_len=output_len)
+                return await send_request(client, cfg, MODEL, out, prompt)  # type: ignore[arg-type]
+
+        t0 = time.perf_counter()
+        outcomes = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        return summarize(list(outcomes), time.perf_counter() - t0)
+
+
+def flush(urls: list[str], tries: int = 50) -> None:
+    """Empty each server's radix cache. A server refuses (400) while a request runs, the gateway's
+    health probes included (a one-token generation), so retry for a few seconds."""
+    for u in urls:
+        for _ in range(tries):
+            r = httpx.post(f"{u}/flush_cache", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+            if r.status_code != 400:
+                break
+            time.sleep(0.2)
+        r.raise_for_status()
+
+
+def ttft_ms(base_url: str, n: int) -> float | None:
+    """Median TTFT of n sequential short requests (distinct prompts, so no cache hit) in ms."""
+    prompts = [f"ttft probe {i} " + "x" * 24 for i in range(n)]
+    ttfts = [asyncio.run(run_load(base_url, [p], 2, 1))["ttft_ms"]["median"] for p in prompts]
+    return median([t for t in ttfts if t is not None])
+
+
+def fleet_config(ns: argparse.Namespace, sizes: dict[str, int], model_path: str | None, log_dir: Path,
+                 replicas: int, mem: float) -> FleetConfig:
+    """The fleet of one model with `replicas` replicas on GPU 0 (or the CPU)."""
+    pool = sizes["prefixes_per_replica"] * sizes["prefix_len"] * (2 if replicas == 1 else 1)
+    args = ["--max-running-requests", str(sizes["concurrency"])]
+    if pool:  # else the pool is what --mem-fraction-static leaves (on an H200: all 32 prefixes fit)
+        args += ["--max-total-tokens", str(pool)]
+    if ns.quick:
+        args += ["--device", "cpu"]
+    else:
+        args += ["--load-format", "dummy", "--mem-fraction-static", str(mem), "--context-length", "8192"]
+    gpus = [] if ns.quick else ["0"] * replicas
+    return FleetConfig(models=[ModelSpec(MODEL, model_path, replicas=replicas, args=args, gpus=gpus)],
+                       port=free_port(), api_key=KEY, policy="cache_aware", log_dir=log_dir)
+
+
+def bench_replicas(ns: argparse.Namespace, sizes: dict[str, int], model_path: str | None,
+                   prompts: list[str], tmp: Path) -> dict[str, Any]:
+    """cache_aware and round_robin over the same two replicas, and TTFT with and without the gateway."""
+    fleet = Fleet(fleet_config(ns, sizes, model_path, tmp / "fleet", 2, 0.4))
+    rr = Gateway("127.0.0.1", free_port(), KEY, "round_robin", tmp / "rr-gateway.log")
+    out: dict[str, Any] = {}
+    try:
+        fleet.start()
+        urls = [w.url for w in fleet.workers]
+        rr.start()
+        for u in urls:
+            rr.register(u)
+        rr.wait_healthy(set(urls), 120)
+        warm = prompts[: sizes["concurrency"]]
+        for base in (fleet.gateway.base_url, rr.base_url):  # warm-up (CUDA graphs, allocator), not timed
+            asyncio.run(run_load(base, [w[::-1] for w in warm], sizes["output_len"], sizes["concurrency"]))
+        for name, base in (("cache_aware", fleet.gateway.base_url), ("round_robin", rr.base_url)):
+            flush(urls)
+            out[name] = asyncio.run(run_load(base, prompts, sizes["output_len"], sizes["concurrency"]))
+            print(f"{name}: done in {out[name]['duration_s']:.1f} s", flush=True)
+        flush(urls)
+        out["ttft_direct_ms"] = ttft_ms(urls[0], sizes["ttft_requests"])
+        out["ttft_gateway_ms"] = ttft_ms(fleet.gateway.base_url, sizes["ttft_requests"])
+    finally:
+        rr.stop()
+        fleet.stop()
+    return out
+
+
+def bench_single(ns: argparse.Namespace, sizes: dict[str, int], model_path: str | None,
+                 prompts: list[str], tmp: Path) -> dict[str, Any]:
+    """One server with both replicas' memory and pool, straight (no gateway)."""
+    fleet = Fleet(fleet_config(ns, sizes, model_path, tmp / "single", 1, 0.8))
+    try:
+        fleet.start()
+        url = fleet.workers[0].url
+        warm = prompts[: sizes["concurrency"]]
+        asyncio.run(run_load(url, [w[::-1] for w in warm], sizes["output_len"], sizes["concurrency"]))
+        flush([url])
+        return asyncio.run(run_load(url, prompts, sizes["output_len"], sizes["concurrency"]))
+    finally:
+        fleet.stop()
+
+
+def table(res: dict[str, Any]) -> str:
+    """The results as a markdown table, and the ratios the issue asks for."""
+    rows = ["| set-up | hit rate | output tok/s | TTFT p50 ms | TTFT p99 ms | failed |",
+            "|---|---|---|---|---|---|"]
+    for name in ("cache_aware", "round_robin", "single"):
+        r = res[name]
+        hit = "-" if r["cache_hit_rate"] is None else f"{r['cache_hit_rate']:.3f}"
+        rows.append(f"| {name} | {hit} | {r['output_throughput']:.0f} | {r['ttft_ms']['median'] or 0:.1f} | "
+                    f"{r['ttft_ms']['p99'] or 0:.1f} | {r['failed']} |")
+    ca, rr, one = res["cache_aware"], res["round_robin"], res["single"]
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}x" if a is not None and b else "-"
+
+    rows.append(f"\ncache_aware / round_robin: hit rate {ratio(ca['cache_hit_rate'], rr['cache_hit_rate'])} "
+                f"(goal >= 2x), output tok/s {ratio(ca['output_throughput'], rr['output_throughput'])} "
+                f"(goal >= 1.5x); cache_aware / single hit rate "
+                f"{ratio(ca['cache_hit_rate'], one['cache_hit_rate'])} (goal >= 0.9x)")
+    d, g = res["ttft_direct_ms"], res["ttft_gateway_ms"]
+    if d is not None and g is not None:
+        rows.append(f"TTFT at concurrency 1: direct {d:.1f} ms, through the gateway {g:.1f} ms "
+                    f"({g - d:+.1f} ms)")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="CPU smoke test: default model, tiny sizes")
+    p.add_argument("--config-dir", default=str(ROOT / "bench" / "configs" / "qwen2.5-7b-instruct"),
+                   help="dir with config.json for the dummy-weight model (GPU mode)")
+    p.add_argument("--out", help="JSON output (default: $OUT/fleet.json on a device call)")
+    for k, v in GPU.items():
+        p.add_argument("--" + k.replace("_", "-"), type=int, help=f"(default {v}; --quick {QUICK[k]})")
+    ns = p.parse_args(argv)
+    logging.basicConfig(level="INFO", format="[%(asctime)s fleet] %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    sizes = {k: (QUICK if ns.quick else GPU)[k] if getattr(ns, k) is None else getattr(ns, k) for k in GPU}
+    prompts = text_workload(sizes)
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as td:
+        tmp = Path(td)
+        model_path = None
+        if not ns.quick:
+            from bench.dummy_tokenizer import make_dummy_model_dir
+
+            model_path = str(make_dummy_model_dir(ns.config_dir, tmp / "model"))
+        res: dict[str, Any] = {"header": run_header("cpu" if ns.quick else "cuda"), "sizes": sizes}
+        res.update(bench_replicas(ns, sizes, model_path, prompts, tmp))
+        res["single"] = bench_single(ns, sizes, model_path, prompts, tmp)
+    write_json(out_path(ns.out, "fleet.json"), res)
+    print(table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
