@@ -46,8 +46,9 @@ class ServerArgs:
                         choices=["auto", "cpu", "cuda"])
     dtype: str = _flag("auto (bf16 on cuda, fp32 on cpu), bfloat16, float16, float32.", default="auto",
                        choices=["auto", "bfloat16", "float16", "float32"])
-    attention_backend: str = _flag("torch or triton. Default: triton on cuda, torch on cpu.", default="auto",
-                                   choices=["auto", "torch", "triton"])
+    attention_backend: str = _flag(
+        "sdpa (torch's fused CPU kernels), torch (plain reference) or triton. Default: triton on cuda, "
+        "sdpa on cpu.", default="auto", choices=["auto", "sdpa", "torch", "triton"])
     page_size: int = _flag("Tokens per KV page.", default=16)
     max_running_requests: int = _flag("Most requests decoding at once.", default=64)
     max_total_tokens: int | None = _flag(
@@ -111,7 +112,7 @@ class ServerArgs:
     def resolved_attention_backend(self) -> str:
         if self.attention_backend != "auto":
             return self.attention_backend
-        return "triton" if self.resolved_device() == "cuda" else "torch"
+        return "triton" if self.resolved_device() == "cuda" else "sdpa"
 
     def resolved_chunked_prefill_size(self) -> int:
         """Tokens per prefill chunk; -1 means no chunking."""

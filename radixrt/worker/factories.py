@@ -22,13 +22,18 @@ def resolve_dtype(args: ServerArgs, device: str) -> torch.dtype:
 
 
 def make_backend(name: str, pool: KVPool, num_q_heads: int, max_batch_size: int) -> AttentionBackend:
-    """Attention backend by name ("torch" or "triton") over `pool`.
+    """Attention backend by name over `pool`: "sdpa" (CPU default: torch's fused SDPA kernels),
+    "torch" (the plain reference, the tests' oracle) or "triton" (CUDA).
 
     max_batch_size: largest decode batch the triton backend preallocates workspace for (graph-safe).
 
     Raises:
         RuntimeError: the triton backend module is not available, or an unknown name.
     """
+    if name == "sdpa":
+        from radixrt.worker.attention_sdpa import SdpaAttnBackend
+
+        return SdpaAttnBackend(pool)
     if name == "torch":
         from radixrt.worker.attention_torch import TorchAttnBackend
 
