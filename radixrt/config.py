@@ -72,6 +72,8 @@ class ServerArgs:
         default=False)
     api_key: str | None = _flag("Require `Authorization: Bearer <key>` on every route but /health.")
     random_seed: int = _flag("Seed for weights in dummy mode and for unseeded sampling.", default=0)
+    cpu_threads: int | None = _flag(
+        "Torch threads of the CPU worker. Default: the cores it may run on minus one (at least 1).")
     tp_size: int = _flag("Tensor parallel size (only 1 is supported).", default=1)
     log_level: str = _flag("Logging level.", default="info",
                            choices=["debug", "info", "warning", "error", "critical"])
@@ -96,6 +98,7 @@ class ServerArgs:
             (self.max_prefill_tokens >= 1, "--max-prefill-tokens must be >= 1"),
             (self.cuda_graph_max_bs >= 1, "--cuda-graph-max-bs must be >= 1"),
             (self.tp_size == 1, "--tp-size other than 1 is not supported yet"),
+            (self.cpu_threads is None or self.cpu_threads >= 1, "--cpu-threads must be >= 1"),
         ]
         for ok, msg in checks:
             if not ok:
