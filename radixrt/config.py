@@ -55,8 +55,9 @@ class ServerArgs:
         "auto: the KV pool in the model dtype; fp8_e4m3: float8_e4m3fn with one scale per layer for "
         "K and one for V (the checkpoint's k_scale / v_scale, else 1.0); triton backend only.",
         default="auto", choices=["auto", "fp8_e4m3"])
-    attention_backend: str = _flag("torch or triton. Default: triton on cuda, torch on cpu.", default="auto",
-                                   choices=["auto", "torch", "triton"])
+    attention_backend: str = _flag(
+        "sdpa (torch's fused CPU kernels), torch (plain reference) or triton. Default: triton on cuda, "
+        "sdpa on cpu.", default="auto", choices=["auto", "sdpa", "torch", "triton"])
     page_size: int = _flag("Tokens per KV page.", default=16)
     max_running_requests: int = _flag("Most requests decoding at once.", default=64)
     max_total_tokens: int | None = _flag(
@@ -99,6 +100,8 @@ class ServerArgs:
         "Per-request time limit in seconds (from arrival to the last token); a request past it "
         "gets 408 (a stream: an SSE error event). Default: none.")
     random_seed: int = _flag("Seed for weights in dummy mode and for unseeded sampling.", default=0)
+    cpu_threads: int | None = _flag(
+        "Torch threads of the CPU worker. Default: the cores it may run on minus one (at least 1).")
     tp_size: int = _flag("Tensor parallel size (only 1 is supported).", default=1)
     log_level: str = _flag("Logging level.", default="info",
                            choices=["debug", "info", "warning", "error", "critical"])
@@ -133,6 +136,7 @@ class ServerArgs:
             (self.hicache_size >= 0.0, "--hicache-size must be >= 0"),
             (not (self.enable_hierarchical_cache and self.disable_radix_cache),
              "--enable-hierarchical-cache needs the radix cache (drop --disable-radix-cache)"),
+            (self.cpu_threads is None or self.cpu_threads >= 1, "--cpu-threads must be >= 1"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -149,7 +153,7 @@ class ServerArgs:
     def resolved_attention_backend(self) -> str:
         if self.attention_backend != "auto":
             return self.attention_backend
-        return "triton" if self.resolved_device() == "cuda" else "torch"
+        return "triton" if self.resolved_device() == "cuda" else "sdpa"
 
     def resolved_chunked_prefill_size(self) -> int:
         """Tokens per prefill chunk; -1 means no chunking."""

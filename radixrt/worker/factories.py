@@ -37,7 +37,8 @@ def resolve_kv_dtype(args: ServerArgs, model_dtype: torch.dtype) -> torch.dtype:
 
 def make_backend(name: str, pool: KVPool, num_q_heads: int, max_batch_size: int,
                  q_dtype: torch.dtype | None = None) -> AttentionBackend:
-    """Attention backend by name ("torch" or "triton") over `pool`.
+    """Attention backend by name over `pool`: "sdpa" (CPU default: torch's fused SDPA kernels),
+    "torch" (the plain reference, the tests' oracle) or "triton" (CUDA).
 
     max_batch_size: largest decode batch the triton backend preallocates workspace for (graph-safe).
     q_dtype: the model dtype of q / k / v (the pool's dtype when None; needed for an FP8 pool).
@@ -45,6 +46,10 @@ def make_backend(name: str, pool: KVPool, num_q_heads: int, max_batch_size: int,
     Raises:
         RuntimeError: the triton backend module is not available, or an unknown name.
     """
+    if name == "sdpa":
+        from radixrt.worker.attention_sdpa import SdpaAttnBackend
+
+        return SdpaAttnBackend(pool)
     if name == "torch":
         from radixrt.worker.attention_torch import TorchAttnBackend
 

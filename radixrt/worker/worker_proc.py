@@ -68,7 +68,7 @@ def _start(args: ServerArgs, addrs: IpcAddresses, ctx: zmq.Context, model_dir: P
     from radixrt.worker.model_runner import ModelRunner
 
     if args.resolved_device() == "cpu":
-        torch.set_num_threads(cpu_threads())
+        torch.set_num_threads(args.cpu_threads or cpu_threads())
     torch.manual_seed(args.random_seed)
     inbox = Receiver(ctx, addrs.worker_in, protocol.SCHEDULER_TO_WORKER)
     results = Sender(ctx, addrs.scheduler_results)

@@ -64,7 +64,7 @@ def test_long_shared_system_prompt_reports_cached_tokens(server: Server) -> None
     info = httpx.get(f"{server.base_url}/get_server_info", timeout=30).json()
     page_size = info["page_size"]
     # the values in effect where flags were left to "auto": a CPU server, torch attention, 512-token chunks
-    assert (info["device"], info["attention_backend"]) == ("cpu", "torch")
+    assert (info["device"], info["attention_backend"]) == ("cpu", "sdpa")
     assert info["chunked_prefill_size"] == info["scheduler"]["chunked_prefill_size"] > 0
     assert info["scheduler"]["cascade_attention"] is False  # torch backend: no cascade
     # The shared part: the system turn of the chat template (measured on the first request's prompt).

@@ -1,5 +1,7 @@
-"""TorchAttnBackend (paged) vs a dense per-request reference: random page placement, GQA,
-prefixes ending inside a page, mixed extend/decode batches."""
+"""The CPU attention backends (paged) vs a dense per-request reference: random page placement, GQA,
+prefixes ending inside a page, mixed extend/decode batches. TorchAttnBackend is the plain reference;
+SdpaAttnBackend (torch's fused kernels, the CPU default) must match it on the same cases, with its
+K/V read through gathers (random pages) and through views (consecutive pages)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 
 from radixrt.attention.base import ForwardMeta
 from radixrt.protocol import ForwardMode
+from radixrt.worker.attention_sdpa import SdpaAttnBackend
 from radixrt.worker.attention_torch import TorchAttnBackend
 from radixrt.worker.kv_pool import PagedKVPool
 
@@ -28,7 +31,10 @@ def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_le
 
 
 def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq: int, hkv: int,
-             seed: int, max_score_elems: int = 1 << 24) -> None:
+             seed: int, max_score_elems: int = 1 << 24, backend_name: str = "torch",
+             consecutive: bool = False) -> TorchAttnBackend | SdpaAttnBackend:
+    """Random K/V for each request, prefix already in the pool; pages in random order, or in
+    consecutive runs per request (`consecutive`), never page 0."""
     g = torch.Generator().manual_seed(seed)
     d, layers = 16, 2
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
@@ -36,6 +42,8 @@ def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq:
     num_pages = sum(pages_needed) + 5
     pool = PagedKVPool(num_pages, page_size, layers, hkv, d, torch.float32, "cpu")
     perm = (torch.randperm(num_pages - 1, generator=g) + 1).tolist()  # never page 0
+    if consecutive:
+        perm = list(range(num_pages - 1, 0, -1))  # popped from the end: 1, 2, 3, ...
     max_pages = max(pages_needed) + 2
     table = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
     full_k, full_v, locs = [], [], []
@@ -61,7 +69,10 @@ def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq:
         out_cache_loc=torch.cat(locs),
         positions=torch.cat([torch.arange(p, p + e) for p, e in zip(prefix_lens, extend_lens, strict=True)]),
         max_seq_len=max(seq_lens), max_extend_len=max(extend_lens))
-    backend = TorchAttnBackend(pool, max_score_elems=max_score_elems)
+    if backend_name == "torch":
+        backend = TorchAttnBackend(pool, max_score_elems=max_score_elems)
+    else:
+        backend = SdpaAttnBackend(pool)
     backend.prepare(meta)
     scale = d ** -0.5
     for layer in range(layers):
@@ -76,15 +87,37 @@ def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq:
             torch.testing.assert_close(out[s:s + extend_lens[b]].double(), ref, atol=1e-5, rtol=1e-5)
         # The new K/V landed in the pool at out_cache_loc.
         torch.testing.assert_close(pool.k_buffers[layer][meta.out_cache_loc], k)
+    return backend
 
 
+BACKENDS = ["torch", "sdpa"]
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (6, 1)])
-def test_mixed_batch_matches_dense(page_size: int, hq: int, hkv: int) -> None:
+def test_mixed_batch_matches_dense(page_size: int, hq: int, hkv: int, backend_name: str) -> None:
     # prefixes ending inside a page (17, 63, 5), page-aligned (64, 0), decodes (ext 1) and extends
     prefix_lens = [0, 17, 64, 63, 5, 100, 0]
     extend_lens = [9, 30, 1, 1, 70, 1, 1]
-    run_case(page_size, prefix_lens, extend_lens, hq, hkv, seed=page_size * 100 + hq)
+    run_case(page_size, prefix_lens, extend_lens, hq, hkv, seed=page_size * 100 + hq,
+             backend_name=backend_name)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_sdpa_consecutive_pages_read_as_views(page_size: int) -> None:
+    """Each request's pages in one consecutive run: the SDPA backend reads them as one view."""
+    prefix_lens, extend_lens = [0, 17, 64, 63, 5, 100, 0, 1], [9, 30, 1, 1, 70, 1, 1, 1]
+    backend = run_case(page_size, prefix_lens, extend_lens, 8, 2, seed=page_size + 1, backend_name="sdpa",
+                       consecutive=True)
+    kinds = [("new" if p.from_new else "view" if p.first_slot >= 0 else "gather") for p in backend.plans]
+    assert kinds == ["new", "view", "view", "view", "view", "view", "new", "view"]
+
+
+def test_sdpa_random_pages_are_gathered() -> None:
+    backend = run_case(16, [17, 100, 0], [30, 1, 5], 8, 2, seed=11, backend_name="sdpa")
+    kinds = [("new" if p.from_new else "view" if p.first_slot >= 0 else "gather") for p in backend.plans]
+    assert kinds == ["gather", "gather", "new"]
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -93,5 +126,6 @@ def test_query_blocking_and_decode_chunking(page_size: int) -> None:
     run_case(page_size, [3, 40, 0, 7, 19], [50, 1, 1, 33, 1], 8, 2, seed=7, max_score_elems=200)
 
 
-def test_decode_only_batch() -> None:
-    run_case(16, [15, 16, 31, 1, 200], [1, 1, 1, 1, 1], 4, 2, seed=3)
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_decode_only_batch(backend_name: str) -> None:
+    run_case(16, [15, 16, 31, 1, 200], [1, 1, 1, 1, 1], 4, 2, seed=3, backend_name=backend_name)
