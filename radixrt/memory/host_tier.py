@@ -65,6 +65,30 @@ class CopyOp:
     host_refs: list[int] = field(default_factory=list)
 
 
+class HostPageAllocator(PageAllocator):
+    """A PageAllocator whose allocations are runs of consecutive host pages where the free pages
+    allow: after pages were freed, the next allocation of more than one page first sorts the free
+    list (a timsort of mostly sorted runs), so the stack hands out ascending ids. A run of host pages
+    is one contiguous block of the worker's page-major host pool (worker/host_pool.py): one transfer."""
+
+    __slots__ = ("_unsorted",)
+
+    def __init__(self, num_pages: int) -> None:
+        super().__init__(num_pages)
+        self._unsorted = False
+
+    def alloc(self, n: int) -> list[int] | None:
+        if self._unsorted and 1 < n <= len(self._free):
+            self._free.sort(reverse=True)
+            self._unsorted = False
+        return super().alloc(n)
+
+    def dec_ref(self, pages: Iterable[int], *, reclaimable: bool = False) -> None:
+        before = len(self._free)
+        super().dec_ref(pages, reclaimable=reclaimable)
+        self._unsorted |= len(self._free) != before
+
+
 class HostTier:
     """Host page ids, write policy and copies in flight for one RadixCache. Scheduler-owned.
 
@@ -79,7 +103,7 @@ class HostTier:
             raise ValueError("the host tier needs at least 2 pages (page 0 is reserved)")
         self.cache = cache
         self.device = cache.allocator
-        self.host = PageAllocator(num_host_pages)  # host page ids; every reference is hard
+        self.host = HostPageAllocator(num_host_pages)  # host page ids; every reference is hard
         self.page_size = cache.page_size
         self.write_policy = write_policy
         self._ids = itertools.count(1)

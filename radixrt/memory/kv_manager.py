@@ -41,6 +41,8 @@ from radixrt.memory.invariants import check_host_invariants
 from radixrt.memory.page_allocator import PageAllocator
 from radixrt.memory.radix_cache import MatchHint, RadixCache, TreeNode
 
+LOAD_AHEAD_FRACTION = 0.25  # of the device pool: at most this many pages pinned by waiting loads
+
 
 @dataclass(slots=True)
 class ReqKV:
@@ -55,11 +57,26 @@ class ReqKV:
     cached_len: int = 0  # tokens taken from the tree at admission (usage.cached_tokens)
     last_node: TreeNode | None = None  # node this request holds one lock_ref on (root if no match)
     published_len: int = 0  # tokens of this request present in the tree along last_node's path
+    # host tier: the handle whose load pin (PrefixHandle) still protects this request's prefix until
+    # its first reserve (the request then runs, and its own lock protects it)
+    pin_handle: PrefixHandle | None = field(default=None, repr=False)
 
     @property
     def active(self) -> bool:
         """Whether the request still holds pages / a lock (False after release or finish)."""
         return self.last_node is not None
+
+
+@dataclass(slots=True, eq=False)
+class LoadPin:
+    """A waiting request's load from the host tier: one lock on the loaded chain's last node, held
+    from the order until the request runs (its first reserve), so that eviction cannot take the
+    loaded pages back in between; `done` once the worker reported the copy. num_pages: pages loaded."""
+
+    node: TreeNode
+    copy_id: int
+    num_pages: int
+    done: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -73,7 +90,7 @@ class PrefixHandle:
     _hint: MatchHint
     _token_bytes: bytes
     _namespace: int | None = None  # RadixCache.namespace_root key of the request's cache_salt
-    _load: tuple[TreeNode, int] | None = None  # host tier: (locked node, copy id) of its load in flight
+    _load: LoadPin | None = None  # host tier: its load (in flight or done), until it runs
 
     @property
     def last_prefix_len(self) -> int:
@@ -96,7 +113,9 @@ class KVManager:
         self._cache = cache
         self.page_size = page_size
         self._tier: HostTier | None = cache.tier
-        self._loads: dict[int, PrefixHandle] = {}  # copy id -> handle of the request waiting for it
+        self._pins: dict[int, PrefixHandle] = {}  # copy id -> handle holding its pin, oldest first
+        self._pinned_pages = 0  # device pages of the loads in _pins
+        self.num_unpinned_load_pages = 0  # loaded pages whose pin went before their request ran
 
     @classmethod
     def create(cls, num_pages: int, page_size: int, disable_radix_cache: bool = False, *,
@@ -164,6 +183,8 @@ class KVManager:
         self._allocator.inc_ref(pages)
         needs_cow = prefix_len % ps != 0
         num_needed = needs_cow + self._num_pages_for(len(token_ids) + max_new_tokens_reserve) - len(pages)
+        if num_needed > self.num_available_pages() and self._pins and self._only_pins_run():
+            self._unpin(num_needed - self.num_available_pages(), keep=handle)  # else nothing could
         if num_needed > self.num_available_pages():
             self._allocator.dec_ref(pages)
             cache.dec_lock_ref(match.last_node)
@@ -179,6 +200,8 @@ class KVManager:
             self._tier.on_hit(match.last_node)
         kv = ReqKV(pages=pages, kv_len=prefix_len, cached_len=prefix_len, last_node=match.last_node,
                    published_len=prefix_len)
+        if handle is not None and handle._load is not None:
+            kv.pin_handle = handle  # the pin protects the prefix until the request runs (reserve)
         return kv, cow
 
     # ---------------------------------------------------------------- host tier
@@ -186,21 +209,24 @@ class KVManager:
         """Whether a waiting request may be admitted now, or must wait for its KV to come back from
         the host tier. Always True without a host tier.
 
-        When the match of token_ids[:-1] goes on past the device into host-only nodes, this locks
-        the match, allocates device pages for those nodes (evicting), orders their load (see
-        take_copy_ops) and returns False; calls while the load is in flight return False. When the
-        load is done (copies_done) the lock goes, so a waiting request never pins device pages
-        beyond its copy's lifetime, and the next call returns True (admit then finds the loaded
-        prefix on the device, unless eviction took it again meanwhile: then it loads again).
-        Also False while another request's load of the same nodes is in flight. When the device
-        cannot make room (or handle is None: nowhere to keep the load), True: admit takes the device
-        part and the rest is recomputed.
+        When the match of token_ids[:-1] goes on past the device into host-only nodes, this pins the
+        match (a lock, LoadPin), allocates device pages for those nodes (evicting), orders their
+        load (see take_copy_ops) and returns False; calls while the load is in flight return False,
+        and True once it is done (copies_done). The pin stays until the request runs (its first
+        `reserve` after `admit`), is aborted (release_handle), or the pages are needed by running
+        requests or by an admission that nothing else could make room for (`_unpin`): so a load is
+        not evicted again before the request that waited for it was admitted.
+        False, ordering nothing, while another request's load of the same nodes is in flight (it
+        then finds them on the device), and while the loads pinned for waiting requests hold
+        LOAD_AHEAD_FRACTION of the pool (loads are ordered in admission order, not all at once).
+        True, ordering nothing, when the device cannot hold the load and the rest of the prompt (or
+        handle is None: nowhere to keep the load): admit takes the device part, the rest is recomputed.
         """
         tier, cache = self._tier, self._cache
         if tier is None:
             return True
         if handle is not None and handle._load is not None:
-            return False  # in flight (copies_done clears it)
+            return handle._load.done
         m = cache.match_prefix(token_ids, end=len(token_ids) - 1, hint=_hint(handle),
                                token_bytes=_bytes(handle), root=self._root(handle))
         node = m.host_last_node
@@ -214,23 +240,47 @@ class KVManager:
         if any(n.pages for n in chain):  # loading (another request's load), or below such a node
             return False
         chain.reverse()
+        num = sum(len(n.host_pages) for n in chain)
+        cap = LOAD_AHEAD_FRACTION * self._allocator.num_total_pages
+        if self._pinned_pages and self._pinned_pages + num > cap:
+            return False
         cache.inc_lock_ref(node)
-        copy_id = tier.load(chain)
+        rest = self._num_pages_for(len(token_ids)) - node.end // self.page_size
+        copy_id = None if num + rest > self.num_available_pages() else tier.load(chain)
         if copy_id is None:
             cache.dec_lock_ref(node)
             return True
         tier.num_host_hit_tokens += node.end - m.prefix_len
-        handle._load = (node, copy_id)
-        self._loads[copy_id] = handle
+        handle._load = LoadPin(node, copy_id, num)
+        self._pins[copy_id] = handle
+        self._pinned_pages += num
         return False
 
     def release_handle(self, handle: PrefixHandle | None) -> None:
-        """Drop what a waiting request's handle holds (the lock of its load): at admission, abort
-        or finish. The load itself runs to its end. No-op when it holds nothing."""
+        """Drop what a waiting request's handle holds (the pin of its load): at abort or finish
+        (admission drops it itself). A load in flight runs to its end. No-op when it holds nothing."""
         if handle is not None and handle._load is not None:
-            self._cache.dec_lock_ref(handle._load[0])
-            self._loads.pop(handle._load[1], None)
+            pin = handle._load
+            self._cache.dec_lock_ref(pin.node)
+            del self._pins[pin.copy_id]
+            self._pinned_pages -= pin.num_pages
             handle._load = None
+
+    def _unpin(self, num_pages: int, keep: PrefixHandle | None) -> None:
+        """Drop the pins of finished loads (but keep's), oldest first, until num_pages more pages
+        are available or none is left; those requests load again if eviction takes the pages."""
+        target = self.num_available_pages() + num_pages
+        for handle in list(self._pins.values()):
+            if self.num_available_pages() >= target:
+                return
+            pin = handle._load
+            if handle is not keep and pin is not None and pin.done:
+                self.num_unpinned_load_pages += pin.num_pages
+                self.release_handle(handle)
+
+    def _only_pins_run(self) -> bool:
+        """Whether the only locks besides one of the caller's are load pins (no request runs)."""
+        return self._cache.root.lock_ref <= 1 + len(self._pins)
 
     def take_copy_ops(self) -> list[CopyOp]:
         """Host-tier copies ordered since the last call, for the next ForwardBatch ([] without a
@@ -244,9 +294,9 @@ class KVManager:
             ids = list(copy_ids)
             self._tier.complete(ids)
             for copy_id in ids:
-                handle = self._loads.get(copy_id)
-                if handle is not None:
-                    self.release_handle(handle)
+                handle = self._pins.get(copy_id)
+                if handle is not None and handle._load is not None:
+                    handle._load.done = True
 
     @property
     def has_copies(self) -> bool:
@@ -274,6 +324,8 @@ class KVManager:
             raise RuntimeError("copy-on-write violated: the partial page to write is shared")
         num_new = (new_kv_len + ps - 1) // ps - len(pages)
         if num_new > 0:
+            if num_new > self.num_available_pages() and self._pins:
+                self._unpin(num_new - self.num_available_pages(), keep=kv.pin_handle)  # running first
             if num_new > self.num_available_pages():
                 return None
             new_pages = self._alloc(num_new)
@@ -284,6 +336,9 @@ class KVManager:
         else:
             slots = self.slots(kv, start, new_kv_len)
         kv.kv_len = new_kv_len
+        if kv.pin_handle is not None:  # admitted and running: its own lock protects the prefix
+            self.release_handle(kv.pin_handle)
+            kv.pin_handle = None
         return slots
 
     # ---------------------------------------------------------------- publication / end
@@ -339,6 +394,7 @@ class KVManager:
         """
         if kv.last_node is None:
             return
+        kv.pin_handle = None  # a pin is the waiting request's (release_handle)
         self._cache.dec_lock_ref(kv.last_node)
         self._allocator.dec_ref(kv.pages)
         kv.pages = []
@@ -365,6 +421,8 @@ class KVManager:
         while host-tier copies are in flight."""
         if self.has_copies:
             raise RuntimeError("cannot flush the radix cache while host-tier copies are in flight")
+        for handle in list(self._pins.values()):
+            self.release_handle(handle)
         self._cache.reset()
 
     def check_invariants(self, kvs: Iterable[ReqKV]) -> None:
@@ -414,8 +472,13 @@ class KVManager:
             "total_queried_tokens": cache.total_queried_tokens,
             "total_matched_tokens": cache.total_matched_tokens,
             "hit_rate": cache.hit_rate(),
-            **({} if self._tier is None else self._tier.stats()),
+            **({} if self._tier is None else self._tier_stats()),
         }
+
+    def _tier_stats(self) -> dict[str, float]:
+        assert self._tier is not None
+        return {**self._tier.stats(), "hicache_pinned_load_pages": self._pinned_pages,
+                "hicache_unpinned_load_pages": self.num_unpinned_load_pages}
 
     # ---------------------------------------------------------------- helpers
     def _num_pages_for(self, num_tokens: int) -> int:

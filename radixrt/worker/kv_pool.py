@@ -72,6 +72,18 @@ class PagedKVPool:
     def total_bytes(self) -> int:
         return self.kv_bytes_per_token * self.num_slots
 
+    @property
+    def page_bytes_per_buffer(self) -> int:
+        """Bytes of one page in one K or V buffer (page_size * num_kv_heads * head_dim * itemsize)."""
+        return self.page_size * self.num_kv_heads * self.head_dim * self.k_buffers[0].element_size()
+
+    def page_views(self) -> list[torch.Tensor]:
+        """Byte views of the buffers, K of layers 0..L-1 then V of layers 0..L-1: 2 * num_layers
+        tensors `[num_pages, page_bytes_per_buffer]` of torch.uint8 sharing the buffers' storage
+        (row p = page p). For page copies of any dtype (FP8 included: bytes are bytes)."""
+        return [buf.view(torch.uint8).view(self.num_pages, self.page_bytes_per_buffer)
+                for buf in (*self.k_buffers, *self.v_buffers)]
+
     def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy the K/V of whole pages src[i] -> dst[i] in every layer (copy-on-write).
 

@@ -106,7 +106,7 @@ class ModelRunner:
         if args.enable_hierarchical_cache:
             num_host = HostKVPool.num_pages_for(self.pool, args.hicache_size, args.hicache_ratio)
             host = HostKVPool(num_host, self.page_size, c.num_layers, c.num_kv_heads, c.head_dim,
-                              self.dtype, pin=self.device.type == "cuda")
+                              self.kv_dtype, pin=self.device.type == "cuda")
             self.copier = HostCopyEngine(self.pool, host)
         if use_cuda_graphs(args, self.device):
             from radixrt.worker.cuda_graph import CudaGraphRunner

@@ -101,7 +101,7 @@ class TwoTierMachine(RuleBasedStateMachine):
         kv, cow = got
         self.pool.copy_pages(cow)
         self.waiting.remove(w)
-        assert w.handle._load is None, "an admitted request still holds its load's lock"
+        assert w.handle._load is None or kv.pin_handle is w.handle, "a load's pin is lost at admission"
         assert tuple(w.prompt[: kv.cached_len]) == self.cache.token_path(kv.last_node)
         event(f"admit: cached>0={kv.cached_len > 0}")
         self.running.append(Running(kv, w.prompt + w.out))
@@ -150,10 +150,12 @@ class TwoTierMachine(RuleBasedStateMachine):
     def reserve(self, pick: int, chunk: int) -> None:
         req = self.running[pick % len(self.running)]
         kv, start = req.kv, req.kv.kv_len
+        handle = kv.pin_handle
         slots = self.mgr.reserve(kv, min(start + chunk, len(req.tokens)))
         self._sync_copies()  # store_before copies run before the pass writes the new slots
         if slots is not None:
             self.pool.write(slots, req.tokens, start, self.alloc)
+            assert kv.pin_handle is None and (handle is None or handle._load is None), "pin kept running"
 
     @precondition(lambda self: self.running)
     @rule(pick=PICK)
@@ -168,6 +170,7 @@ class TwoTierMachine(RuleBasedStateMachine):
     def end(self, pick: int, abort: bool) -> None:
         """Finish (also a retraction: it publishes what it computed) or abort a running request."""
         req = self.running.pop(pick % len(self.running))
+        self.mgr.release_handle(req.kv.pin_handle)  # as the scheduler's _finish (never reserved)
         if abort:
             self.mgr.release(req.kv)
             return
@@ -197,7 +200,7 @@ class TwoTierMachine(RuleBasedStateMachine):
         assert _closure(leaves) <= _closure(self.published), "the tree holds a prefix never published"
         for w in self.waiting:
             if w.handle._load is not None:
-                node = w.handle._load[0]
+                node = w.handle._load.node
                 assert node.parent is not None and node.lock_ref > 0, "a load's node lost its lock"
         event(f"host-only nodes>0={any(not n.pages for n in self.cache.iter_nodes())}")
 
@@ -207,6 +210,7 @@ class TwoTierMachine(RuleBasedStateMachine):
         for w in self.waiting:
             self.mgr.release_handle(w.handle)
         for r in self.running:
+            self.mgr.release_handle(r.kv.pin_handle)  # admitted, never reserved: the scheduler's _finish
             self.mgr.release(r.kv)
         self.mgr.copies_done(list(self.tier.in_flight))
         assert not self.mgr.has_copies
