@@ -13,11 +13,17 @@ only when every output but the pass's own is resolved: at schedule time for a re
 in flight (`fill`), else (overlap scheduling: its previous token is still being sampled) the row is
 deferred and filled right after the previous pass's result is processed (`fill_deferred`), which
 resolves that token. The worker waits for the deferred rows (protocol.GrammarMask) before sampling.
+
+Critical path: while a pass waits for its deferred rows the device idles, so on the previous pass's
+result the pipeline first does only what the rows need (`resolve`: resolve and accept the
+constrained tokens, note which requests end), fills and sends the rows, and only then runs the rest
+of `Scheduler.process_result` (finishes, prefix publishing, output buffering).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,11 +33,33 @@ from radixrt.protocol import GrammarMask
 
 if TYPE_CHECKING:
     from radixrt.constrained import GrammarCompilerService
+    from radixrt.protocol import ForwardResult
     from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
     from radixrt.scheduler.req import Req
 
 NO_GRAMMAR_SUPPORT = "this server has no grammar support (no tokenizer for the model): " \
     "constrained decoding (regex, ebnf, json_schema, response_format) is unavailable"
+
+
+# the scheduler's finish rule for an output token: (req, token, number of outputs) -> (reason, matched)
+FinishCheck = Callable[["Req", int, int], tuple["str | None", Any]]
+
+
+@dataclass(slots=True)
+class GrammarResolved:
+    """One pass's result with its constrained tokens already resolved and accepted (`resolve`).
+
+    token_ids: the pass's sampled tokens as Python ints, one per item. outcomes: per item, the
+    matcher's verdict (`GrammarStage.accept`'s pair) where the token was accepted here, else None
+    (unconstrained, not sampling, or finished before). ending: id() of the requests that end in this
+    result (grammar end or rejection, stop token, length): their deferred rows in the next pass
+    are all ones. Owned by the pipeline between `resolve` and `Scheduler.process_result`.
+    """
+
+    batch_id: int
+    token_ids: list[int]
+    outcomes: list[tuple[str | None, Any] | None]
+    ending: set[int] = field(default_factory=set)
 
 
 class GrammarStage:
@@ -121,17 +149,39 @@ class GrammarStage:
             items[j].req.matcher.fill_bitmask(bitmask, r)
         return np.array(rows, np.int32), bitmask, np.array(deferred, np.int32)
 
-    def fill_deferred(self, sb: ScheduledBatch) -> GrammarMask:
+    def resolve(self, sb: ScheduledBatch, res: ForwardResult, check_finish: FinishCheck) -> GrammarResolved:
+        """The part of processing pass `sb`'s result that the next pass's deferred rows need: each
+        sampling constrained request (not finished) resolves its token and its matcher accepts it;
+        a request the verdict or `check_finish` (the scheduler's finish rule, side-effect free) ends
+        is noted. Nothing is finished or published: `Scheduler.process_result(sb, res, record)` does
+        that, using these verdicts. The matcher invariant holds throughout: resolving and accepting
+        happen together, here instead of there."""
+        assert res.batch_id == sb.batch_id, "results out of order"
+        toks = res.next_token_ids.tolist()
+        early = GrammarResolved(sb.batch_id, toks, [None] * len(sb.items))
+        for i, it in enumerate(sb.items):
+            req = it.req
+            if req.matcher is None or not it.completes or req.is_finished:
+                continue
+            tok = toks[i]
+            req.resolve_output(it.out_pos, tok)
+            early.outcomes[i] = verdict = self.accept(req, tok)
+            if verdict[0] is not None or check_finish(req, tok, it.out_pos + 1)[0] is not None:
+                early.ending.add(id(req))
+        return early
+
+    def fill_deferred(self, sb: ScheduledBatch, ending: Collection[int] = frozenset()) -> GrammarMask:
         """The deferred rows of pass `sb` (sb.grammar[2]), filled now. Call right after the previous
-        pass's result is processed: each deferred request's matcher has accepted every output but
-        this pass's own. A request finished meanwhile (grammar end, stop, length, abort) gets an
-        all-ones row: its token in this pass is dropped, so any token will do."""
+        pass's result is processed, or resolved (`resolve`; its `ending` then names the requests that
+        result ends): each deferred request's matcher has accepted every output but this pass's own.
+        A request that ended meanwhile (grammar end, stop, length, abort) gets an all-ones row: its
+        token in this pass is dropped, so any token will do. Only the D deferred rows are sent."""
         assert sb.grammar is not None
         deferred = sb.grammar[2]
         bitmask = allocate_bitmask(len(deferred), self.vocab_size)  # all ones
         for r, j in enumerate(deferred.tolist()):
             req = sb.items[j].req
-            if req.is_finished:
+            if req.is_finished or id(req) in ending:
                 continue
             assert req.num_in_flight == 1, "a deferred row is filled once only its own output is in flight"
             req.matcher.fill_bitmask(bitmask, r)

@@ -9,9 +9,10 @@ Overlap scheduling (docs/scheduling.md): pass N+1 is built and launched before t
 is processed, so the device goes from N to N+1 without waiting for the scheduler's Python; the
 tokens N samples enter N+1 as in-flight inputs the worker fills in (ForwardBatch.prev_token_pos).
 A grammar-constrained request in N+1 whose token from N is in flight has its bitmask row deferred
-(ForwardBatch.grammar_deferred): right after N's result is processed (its matchers have accepted
-N's tokens) the pipeline fills those rows and hands them to the launcher (`supply_mask`), and the
-worker, which started N+1's forward at once, applies them before sampling.
+(ForwardBatch.grammar_deferred): as soon as N's result arrives the pipeline resolves and accepts
+only N's constrained tokens (`Scheduler.resolve_grammar`), fills those rows and hands them to the
+launcher (`supply_mask`), and only then processes the rest of N's result; the worker, which started
+N+1's forward at once, applies the rows before sampling.
 """
 
 from __future__ import annotations
@@ -139,11 +140,12 @@ class PassPipeline:
             launched = _InFlight(sb, handle, after_idle, num_prefill, record)
         busy = sb is not None or self.in_flight is not None
         self._prev_busy = busy
+        has_deferred = launched is not None and sb.grammar is not None and len(sb.grammar[2]) > 0
+        awaits_mask = launched if has_deferred else None
         if self.in_flight is not None:
-            self._complete(self.in_flight)
-        if launched is not None and sb.grammar is not None and len(sb.grammar[2]):
-            # its matchers have now accepted the tokens the previous pass sampled
-            self.launcher.supply_mask(launched.handle, self.sched.grammar.fill_deferred(sb))
+            self._complete(self.in_flight, awaits_mask)
+        elif awaits_mask is not None:  # (deferred rows imply a pass in flight; kept for safety)
+            self.launcher.supply_mask(awaits_mask.handle, self.sched.grammar.fill_deferred(sb))
         if launched is not None and not self.overlap:
             self._complete(launched)
             launched = None
@@ -159,7 +161,10 @@ class PassPipeline:
             self._complete(self.in_flight)
             self.in_flight = None
 
-    def _complete(self, p: _InFlight) -> None:
+    def _complete(self, p: _InFlight, awaits_mask: _InFlight | None = None) -> None:
+        """Wait for pass p's result and process it. awaits_mask: the pass launched behind p with
+        deferred grammar rows; its GrammarMask goes out as early as it can: after only the
+        constrained tokens of p were resolved and accepted, before the rest of process_result."""
         t0 = time.perf_counter()
         res = self.launcher.finish(p.handle)
         t1 = time.perf_counter()
@@ -175,6 +180,11 @@ class PassPipeline:
             rec.gap_ms = -1.0 if p.after_idle else res.gpu_gap_ms
             for fn in list(self._hooks):
                 fn(rec)
-        self.sched.process_result(p.sb, res)
+        early = None
+        if awaits_mask is not None:  # the device idles until the mask arrives: send it first
+            early = self.sched.resolve_grammar(p.sb, res)
+            mask = self.sched.grammar.fill_deferred(awaits_mask.sb, early.ending)
+            self.launcher.supply_mask(awaits_mask.handle, mask)
+        self.sched.process_result(p.sb, res, early)
         if self._hooks:
             rec.process_ms = (time.perf_counter() - t1) * 1e3

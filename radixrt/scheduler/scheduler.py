@@ -25,7 +25,7 @@ from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
-from radixrt.scheduler.grammar import GrammarStage
+from radixrt.scheduler.grammar import GrammarResolved, GrammarStage
 from radixrt.scheduler.outputs import OutputStage
 from radixrt.scheduler.policy import AdmittedInStep, defer_for_shared_prefix, order_waiting
 from radixrt.scheduler.req import Req, ReqState
@@ -311,13 +311,23 @@ class Scheduler:
             prefill_left -= take
 
     # ------------------------------------------------------------------ results
-    def process_result(self, sb: ScheduledBatch, res: ForwardResult) -> None:
+    def resolve_grammar(self, sb: ScheduledBatch, res: ForwardResult) -> GrammarResolved:
+        """The part of `process_result` the next pass's deferred mask rows wait for, done first
+        (GrammarStage.resolve); hand the record to `process_result`, which does the rest.
+        Between the two nothing else may touch the pass's requests."""
+        return self.grammar.resolve(sb, res, self._check_finish)
+
+    def process_result(self, sb: ScheduledBatch, res: ForwardResult,
+                       early: GrammarResolved | None = None) -> None:
         """Resolve sampled tokens, publish computed prefixes, finish requests.
 
         With overlap scheduling the next pass was already scheduled: a request may since have been
-        retracted (kv None; its token is still resolved) or aborted (finished; skipped).
+        retracted (kv None; its token is still resolved) or aborted (finished; skipped). `early`:
+        `resolve_grammar`'s record of this result, when the pipeline ran it first (its constrained
+        tokens are resolved and accepted already).
         """
         assert res.batch_id == sb.batch_id, "results out of order"
+        assert early is None or early.batch_id == sb.batch_id, "resolve_grammar of another pass"
         if len(res.copies_done):
             self.kv.copies_done(res.copies_done.tolist())
             totals = self.copy_totals
@@ -326,7 +336,8 @@ class Scheduler:
             totals["hicache_load_s"] += res.copy_load_s
             totals["hicache_store_s"] += res.copy_store_s
         k = int(res.top_logprob_ids.size // max(len(sb), 1)) if res.top_logprob_ids.size else 0
-        toks = res.next_token_ids.tolist()  # Python ints, one conversion for the whole pass
+        # Python ints, one conversion for the whole pass
+        toks = res.next_token_ids.tolist() if early is None else early.token_ids
         finished = ReqState.FINISHED
         num_generated = 0
         for i, it in enumerate(sb.items):
@@ -334,7 +345,8 @@ class Scheduler:
             if req.state is finished:
                 continue
             tok = toks[i]
-            if it.completes:
+            pre = early.outcomes[i] if early is not None else None
+            if it.completes and pre is None:
                 req.resolve_output(it.out_pos, tok)
             if req.kv is not None and (not it.completes or it.is_prefill):
                 # mostly done when the pass was scheduled (_publish_prompt_chunks); this adds a page
@@ -342,7 +354,10 @@ class Scheduler:
                 self.kv.cache_unfinished_req(req.kv, req.all_ids)
             if not it.completes:
                 continue
-            reason, matched = GrammarStage.accept(req, tok) if req.matcher is not None else (None, None)
+            if pre is not None:
+                reason, matched = pre
+            else:
+                reason, matched = GrammarStage.accept(req, tok) if req.matcher is not None else (None, None)
             if reason == "abort":
                 self._finish(req, reason, error=matched)
                 continue

@@ -107,9 +107,9 @@ def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampl
     Raises:
         ValueError: deferred rows without their GrammarMask, or a mask for other rows.
     """
-    rows, bitmask = grammar_rows(batch, mask)
+    rows, blocks = grammar_blocks(batch, mask)
     penalties.prepare(batch)
-    next_ids = sampler.sample(apply_grammar(rows, bitmask, penalties.process(logits, batch), logits), st)
+    next_ids = sampler.sample(apply_grammar(rows, blocks, penalties.process(logits, batch), logits), st)
     penalties.record(batch, next_ids)
     out = PassOutputs(next_ids.to(torch.int32))
     if batch.return_logprob:
@@ -122,39 +122,74 @@ def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampl
 def grammar_rows(batch: protocol.ForwardBatch, mask: protocol.GrammarMask | None
                  ) -> tuple[np.ndarray, np.ndarray]:
     """All constrained rows of the pass: (rows int32 [R + D] indices into the B requests, bitmask
-    int32 [R + D, W]): the batch's own rows, then the deferred ones from `mask`.
+    int32 [R + D, W]): the batch's own rows, then the deferred ones from `mask` (grammar_blocks,
+    joined; for model-free workers).
+
+    Raises:
+        ValueError: the batch has deferred rows and `mask` is None or names other rows / another pass.
+    """
+    rows, blocks = grammar_blocks(batch, mask)
+    if not blocks:
+        return rows, np.zeros((0, 0), np.int32)
+    return rows, blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+
+
+def grammar_blocks(batch: protocol.ForwardBatch, mask: protocol.GrammarMask | None
+                   ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """All constrained rows of the pass without joining their bitmasks: (rows int32 [R + D], the
+    bitmask blocks in row order: int32 [R, W] of the batch, then [D, W] of `mask`; empty ones left
+    out). The blocks are views of the messages' arrays (no copy).
 
     Raises:
         ValueError: the batch has deferred rows and `mask` is None or names other rows / another pass.
     """
     rows = np.asarray(batch.grammar_rows, np.int32)
-    bitmask = np.asarray(batch.grammar_bitmask, np.int32).reshape(len(rows), -1) if len(rows) else None
+    blocks = [np.asarray(batch.grammar_bitmask, np.int32).reshape(len(rows), -1)] if len(rows) else []
     if not len(batch.grammar_deferred):
-        return rows, bitmask if bitmask is not None else np.zeros((0, 0), np.int32)
+        return rows, blocks
     if (mask is None or mask.batch_id != batch.batch_id
             or not np.array_equal(mask.rows, batch.grammar_deferred)):
         got = None if mask is None else (mask.batch_id, mask.rows.tolist())
         raise ValueError(f"ForwardBatch {batch.batch_id}: deferred grammar rows "
                          f"{batch.grammar_deferred.tolist()} need their GrammarMask; got {got}")
-    deferred = np.asarray(mask.bitmask, np.int32).reshape(len(mask.rows), -1)
-    if bitmask is None:
-        return np.asarray(mask.rows, np.int32), deferred
-    return np.concatenate([rows, mask.rows]).astype(np.int32), np.concatenate([bitmask, deferred])
+    blocks.append(np.asarray(mask.bitmask, np.int32).reshape(len(mask.rows), -1))
+    deferred = np.asarray(mask.rows, np.int32)
+    rows = np.concatenate([rows, deferred]) if len(rows) else deferred
+    return rows, blocks
 
 
-def apply_grammar(rows: np.ndarray, bitmask: np.ndarray, processed: torch.Tensor,
+def upload_bitmask(blocks: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    """The blocks (int32 [R_i, W] each, in row order) as one int32 [sum R_i, W] tensor on `device`.
+
+    On CUDA numpy writes them straight into one pinned staging tensor (from torch's caching host
+    allocator, reused once its copy is done), uploaded with one non_blocking copy: no joined host
+    copy, and no torch CPU copy (one of a mask's size, 64 rows x 4,752 words for Qwen2.5, runs on
+    torch's intra-op thread pool, whose threads then spin on cores the other processes need). On
+    CPU a view of the one block, or one concatenation.
+    """
+    if device.type != "cuda":
+        joined = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+        return torch.from_numpy(np.ascontiguousarray(joined))
+    staging = torch.empty((sum(len(b) for b in blocks), blocks[0].shape[1]), dtype=torch.int32,
+                          pin_memory=True)
+    host = staging.numpy()
+    start = 0
+    for b in blocks:
+        host[start:start + len(b)] = b
+        start += len(b)
+    return staging.to(device, non_blocking=True)
+
+
+def apply_grammar(rows: np.ndarray, blocks: list[np.ndarray], processed: torch.Tensor,
                   raw: torch.Tensor) -> torch.Tensor:
-    """Mask the disallowed tokens of constrained rows (rows int32 [R] into the B requests, bitmask
-    int32 [R, W]) with -inf in `processed` [B, V] float32, cloned first when it is `raw` (the
-    logits logprobs are taken of; on the CUDA-graph path also a static buffer). One extra
-    host-to-device copy of the bitmask (pinned, async on CUDA); no device sync. Returns the tensor
-    to sample from."""
+    """Mask the disallowed tokens of constrained rows (rows int32 [R] into the B requests, blocks
+    the int32 [R_i, W] bitmask pieces of grammar_blocks) with -inf in `processed` [B, V] float32,
+    cloned first when it is `raw` (the logits logprobs are taken of; on the CUDA-graph path also a
+    static buffer). One host-to-device copy of the bitmask (upload_bitmask: pinned, async on CUDA);
+    no device sync. Returns the tensor to sample from."""
     if len(rows) == 0:
         return processed
     if processed is raw:
         processed = raw.clone()
-    mask = torch.from_numpy(np.ascontiguousarray(bitmask, np.int32))
-    if processed.device.type == "cuda":
-        mask = mask.pin_memory().to(processed.device, non_blocking=True)
-    apply_token_bitmask(processed, mask, rows.tolist())
+    apply_token_bitmask(processed, upload_bitmask(blocks, processed.device), rows.tolist())
     return processed

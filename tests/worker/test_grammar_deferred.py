@@ -97,3 +97,33 @@ def test_runner_samples_a_deferred_pass_once_its_mask_arrives(runner: ModelRunne
     fb = single_request_batch(prompt, batch_id=5)
     fb.grammar_rows, fb.grammar_bitmask = np.array([0], np.int32), one_token_mask(vocab, tok).reshape(-1)
     assert runner.forward(fb).next_token_ids.tolist() == [tok]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_batch_rows_and_deferred_rows_upload_as_one_bitmask_in_row_order(device: str) -> None:
+    """The worker's bitmask upload (forward_pass.upload_bitmask): the batch's own rows, then the
+    mask's deferred ones, as one [R + D, W] tensor equal to the joined host arrays."""
+    import torch
+
+    from radixrt.worker.forward_pass import grammar_blocks, grammar_rows, upload_bitmask
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    rng = np.random.default_rng(0)
+    fb = batch(3)
+    fb.grammar_rows = np.array([2], np.int32)
+    fb.grammar_bitmask = rng.integers(-2**31, 2**31, (1, 5), dtype=np.int64).astype(np.int32)
+    fb.grammar_deferred = np.array([0, 1], np.int32)
+    bits = rng.integers(-2**31, 2**31, (2, 5), dtype=np.int64).astype(np.int32)
+    # as decoded off a socket: read-only views of the frames
+    mask = protocol.GrammarMask(3, np.frombuffer(fb.grammar_deferred.tobytes(), np.int32),
+                                np.frombuffer(bits.tobytes(), np.int32).reshape(2, 5))
+    rows, blocks = grammar_blocks(fb, mask)
+    assert rows.tolist() == [2, 0, 1] and len(blocks) == 2
+    got = upload_bitmask(blocks, torch.device(device))
+    want = np.concatenate([fb.grammar_bitmask, bits])
+    assert got.device.type == device and got.dtype == torch.int32
+    assert np.array_equal(got.cpu().numpy(), want)
+    assert np.array_equal(grammar_rows(fb, mask)[1], want)
+    with pytest.raises(ValueError, match="need their GrammarMask"):
+        grammar_blocks(fb, protocol.GrammarMask(3, np.array([1, 0], np.int32), bits))
