@@ -143,9 +143,9 @@ class HostTimer:
                                             "schedule": dt, "build": 0.0, "process": 0.0, "take": 0.0}
             return sb
 
-        def timed_process(sb: ScheduledBatch, res: ForwardResult) -> None:
+        def timed_process(sb: ScheduledBatch, res: ForwardResult, early: Any = None) -> None:
             t0 = perf()
-            process(sb, res)
+            process(sb, res, early)
             self.passes[sb.batch_id]["process"] += (perf() - t0) * 1e3
             self.last_processed = sb.batch_id
 
