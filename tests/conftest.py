@@ -13,6 +13,10 @@ if not torch.cuda.is_available():
     # Triton kernels run on the CPU interpreter; it must be set before any kernel is decorated,
     # whichever test module happens to import radixrt.kernels first.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # In-process Engines get the worker process's thread rule (cores - 1, at least 1): the tests run
+    # beside the session server's worker, and two torch threads on a 2-core machine that also runs a
+    # worker made an Engine test 2x slower (42 s vs 21 s against one busy core, 2026-12-01).
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
 
 
 def _patch_interpreter_scalar_index() -> None:
