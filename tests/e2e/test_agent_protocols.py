@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from tests.agent_tools import weather_tool
 from tests.conftest import Server
 
 anthropic = pytest.importorskip("anthropic")  # a test extra; absent on the GPU machine
@@ -68,17 +69,7 @@ def test_responses_required_tool_then_function_call_output(server: Server) -> No
 
 def test_agents_sdk_responses_model_runs_a_tool_to_a_final_answer(server: Server) -> None:
     agents = pytest.importorskip("agents")
-    calls: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """Current weather in a city.
-
-        Args:
-            city: the city's name.
-        """
-        calls.append(city)
-        return f"18 C and sunny in {city}"
+    get_weather, calls = weather_tool(agents)
 
     agents.set_tracing_disabled(True)
     model = agents.OpenAIResponsesModel(

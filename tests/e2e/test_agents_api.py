@@ -16,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.agent_tools import weather_tool
 from tests.conftest import Server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -117,17 +118,7 @@ def test_bad_schema_is_a_400_and_the_server_keeps_serving(server: Server) -> Non
 
 def test_agents_sdk_runs_a_function_tool(server: Server) -> None:
     agents = pytest.importorskip("agents")
-    calls: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """Current weather in a city.
-
-        Args:
-            city: the city's name.
-        """
-        calls.append(city)
-        return f"18 C and sunny in {city}"
+    get_weather, calls = weather_tool(agents)
 
     agents.set_tracing_disabled(True)
     model = agents.OpenAIChatCompletionsModel(

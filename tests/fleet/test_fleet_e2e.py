@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from bench.server_proc import free_port
+from tests.agent_tools import weather_tool
 
 pytest.importorskip("smg", reason="radixrt[fleet] (the smg gateway) is not installed")
 
@@ -217,17 +218,7 @@ def test_killed_replica_model_stays_served(fleet: Fleet) -> None:
 
 def test_openai_agents_sdk_through_the_gateway(fleet: Fleet) -> None:
     agents = pytest.importorskip("agents")
-    calls: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """Current weather in a city.
-
-        Args:
-            city: the city's name.
-        """
-        calls.append(city)
-        return f"18 C and sunny in {city}"
+    get_weather, calls = weather_tool(agents)
 
     agents.set_tracing_disabled(True)
     model = agents.OpenAIChatCompletionsModel(
