@@ -10,8 +10,9 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+# .whl-extra/ (optional, carried only by the calls that need it): smg, setproctitle, pyyaml, psutil
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >/dev/null 2>&1 || echo "wheel install failed"
+  $(ls .whl-extra/*.whl 2>/dev/null) >/dev/null 2>&1 || echo "wheel install failed"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 ln -sfn ../kernels radixrt/kernels
 ln -sfn ../tokenizer_proc radixrt/tokenizer_proc
@@ -77,6 +78,14 @@ for s in "$@"; do
     lab-sweep-attention-cold) stage lab-sweep-attention-cold 300 python3 bench/lab/sweep_attention.py --part cascade \
         --cold-l2 --out "$OUT/sweep-attention-cold.json" ;;
     lab-gemm-layouts) stage lab-gemm-layouts 150 python3 bench/lab/gemm_layouts.py --out "$OUT/gemm-layouts.json" ;;
+    # issue 18: two replicas behind smg on one GPU, cache_aware vs round_robin vs one server (needs .whl-extra)
+    fleet) stage fleet 330 python3 bench/fleet_bench.py --out "$OUT/fleet.json" ;;
+    # issue 21: the soak harness at concurrency 256, Qwen2.5-7B shape with dummy weights (needs psutil)
+    soak-gpu) python3 -c "from bench.dummy_tokenizer import make_dummy_model_dir as m; \
+m('bench/configs/qwen2.5-7b-instruct', '/tmp/qwen7b-dummy')"
+      stage soak-gpu 250 python3 -m bench.soak --launch --num-requests 3000 --concurrency 256 --max-tokens 64 \
+        --long-words 300 --json "$OUT/soak_gpu.json" -- --model-path /tmp/qwen7b-dummy --load-format dummy \
+        --device cuda --max-running-requests 256 --served-model-name SmolLM2-135M-Instruct ;;
     *) echo "unknown stage $s" ;;
   esac
 done

@@ -71,6 +71,7 @@ class SoakReport:
     counts: dict[str, int] = field(default_factory=dict)
     by_kind: dict[str, int] = field(default_factory=dict)
     aborted_counter_delta: float = 0.0
+    ok_counter_delta: float = 0.0
     health_failures: int = 0
     idle_stats: dict[str, Any] = field(default_factory=dict)
     rss_baseline_bytes: int = 0
@@ -213,9 +214,11 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1)) if m else 0.0
 
 
-async def aborted_count(client: httpx.AsyncClient) -> float:
+async def outcome_counts(client: httpx.AsyncClient) -> tuple[float, float]:
+    """radixrt_requests_total for outcome "aborted" and outcome "ok", from /metrics."""
     text = (await client.get("/metrics")).text
-    return metric(text, "radixrt_requests_total", 'outcome="aborted"')
+    return (metric(text, "radixrt_requests_total", 'outcome="aborted"'),
+            metric(text, "radixrt_requests_total", 'outcome="ok"'))
 
 
 async def wait_idle(client: httpx.AsyncClient, timeout_s: float = IDLE_TIMEOUT_S) -> dict[str, Any]:
@@ -293,9 +296,16 @@ def _check_idle(report: SoakReport, pid: int | None) -> None:
         p.append(f"KV invariant: {s.get('invariants_ok')} {s.get('invariant_error', '')}")
     if s.get("metrics_num_running_reqs") or s.get("metrics_num_waiting_reqs"):
         p.append("/metrics shows running or waiting requests after the run")
-    if report.aborted_counter_delta != report.counts["abandoned"]:
+    # A client that leaves after its request finished on the server (a fast server, a late disconnect)
+    # leaves an "ok" request, not an aborted one: each abandoned request is one of the two, and every
+    # request that was not malformed is recorded exactly once.
+    abandoned, complete = report.counts["abandoned"], report.counts.get("complete", 0)
+    if report.aborted_counter_delta > abandoned:
         p.append(f"aborted counter grew by {report.aborted_counter_delta:g}, "
-                 f"{report.counts['abandoned']} clients abandoned their requests")
+                 f"only {abandoned} clients abandoned their requests")
+    if report.aborted_counter_delta + report.ok_counter_delta != complete + abandoned:
+        p.append(f"the server recorded {report.ok_counter_delta:g} ok + {report.aborted_counter_delta:g} "
+                 f"aborted requests, {complete} complete + {abandoned} abandoned were sent")
     if report.health_failures:
         p.append(f"/health failed {report.health_failures} times during the run")
     limit = report.rss_baseline_bytes + max(RSS_MARGIN_BYTES, RSS_MARGIN_FRAC * report.rss_baseline_bytes)
@@ -315,8 +325,9 @@ async def soak(base_url: str, cfg: SoakConfig, pid: int | None = None,
         warm = make_plans(cfg.warmup, cfg.seed + 1, 0.0, 0.0, cfg.max_tokens, cfg.long_words)
         await _run_all(client, warm, cfg)
         await wait_idle(client)
+        print(f"soak: warm-up done, running {cfg.num_requests} requests", flush=True)
         report.rss_baseline_bytes = server_rss_bytes(pid)
-        aborted0 = await aborted_count(client)
+        aborted0, ok0 = await outcome_counts(client)
         plans = make_plans(cfg.num_requests, cfg.seed, cfg.disconnect_frac, cfg.malformed_frac,
                            cfg.max_tokens, cfg.long_words)
         stop = asyncio.Event()
@@ -327,7 +338,8 @@ async def soak(base_url: str, cfg: SoakConfig, pid: int | None = None,
         stop.set()
         await health
         report.idle_stats = await wait_idle(client)
-        report.aborted_counter_delta = await aborted_count(client) - aborted0
+        aborted1, ok1 = await outcome_counts(client)
+        report.aborted_counter_delta, report.ok_counter_delta = aborted1 - aborted0, ok1 - ok0
         report.rss_after_bytes = server_rss_bytes(pid)
     _tally(report, outcomes)
     _check_idle(report, pid)
@@ -344,7 +356,8 @@ def format_report(r: SoakReport) -> str:
              f"malformed share {cfg['malformed_frac']}",
              "counts: " + ", ".join(f"{k}={v}" for k, v in sorted(c.items())),
              "by kind: " + ", ".join(f"{k}={v}" for k, v in sorted(r.by_kind.items())),
-             f"aborted counter delta {r.aborted_counter_delta:g}, /health failures {r.health_failures}",
+             f"server outcomes: aborted +{r.aborted_counter_delta:g}, ok +{r.ok_counter_delta:g}; "
+             f"/health failures {r.health_failures}",
              f"idle: running {idle.get('num_running_reqs')}, waiting {idle.get('num_waiting_reqs')},"
              f" front-end samples {idle.get('tokenizer_inflight_samples')}, "
              f"invariants_ok {idle.get('invariants_ok')}",
@@ -385,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         server = start_server(model, Path(tempfile.mkdtemp()), *extra, device=device, timeout_s=900,
                               env={"RADIXRT_DEBUG_INVARIANTS": "1"})
         ns.base_url, ns.pid = server.base_url, server.proc.pid
+        print(f"soak: server up at {ns.base_url}", flush=True)
     try:
         report = asyncio.run(soak(ns.base_url, cfg, ns.pid, ns.api_key))
     finally:

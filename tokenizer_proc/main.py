@@ -40,6 +40,10 @@ from .serving_context import ServingContext
 
 logger = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 2  # in-flight requests get this long; the launcher kills at 5 s
+# uvicorn closes an idle keep-alive connection after 5 s by default, the same as httpx's (and so the
+# openai client's) pool expiry: a request sent on a connection just as the server closes it fails with
+# a read error (seen in the soak at concurrency 256). Clients expire their idle connections first.
+KEEP_ALIVE_S = 75
 
 
 def tune_gc() -> None:
@@ -111,7 +115,8 @@ async def serve(ctx: ServingContext, sock: socket.socket, on_started: Any = None
     """
     app = create_app(ctx, extra_routes=metrics_routes)
     config = uvicorn.Config(app, log_level=ctx.args.log_level.lower(), access_log=False,
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on",
+                            timeout_keep_alive=KEEP_ALIVE_S)
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # we own the signals
     loop = asyncio.get_running_loop()
