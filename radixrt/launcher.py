@@ -199,13 +199,21 @@ def check_args_against_model(args: ServerArgs, model_dir: Path) -> None:
     """Flags that only the model or the machine can refute, checked before any process starts.
 
     Raises:
-        ValueError: --device cuda without a CUDA device; --context-length above the model's limit.
+        ValueError: --device cuda without a CUDA device (or fewer than --tp-size); --context-length
+            above the model's limit; a --tp-size that does not divide the model.
     """
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is available (torch sees none)")
+        if torch.cuda.device_count() < args.tp_size:
+            raise ValueError(f"--tp-size {args.tp_size}: only {torch.cuda.device_count()} CUDA devices")
+    if args.tp_size > 1:
+        from radixrt.models.loader import read_model_config
+        from radixrt.parallel.layout import check_divisible
+
+        check_divisible(read_model_config(model_dir), args.tp_size)
     limit = orjson.loads((model_dir / "config.json").read_bytes()).get("max_position_embeddings")
     if args.context_length is not None and limit and args.context_length > int(limit):
         raise ValueError(f"--context-length {args.context_length} exceeds the model's "

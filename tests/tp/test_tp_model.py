@@ -71,3 +71,28 @@ def test_layout_ranges_and_padding() -> None:
 def test_sizes_that_do_not_divide_are_refused(heads: int, kv: int, inter: int, size: int) -> None:
     with pytest.raises(ValueError, match="--tp-size"):
         check_divisible(_cfg(heads, kv, inter), size)
+
+
+def test_flags_refused_with_tp() -> None:
+    from radixrt.config import ServerArgs
+    from radixrt.engine import Engine
+
+    with pytest.raises(ValueError, match="--tp-size must be >= 1"):
+        ServerArgs(tp_size=0)
+    with pytest.raises(ValueError, match="hierarchical-cache with --tp-size"):
+        ServerArgs(tp_size=2, enable_hierarchical_cache=True)
+    with pytest.raises(ValueError, match="tp_size must be 1"):
+        Engine(tp_size=2, device="cpu", load_format="dummy")
+
+
+def test_launcher_refuses_a_tp_size_that_does_not_divide(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from bench.server_proc import free_port
+
+    d = tiny_model_dir(tmp_path / "m", num_kv_heads=2, tie=False)
+    cmd = [sys.executable, "-m", "radixrt.cli", "launch-server", "--model-path", str(d), "--load-format",
+           "dummy", "--device", "cpu", "--tp-size", "3", "--port", str(free_port())]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--tp-size 3 does not divide the model's 4 attention heads" in r.stderr
