@@ -17,8 +17,9 @@ import importlib.util
 import shutil
 import sys
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -290,9 +291,9 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
     elif tp is None:
         model.kv_cache_scales = _load_safetensors(model, model_dir)
     else:
-        from radixrt.parallel.loading import load_safetensors_sharded
+        from radixrt.parallel.loading import rank_slices
 
-        load_safetensors_sharded(model, model_dir)
+        fill_from_safetensors(model, model_dir, lambda st: rank_slices(model, st))
     model.init_rope(max(max_positions or 0, cfg.max_position_embeddings), device)
     return model.eval(), model.config
 
@@ -321,17 +322,29 @@ def _init_dummy(model: torch.nn.Module, seed: int, dtype: torch.dtype) -> None:
 
 def _load_safetensors(model: torch.nn.Module, model_dir: Path) -> dict[int, dict[str, float]]:
     """Fill `model` from every *.safetensors file; returns the checkpoint's KV-cache scales per layer."""
+    stream = CheckpointStream(model)
+    fill_from_safetensors(model, model_dir, lambda st: stream((k, st.get_tensor(k)) for k in st.keys()))
+    return stream.kv_scales
+
+
+def fill_from_safetensors(model: torch.nn.Module, model_dir: Path,
+                          read: Callable[[Any], Iterable[tuple[str, torch.Tensor]]]) -> None:
+    """Fill `model` through `model.load_weights(read(st))` for each open *.safetensors file `st`
+    (`read` picks the tensors: whole ones, or a tensor-parallel rank's slices).
+
+    Raises:
+        ModelLoadError: no weights, a corrupt file, tensors that do not fit the config, missing ones.
+    """
     from safetensors import safe_open
 
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors weights in {model_dir}")
     filled: set[str] = set()
-    stream = CheckpointStream(model)
     for f in files:
         try:
             with safe_open(str(f), framework="pt", device="cpu") as st:
-                filled |= model.load_weights(stream((k, st.get_tensor(k)) for k in st.keys()))
+                filled |= model.load_weights(read(st))
         except (KeyError, ValueError) as e:
             raise ModelLoadError(f"weights in {f} do not match config.json: {e}") from None
         except Exception as e:  # safetensors raises its own error type for a corrupt file
@@ -340,4 +353,3 @@ def _load_safetensors(model: torch.nn.Module, model_dir: Path) -> dict[int, dict
     if missing:
         raise ModelLoadError(f"weights missing from {model_dir}: {', '.join(sorted(missing)[:5])}"
                              f"{' ...' if len(missing) > 5 else ''}")
-    return stream.kv_scales

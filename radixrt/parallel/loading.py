@@ -3,7 +3,8 @@ slices of the --tp-size 1 dummy weights (so that logits can be compared across T
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,39 +35,10 @@ def init_dummy_sharded(model: nn.Module, full: nn.Module, cfg: ModelConfig, seed
                                for hf, piece in split_fused(name, w, cfg))
 
 
-def load_safetensors_sharded(model: nn.Module, model_dir: Path) -> None:
-    """Fill rank `model` from every *.safetensors file in `model_dir`, reading only this rank's
-    slice of each tensor (safetensors `get_slice`); the checkpoint's own KV-cache scales are not
-    read (FP8 is refused with tensor parallelism).
-
-    Raises:
-        ModelLoadError: no weights, a tensor that does not fit the config, a missing tensor.
-    """
-    from safetensors import safe_open
-
-    from radixrt.models.loader import ModelLoadError
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"no *.safetensors weights in {model_dir}")
-    filled: set[str] = set()
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt", device="cpu") as st:
-                filled |= model.load_weights(_slices(model, st))
-        except (KeyError, ValueError) as e:
-            raise ModelLoadError(f"weights in {f} do not match config.json: {e}") from None
-        except Exception as e:  # safetensors raises its own error type for a corrupt file
-            raise ModelLoadError(f"cannot read weights {f}: {e}") from None
-    missing = model.expected_fills() - filled
-    if missing:
-        raise ModelLoadError(f"weights missing from {model_dir}: {', '.join(sorted(missing)[:5])}"
-                             f"{' ...' if len(missing) > 5 else ''}")
-    model.kv_cache_scales = {}
-
-
-def _slices(model: nn.Module, st):
-    """(HF name, this rank's slice) for each tensor of an open safetensors file."""
+def rank_slices(model: nn.Module, st: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, this rank's slice) for each tensor of an open safetensors file `st`, reading only
+    the slice's bytes (`get_slice`); for loader.fill_from_safetensors. The checkpoint's KV-cache
+    scales are not read (FP8 is refused with tensor parallelism)."""
     for name in st.keys():
         sl = st.get_slice(name)
         yield name, model.layout.take(name, sl, tuple(sl.get_shape()))
