@@ -46,7 +46,7 @@ def _run(role: str, args: ServerArgs, addrs: IpcAddresses, model_dir: Path, extr
     if role == "worker":
         from radixrt.worker.worker_proc import run_worker
 
-        run_worker(args, addrs, model_dir)
+        run_worker(args, addrs, model_dir, int(extra.get("tp_rank", 0)))
     elif role == "scheduler":
         from radixrt.scheduler.scheduler_proc import run_scheduler
 

@@ -102,7 +102,11 @@ class ServerArgs:
     random_seed: int = _flag("Seed for weights in dummy mode and for unseeded sampling.", default=0)
     cpu_threads: int | None = _flag(
         "Torch threads of the CPU worker. Default: the cores it may run on minus one (at least 1).")
-    tp_size: int = _flag("Tensor parallel size (only 1 is supported).", default=1)
+    tp_size: int = _flag(
+        "Tensor parallel size: worker processes (one GPU each on cuda), Megatron-style sharding of "
+        "heads, MLP and vocab (docs/tensor_parallel.md). Must divide the attention heads and the "
+        "intermediate size; KV heads are split, or replicated when there are fewer than ranks.",
+        default=1)
     log_level: str = _flag("Logging level.", default="info",
                            choices=["debug", "info", "warning", "error", "critical"])
     max_request_body_bytes: int = _flag("Request bodies above this get 413.", default=8 * 1024 * 1024)
@@ -131,7 +135,11 @@ class ServerArgs:
             (self.cuda_graph_max_bs >= 1, "--cuda-graph-max-bs must be >= 1"),
             (self.graceful_shutdown_timeout >= 0, "--graceful-shutdown-timeout must be >= 0"),
             (self.request_timeout is None or self.request_timeout > 0, "--request-timeout must be > 0"),
-            (self.tp_size == 1, "--tp-size other than 1 is not supported yet"),
+            (self.tp_size >= 1, "--tp-size must be >= 1"),
+            (self.tp_size == 1 or not self.enable_hierarchical_cache,
+             "--enable-hierarchical-cache with --tp-size > 1 is not supported yet"),
+            (self.tp_size == 1 or self.quantization is None,
+             "--quantization with --tp-size > 1 is not supported yet"),
             (self.hicache_ratio > 0.0, "--hicache-ratio must be > 0"),
             (self.hicache_size >= 0.0, "--hicache-size must be >= 0"),
             (not (self.enable_hierarchical_cache and self.disable_radix_cache),
@@ -184,6 +192,15 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+
+def worker_env(tp_size: int) -> dict[str, str]:
+    """The environment of a worker process: the launcher's, plus NCCL_NVLS_ENABLE=0 with tensor
+    parallelism (NVLink multicast stays off: it fails on the machines this was written for)."""
+    env = dict(os.environ)
+    if tp_size > 1:
+        env["NCCL_NVLS_ENABLE"] = "0"
+    return env
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,9 @@ class Engine:
 
     Raises:
         radixrt.models.loader.ModelLoadError: the model cannot be found or read.
-        ValueError: a bad ServerArgs value (message names it); from generate, see there.
+        ValueError: a bad ServerArgs value (message names it), tp_size > 1 (the Engine runs one
+            worker in this process; tensor parallelism is the server's: docs/tensor_parallel.md);
+            from generate, see there.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -47,6 +49,8 @@ class Engine:
         from radixrt.worker.model_runner import ModelRunner
 
         args = ServerArgs(**kwargs)
+        if args.tp_size != 1:
+            raise ValueError("Engine: tp_size must be 1 (tensor parallelism needs the server)")
         model_dir = resolve_model_dir(args.model_path, Env.read().cache_dir, args.load_format)
         runner = ModelRunner(args, model_dir)
         try:  # a dummy-weights directory may hold only config.json: token-id prompts then

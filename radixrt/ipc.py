@@ -44,12 +44,26 @@ class IpcAddresses:
     def cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def worker_in_for(self, rank: int) -> str:
+        """Tensor-parallel rank `rank`'s scheduler -> worker endpoint (rank 0: `worker_in`)."""
+        return self.worker_in if rank == 0 else f"{self.worker_in}_{rank}"
+
+    def tp_store(self) -> str:
+        """The FileStore path of the tensor-parallel rendezvous (inside the private directory)."""
+        return os.path.join(self.dir, "tp_store")
+
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, str]) -> IpcAddresses:
         return cls(**d)
+
+
+def worker_name(rank: int, tp_size: int) -> str:
+    """A worker's process name in Ready / Fatal and the launcher's log: "worker" alone, else
+    "worker0", "worker1", ... (one per tensor-parallel rank)."""
+    return "worker" if tp_size == 1 else f"worker{rank}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -92,6 +106,20 @@ class Sender:
 
     def send(self, msg: Any) -> None:
         self.sock.send_multipart(protocol.encode(msg), copy=False)
+
+
+class FanoutSender:
+    """One PUSH socket per tensor-parallel rank: `send` encodes once and queues the same frames on
+    every socket, so each rank gets every message in the same order (a PUB socket would drop
+    messages for a rank that is slow to connect or falls behind its high-water mark)."""
+
+    def __init__(self, ctx: zmq.Context, addrs: list[str]) -> None:
+        self.senders = [Sender(ctx, a) for a in addrs]
+
+    def send(self, msg: Any) -> None:
+        frames = protocol.encode(msg)
+        for s in self.senders:
+            s.sock.send_multipart(frames, copy=False)
 
 
 class Receiver:

@@ -2,7 +2,10 @@
 
 Start order: the worker first (its Ready carries the KV pool size and model facts), then the
 scheduler and the tokenizer process together (both need the worker's facts). Each child reports
-`protocol.Ready` (with PROTOCOL_VERSION) or `protocol.Fatal` on the launcher's channel.
+`protocol.Ready` (with PROTOCOL_VERSION) or `protocol.Fatal` on the launcher's channel. With
+--tp-size N the worker is N processes ("worker0".."worker<N-1>", docs/tensor_parallel.md), all
+started at once; every rank's Ready is awaited and they must agree on the pool; rank 0's facts are
+passed on. Any of them dying is a dead child like any other.
 
 Shutdown (docs/reliability.md lists what each path guarantees):
 - SIGTERM: graceful. The tokenizer process alone is told first (SIGTERM): it answers new requests
@@ -30,8 +33,8 @@ from typing import Any
 import orjson
 import zmq
 
-from radixrt.config import PROTOCOL_VERSION, Env, ServerArgs
-from radixrt.ipc import IpcAddresses, Receiver
+from radixrt.config import PROTOCOL_VERSION, Env, ServerArgs, worker_env
+from radixrt.ipc import IpcAddresses, Receiver, worker_name
 from radixrt.protocol import CHILD_TO_LAUNCHER, Fatal, Ready
 
 log = logging.getLogger("radixrt.launcher")
@@ -69,15 +72,39 @@ class Launcher:
         self.rx = Receiver(self.ctx, self.addrs.launcher_in, CHILD_TO_LAUNCHER, bind=True)
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def spawn(self, role: str, extra: dict[str, Any]) -> None:
+    def spawn(self, role: str, extra: dict[str, Any], name: str | None = None,
+              env: dict[str, str] | None = None) -> None:
+        """Start child `role` (registered as `name`, default the role) with `extra` in its spec;
+        env: its environment (default: the launcher's)."""
         spec = {"args": self.args.to_dict(), "addrs": self.addrs.to_dict(),
                 "model_dir": str(self.model_dir), "extra": extra}
         proc = subprocess.Popen([sys.executable, "-m", "radixrt.child", role], stdin=subprocess.PIPE,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
         assert proc.stdin is not None
         proc.stdin.write(orjson.dumps(spec))
         proc.stdin.close()
-        self.procs[role] = proc
+        self.procs[name or role] = proc
+
+    def start_workers(self) -> dict[str, Any]:
+        """Spawn the worker (one per tensor-parallel rank), wait for every Ready and return the
+        facts the scheduler and tokenizer size themselves from (rank 0's).
+
+        Raises:
+            LaunchError: a rank failed, or the ranks disagree on the KV pool or the vocab.
+        """
+        tp = self.args.tp_size
+        names = [worker_name(r, tp) for r in range(tp)]
+        env = worker_env(tp) if tp > 1 else None
+        for rank, name in enumerate(names):
+            self.spawn("worker", {"tp_rank": rank} if tp > 1 else {}, name, env)
+        infos = self.wait_ready(set(names))
+        first = infos[names[0]]
+        for name in names[1:]:
+            for key in ("num_pages", "max_req_rows", "vocab_size", "context_length"):
+                if infos[name].get(key) != first.get(key):
+                    raise LaunchError(f"tensor-parallel ranks disagree on {key}: {names[0]} "
+                                      f"{first.get(key)}, {name} {infos[name].get(key)}")
+        return first
 
     def wait_ready(self, roles: set[str]) -> dict[str, dict]:
         """Block until every role in `roles` sent Ready; raise LaunchError on Fatal, death or timeout."""
@@ -172,13 +199,21 @@ def check_args_against_model(args: ServerArgs, model_dir: Path) -> None:
     """Flags that only the model or the machine can refute, checked before any process starts.
 
     Raises:
-        ValueError: --device cuda without a CUDA device; --context-length above the model's limit.
+        ValueError: --device cuda without a CUDA device (or fewer than --tp-size); --context-length
+            above the model's limit; a --tp-size that does not divide the model.
     """
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is available (torch sees none)")
+        if torch.cuda.device_count() < args.tp_size:
+            raise ValueError(f"--tp-size {args.tp_size}: only {torch.cuda.device_count()} CUDA devices")
+    if args.tp_size > 1:
+        from radixrt.models.loader import read_model_config
+        from radixrt.parallel.layout import check_divisible
+
+        check_divisible(read_model_config(model_dir), args.tp_size)
     limit = orjson.loads((model_dir / "config.json").read_bytes()).get("max_position_embeddings")
     if args.context_length is not None and limit and args.context_length > int(limit):
         raise ValueError(f"--context-length {args.context_length} exceeds the model's "
@@ -203,8 +238,7 @@ def launch_server(args: ServerArgs) -> int:
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     code, crashed = 0, False
     try:
-        launcher.spawn("worker", {})
-        worker_info = launcher.wait_ready({"worker"})["worker"]
+        worker_info = launcher.start_workers()
         launcher.spawn("scheduler", {"worker_info": worker_info})
         launcher.spawn("tokenizer", {"worker_info": worker_info})
         launcher.wait_ready({"scheduler", "tokenizer"})

@@ -7,11 +7,17 @@ paged pool (the contract: radixrt/attention/base.py). Architecture differences a
 
 Weights are stored fused (q|k|v and gate|up) for two large matmuls instead of five;
 `load_weights` maps Hugging Face tensor names onto them.
+
+Built with a `TPGroup` (--tp-size N > 1), the model is one rank's slice: `config` is the rank's
+(heads, KV heads, intermediate size per rank: parallel/layout.py), o_proj and down_proj are
+row-parallel and the embedding and LM head vocab-parallel (parallel/layers.py). Without one
+(--tp-size 1) the layers are the plain ones and no collective runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,6 +27,9 @@ from radixrt.models import ops
 from radixrt.models.linear import Linear
 from radixrt.models.model_config import ModelConfig
 from radixrt.models.rope import build_cos_sin_cache
+
+if TYPE_CHECKING:
+    from radixrt.parallel.group import TPGroup
 
 
 class RMSNorm(nn.Module):
@@ -34,15 +43,24 @@ class RMSNorm(nn.Module):
         return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
+def _row_linear(in_features: int, out_features: int, bias: bool, tp: TPGroup | None) -> Linear:
+    """A plain Linear (tp None), else a row-parallel one that all-reduces its partial sums."""
+    if tp is None:
+        return Linear(in_features, out_features, bias=bias)
+    from radixrt.parallel.layers import RowParallelLinear
+
+    return RowParallelLinear(in_features, out_features, bias, tp)
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.scale = self.head_dim ** -0.5
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.o_proj = _row_linear(self.q_size, cfg.hidden_size, cfg.o_bias, tp)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -62,20 +80,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.down_proj = _row_linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, layer_id)
-        self.mlp = MLP(cfg)
+        self.self_attn = Attention(cfg, layer_id, tp)
+        self.mlp = MLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -89,10 +107,10 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Module, tp: TPGroup | None = None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.embed_tokens = embed_tokens
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -100,16 +118,34 @@ class LlamaForCausalLM(nn.Module):
     """The decoder plus LM head.
 
     Build on any device, then call `init_rope` once the parameters live on their final device
-    (the rotary table is not a parameter and is not saved).
+    (the rotary table is not a parameter and is not saved). With `tp`, this rank's slice (module
+    docstring); `config` is then the rank's config and `layout` says which slices it holds.
+
+    Raises:
+        ValueError: `tp.size` does not divide the heads, KV heads or intermediate size.
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None) -> None:
         super().__init__()
-        self.config = cfg
-        self.model = LlamaModel(cfg)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tp = tp
+        if tp is None:
+            self.config = cfg
+            self.model = LlamaModel(cfg, nn.Embedding(cfg.vocab_size, cfg.hidden_size))
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        else:
+            self._build_sharded(cfg, tp)
         self.tie_weights()
         self.cos_sin_cache: torch.Tensor | None = None
+
+    def _build_sharded(self, cfg: ModelConfig, tp: TPGroup) -> None:
+        from radixrt.parallel.layers import ParallelLMHead, VocabParallelEmbedding
+        from radixrt.parallel.layout import ShardLayout, local_config
+
+        self.layout = ShardLayout(cfg, tp.rank, tp.size)
+        self.config = local = local_config(cfg, tp.size)
+        vp, h = self.layout.vocab_per_rank, cfg.hidden_size
+        self.model = LlamaModel(local, VocabParallelEmbedding(vp, h, self.layout.vocab_start, tp), tp)
+        self.lm_head = ParallelLMHead(h, vp, cfg.vocab_size, tp)
 
     def tie_weights(self) -> None:
         """Share lm_head with embed_tokens when the config says so (again after `to_empty`)."""

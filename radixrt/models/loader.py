@@ -17,7 +17,9 @@ import importlib.util
 import shutil
 import sys
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +29,9 @@ from radixrt.models.quant.checkpoint import CheckpointStream, checkpoint_quantiz
 from radixrt.models.quant.fp8 import FP8_DTYPE, Fp8Linear, convert_to_fp8
 from radixrt.models.registry import find_spec, supported_architectures
 from radixrt.models.rope import SUPPORTED_ROPE_TYPES
+
+if TYPE_CHECKING:
+    from radixrt.parallel.group import TPGroup
 
 GGUF_MAGIC = b"GGUF"
 
@@ -240,7 +245,8 @@ def resolve_quantization(model_dir: Path, quantization: str | None) -> str | Non
 
 def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, load_format: str,
                seed: int = 0, max_positions: int | None = None,
-               quantization: str | None = None) -> tuple[torch.nn.Module, ModelConfig]:
+               quantization: str | None = None, tp: TPGroup | None = None
+               ) -> tuple[torch.nn.Module, ModelConfig]:
     """Build our model for `model_dir` on `device` in `dtype`, with real or random weights.
 
     load_format "auto": weights from every *.safetensors file (tied embeddings reuse embed_tokens);
@@ -249,28 +255,47 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
     quantization: "fp8" (or an FP8 checkpoint): decoder linears become Fp8Linear (quant/fp8.py),
     bf16 and dummy weights quantized per channel as they are loaded.
     The model gets `kv_cache_scales`: {layer: {"k": s, "v": s}} from the checkpoint (empty if none).
+    tp: this rank's slice of the model (parallel/layout.py): each rank reads only its slices of the
+    safetensors; dummy weights are drawn at full size in the same order as with no tp and sliced,
+    so the ranks' shards are slices of the --tp-size 1 weights. The returned config is the rank's.
 
     Raises:
-        ModelLoadError: bad directory, missing or mis-shaped tensors, an unsupported quantization.
+        ModelLoadError: bad directory, missing or mis-shaped tensors, an unsupported quantization,
+            a tp size that does not divide the model, FP8 with tp.
     """
     model_dir = Path(model_dir)
     cfg = read_model_config(model_dir)
     quant = resolve_quantization(model_dir, quantization)
     cls = find_spec([cfg.architecture]).model_class()
+    if tp is not None and quant is not None:
+        raise ModelLoadError(f"--quantization {quant} with --tp-size {tp.size} is not supported yet")
     with torch.device("meta"):
-        model = cls(cfg)
+        try:
+            model = cls(cfg) if tp is None else cls(cfg, tp)
+        except ValueError as e:  # a tp size that does not divide the model
+            raise ModelLoadError(str(e)) from None
     model = model.to(dtype)
     if quant == "fp8":
         convert_to_fp8(model)  # on meta, after .to(dtype), which would widen FP8 parameters
     model = model.to_empty(device=device).requires_grad_(False)
     model.tie_weights()  # to_empty materialises shared parameters separately
     model.kv_cache_scales = {}
-    if load_format == "dummy":
+    if load_format == "dummy" and tp is None:
         _init_dummy(model, seed, dtype)
-    else:
+    elif load_format == "dummy":
+        from radixrt.parallel.loading import init_dummy_sharded
+
+        with torch.device("meta"):
+            full = cls(cfg)  # the --tp-size 1 parameters: their names, shapes and drawing order
+        init_dummy_sharded(model, full, cfg, seed, dtype)
+    elif tp is None:
         model.kv_cache_scales = _load_safetensors(model, model_dir)
+    else:
+        from radixrt.parallel.loading import rank_slices
+
+        fill_from_safetensors(model, model_dir, lambda st: rank_slices(model, st))
     model.init_rope(max(max_positions or 0, cfg.max_position_embeddings), device)
-    return model.eval(), cfg
+    return model.eval(), model.config
 
 
 def _init_dummy(model: torch.nn.Module, seed: int, dtype: torch.dtype) -> None:
@@ -297,17 +322,29 @@ def _init_dummy(model: torch.nn.Module, seed: int, dtype: torch.dtype) -> None:
 
 def _load_safetensors(model: torch.nn.Module, model_dir: Path) -> dict[int, dict[str, float]]:
     """Fill `model` from every *.safetensors file; returns the checkpoint's KV-cache scales per layer."""
+    stream = CheckpointStream(model)
+    fill_from_safetensors(model, model_dir, lambda st: stream((k, st.get_tensor(k)) for k in st.keys()))
+    return stream.kv_scales
+
+
+def fill_from_safetensors(model: torch.nn.Module, model_dir: Path,
+                          read: Callable[[Any], Iterable[tuple[str, torch.Tensor]]]) -> None:
+    """Fill `model` through `model.load_weights(read(st))` for each open *.safetensors file `st`
+    (`read` picks the tensors: whole ones, or a tensor-parallel rank's slices).
+
+    Raises:
+        ModelLoadError: no weights, a corrupt file, tensors that do not fit the config, missing ones.
+    """
     from safetensors import safe_open
 
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors weights in {model_dir}")
     filled: set[str] = set()
-    stream = CheckpointStream(model)
     for f in files:
         try:
             with safe_open(str(f), framework="pt", device="cpu") as st:
-                filled |= model.load_weights(stream((k, st.get_tensor(k)) for k in st.keys()))
+                filled |= model.load_weights(read(st))
         except (KeyError, ValueError) as e:
             raise ModelLoadError(f"weights in {f} do not match config.json: {e}") from None
         except Exception as e:  # safetensors raises its own error type for a corrupt file
@@ -316,4 +353,3 @@ def _load_safetensors(model: torch.nn.Module, model_dir: Path) -> dict[int, dict
     if missing:
         raise ModelLoadError(f"weights missing from {model_dir}: {', '.join(sorted(missing)[:5])}"
                              f"{' ...' if len(missing) > 5 else ''}")
-    return stream.kv_scales

@@ -22,7 +22,7 @@ import zmq
 
 from radixrt.config import PROTOCOL_VERSION, Env, ServerArgs
 from radixrt.gc_policy import freeze_startup_heap
-from radixrt.ipc import IpcAddresses, Receiver, Sender
+from radixrt.ipc import FanoutSender, IpcAddresses, Receiver, Sender
 from radixrt.protocol import (
     SCHEDULER_TO_WORKER,  # noqa: F401 - documents the channel
     TOKENIZER_TO_SCHEDULER,
@@ -54,7 +54,7 @@ class WorkerLink:
     batch id); `finish` waits for the ForwardResult, calling `serve(wait_start_s)` every
     WAIT_POLL_MS meanwhile so the tokenizer channel is answered while a long pass runs."""
 
-    def __init__(self, tx: Sender, rx: Receiver, serve: Callable[[float], None]) -> None:
+    def __init__(self, tx: Sender | FanoutSender, rx: Receiver, serve: Callable[[float], None]) -> None:
         self.tx, self.rx, self.serve = tx, rx, serve
 
     def launch(self, batch: ForwardBatch) -> int:
@@ -105,7 +105,9 @@ class SchedulerLoop:
         self.rx_tok = Receiver(ctx, addrs.scheduler_in, TOKENIZER_TO_SCHEDULER)
         self.rx_worker = Receiver(ctx, addrs.scheduler_results, WORKER_TO_SCHEDULER)
         self.tx_tok = Sender(ctx, addrs.tokenizer_in)
-        self.tx_worker = Sender(ctx, addrs.worker_in)
+        # --tp-size N: every pass, mask and control message goes to each rank (rank 0 answers)
+        self.tx_worker = (Sender(ctx, addrs.worker_in) if args.tp_size == 1 else
+                          FanoutSender(ctx, [addrs.worker_in_for(r) for r in range(args.tp_size)]))
         self.launcher = Sender(ctx, addrs.launcher_in)
         self.health_waiters: dict[str, str] = {}  # probe rid -> control req_id
         self.last_log_s = time.monotonic()

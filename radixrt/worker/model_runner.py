@@ -45,6 +45,7 @@ from radixrt.worker.memory_profile import activation_reserve_bytes, num_pool_pag
 from radixrt.worker.penalties import PenaltyState
 
 if TYPE_CHECKING:
+    from radixrt.parallel.group import TPGroup
     from radixrt.worker.cuda_graph import CudaGraphRunner
 
 
@@ -68,13 +69,17 @@ class ModelRunner:
     Args:
         args: server arguments (device, dtype, page size, pool size, ...).
         model_dir: a checked HF model directory (see loader.resolve_model_dir).
+        tp: this worker's tensor-parallel rank (--tp-size > 1), else None. The runner then holds
+            the rank's slice of the model and a pool of its KV heads; every rank runs every pass
+            and samples the same tokens from the same all-gathered logits (docs/tensor_parallel.md).
 
     Raises:
         ModelLoadError: the model cannot be loaded. RuntimeError: no memory for a KV pool.
     """
 
-    def __init__(self, args: ServerArgs, model_dir: Path) -> None:
+    def __init__(self, args: ServerArgs, model_dir: Path, tp: TPGroup | None = None) -> None:
         self.args = args
+        self.tp = tp
         self.device = torch.device(args.resolved_device())
         self.dtype = resolve_dtype(args, self.device.type)
         self.kv_dtype = resolve_kv_dtype(args, self.dtype)
@@ -83,7 +88,7 @@ class ModelRunner:
         self.context_len = args.context_length or read_model_config(Path(model_dir)).max_position_embeddings
         self.model, self.config = load_model(Path(model_dir), self.dtype, self.device, args.load_format,
                                              seed=args.random_seed, max_positions=self.context_len,
-                                             quantization=args.quantization)
+                                             quantization=args.quantization, tp=tp)
         self.max_pages_per_req = math.ceil(self.context_len / self.page_size) + 1
         self.max_req_rows = args.max_running_requests
         self.req_to_page = torch.zeros((self.max_req_rows, self.max_pages_per_req), dtype=torch.int32,
@@ -97,6 +102,8 @@ class ModelRunner:
         self.penalties = PenaltyState(self.max_req_rows, self.config.vocab_size, self.device)
         c = self.config
         num_pages = num_pool_pages(args, c, self.device, self.kv_dtype, self._activation_reserve_bytes)
+        if tp is not None:  # one page table for all ranks: the pool the tightest rank can hold
+            num_pages = tp.min_int(num_pages)
         self.pool = PagedKVPool(num_pages, self.page_size, c.num_layers, c.num_kv_heads, c.head_dim,
                                 self.kv_dtype, self.device)
         if self.kv_dtype == torch.float8_e4m3fn:  # the checkpoint's per-layer scales, else 1.0
@@ -281,4 +288,5 @@ class ModelRunner:
             "attention_backend": self.backend_name,
             "cuda_graph": self.graphs is not None,
             "num_host_pages": 0 if self.copier is None else self.copier.host.num_pages,
+            "tp_size": 1 if self.tp is None else self.tp.size,
         }

@@ -4,6 +4,10 @@ Sockets (see radixrt/ipc.py): binds `worker_in` (scheduler -> worker), connects
 `scheduler_results` (worker -> scheduler) and `launcher_in` (handshake). Start-up failures are
 reported to the launcher as one `Fatal` line and exit code 1 (2 for a ModelLoadError);
 `WorkerControl("shutdown")` exits 0.
+
+With --tp-size N one such process runs per rank (docs/tensor_parallel.md): rank r binds its own
+`worker_in_for(r)`, joins the torch.distributed group, and runs every pass; all ranks sample the
+same tokens, and rank 0 alone sends the ForwardResults (the other ranks' are dropped).
 """
 
 from __future__ import annotations
@@ -19,19 +23,28 @@ import zmq
 from radixrt import protocol
 from radixrt.config import PROTOCOL_VERSION, ServerArgs
 from radixrt.gc_policy import freeze_startup_heap
-from radixrt.ipc import IpcAddresses, Receiver, Sender
+from radixrt.ipc import IpcAddresses, Receiver, Sender, worker_name
 from radixrt.models.loader import ModelLoadError
 
 log = logging.getLogger("radixrt.worker")
 
 
-def cpu_threads() -> int:
-    """Torch threads on CPU: the cores we may run on, minus one for the scheduler and tokenizer."""
+def cpu_threads(tp_size: int = 1) -> int:
+    """Torch threads on CPU: the cores we may run on, minus one for the scheduler and tokenizer,
+    shared by the tensor-parallel ranks (at least one each)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, (cores - 1) // tp_size)
+
+
+class _Dropped:
+    """The result channel of a tensor-parallel rank other than 0: its ForwardResults (the same
+    tokens as rank 0's) are not sent."""
+
+    def send(self, msg: object) -> None:
+        pass
 
 
 def _one_line(e: BaseException) -> str:
@@ -39,44 +52,52 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
-def run_worker(args: ServerArgs, addrs: IpcAddresses, model_dir: Path) -> None:
-    """Start the model runner, handshake with the launcher, then serve until shutdown.
+def run_worker(args: ServerArgs, addrs: IpcAddresses, model_dir: Path, tp_rank: int = 0) -> None:
+    """Start the model runner (tensor-parallel rank `tp_rank` of --tp-size), handshake with the
+    launcher, then serve until shutdown.
 
     Never returns normally: exits the process with 0 on shutdown, 1 on a start-up failure.
     """
     ctx = zmq.Context()
     to_launcher = Sender(ctx, addrs.launcher_in)
+    name = worker_name(tp_rank, args.tp_size)
     try:
-        runner, inbox, results = _start(args, addrs, ctx, Path(model_dir))
+        runner, inbox, results = _start(args, addrs, ctx, Path(model_dir), tp_rank)
     except Exception as e:  # report any start-up failure as one line, then exit non-zero
         log.exception("worker start-up failed")
         code = 2 if isinstance(e, ModelLoadError) else 1  # a bad model is the user's input error
-        to_launcher.send(protocol.Fatal(process="worker", message=_one_line(e), exit_code=code))
+        to_launcher.send(protocol.Fatal(process=name, message=_one_line(e), exit_code=code))
         to_launcher.sock.close(linger=1000)
         sys.exit(code)
     info = runner.info()
     freeze_startup_heap()
     log.info("worker ready: %s", info)
-    to_launcher.send(protocol.Ready(process="worker", protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
+    to_launcher.send(protocol.Ready(process=name, protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
                                     info=info))
     _serve(runner, inbox, results)
     ctx.destroy(linger=1000)
     sys.exit(0)
 
 
-def _start(args: ServerArgs, addrs: IpcAddresses, ctx: zmq.Context, model_dir: Path):
+def _start(args: ServerArgs, addrs: IpcAddresses, ctx: zmq.Context, model_dir: Path, tp_rank: int):
     from radixrt.worker.model_runner import ModelRunner
 
-    if args.resolved_device() == "cpu":
-        torch.set_num_threads(args.cpu_threads or cpu_threads())
+    device = args.resolved_device()
+    if device == "cpu":
+        torch.set_num_threads(args.cpu_threads or cpu_threads(args.tp_size))
     torch.manual_seed(args.random_seed)
-    inbox = Receiver(ctx, addrs.worker_in, protocol.SCHEDULER_TO_WORKER)
-    results = Sender(ctx, addrs.scheduler_results)
-    runner = ModelRunner(args, model_dir)
+    inbox = Receiver(ctx, addrs.worker_in_for(tp_rank), protocol.SCHEDULER_TO_WORKER)
+    results = Sender(ctx, addrs.scheduler_results) if tp_rank == 0 else _Dropped()
+    tp = None
+    if args.tp_size > 1:
+        from radixrt.parallel.group import init_tp_group
+
+        tp = init_tp_group(tp_rank, args.tp_size, addrs.tp_store(), device)
+    runner = ModelRunner(args, model_dir, tp)
     return runner, inbox, results
 
 
-def _serve(runner, inbox: Receiver, results: Sender) -> None:
+def _serve(runner, inbox: Receiver, results: Sender | _Dropped) -> None:
     """Loop until a shutdown control message. A failing batch is fatal: it is logged and re-raised.
 
     At most one pass is pending (launched, result not yet sent). While one is, the loop polls for
