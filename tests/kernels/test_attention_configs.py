@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
+from radixrt.kernels import attention_configs as ac
 from radixrt.kernels import (
     cascade_decode_attention,
     choose_num_kv_splits,
     decode_attention,
     extend_attention,
 )
-from radixrt.kernels import attention_configs as ac
 from radixrt.kernels.reference import cascade_decode_attention_ref, decode_attention_ref, extend_attention_ref
 
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3)}
@@ -96,9 +96,9 @@ def test_every_cascade_variant_matches_reference(paged_batch, close, monkeypatch
     b.page_table[1, : prefix // 16] = b.page_table[0, : prefix // 16]
     i32 = {"dtype": torch.int32}
     kv_start = torch.tensor([prefix, prefix, 0], **i32)
-    members, starts, plens = torch.arange(2, **i32), torch.tensor([0, 2], **i32), torch.tensor([prefix], **i32)
+    groups = (torch.arange(2, **i32), torch.tensor([0, 2], **i32), torch.tensor([prefix], **i32))
     q = b.q.contiguous()
-    args = (q, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens, kv_start, members, starts, plens, 16, None)
+    args = (q, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens, kv_start, *groups, 16, None)
     out = cascade_decode_attention(*args, splits, 2, 2)
     close(out, cascade_decode_attention_ref(*args), *TOL[torch.float32])
     assert batch == q.shape[0]
