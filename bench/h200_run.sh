@@ -57,8 +57,8 @@ for s in "$@"; do
     # bench_kernels with the sweep's winners applied (the file of this call's kernels-sweep, else
     # bench/results/attn-best.json when committed), for the same-run table against the peers
     kernels-best) best="$OUT/attn-best.json"; [ -f "$best" ] || best=bench/results/attn-best.json
-      stage kernels-best 170 python3 bench/kernels/bench_kernels.py --use-best "$best" \
-        --out "$OUT/kernels-best.json" ;;
+      use=(); [ -f "$best" ] && use=(--use-best "$best")
+      stage kernels-best 200 python3 bench/kernels/bench_kernels.py "${use[@]}" --out "$OUT/kernels-best.json" ;;
     gemv) stage gemv-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
         tests/worker/test_gpu_model.py
       stage gemv 150 python3 bench/kernels/bench_gemv.py --out "$OUT/gemv.json" ;;
