@@ -50,6 +50,16 @@ for s in "$@"; do
         --out "$OUT/fp8.json" ;;
     tests) stage gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
+    # issue 19 part 2: every attention config variant checked against torch SDPA, then timed beside
+    # SDPA cuDNN / flash; prints the best per shape, writes kernels-sweep.json and the winners as an
+    # override file attn-best.json (a later run: RADIXRT_ATTN_CONFIG=FILE, or kernels-best below)
+    kernels-sweep) stage kernels-sweep 240 python3 bench/kernels/sweep_kernels.py --budget-s 185 \
+        --out "$OUT/kernels-sweep.json" --best-out "$OUT/attn-best.json" ;;
+    # bench_kernels with the sweep's winners applied (the file of this call's kernels-sweep, else
+    # bench/results/attn-best.json when committed), for the same-run table against the peers
+    kernels-best) best="$OUT/attn-best.json"; [ -f "$best" ] || best=bench/results/attn-best.json
+      use=(); [ -f "$best" ] && use=(--use-best "$best")
+      stage kernels-best 200 python3 bench/kernels/bench_kernels.py "${use[@]}" --out "$OUT/kernels-best.json" ;;
     gemv) stage gemv-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
         tests/worker/test_gpu_model.py
       stage gemv 150 python3 bench/kernels/bench_gemv.py --out "$OUT/gemv.json" ;;

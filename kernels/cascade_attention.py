@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check, dot_precision, next_pow2
+from .attention_configs import attention_config
 from .decode_attention import (
     H200_NUM_SMS,
     LOG2E,
@@ -133,19 +134,16 @@ class CascadeTile:
 
 
 def default_tile(head_dim: int, device: torch.device) -> CascadeTile:
-    """Stage-A tile. On the GPU, for D <= 128: 128 rows x 64 tokens, 8 warps, 3 stages (q 32 KB +
-    3 x (K 16 KB + V 16 KB) of shared memory, so one program per SM), the best of 9 tiles x 4 split
-    counts on an H200 for 128 requests sharing a 2,048-token prefix once the page ids were loaded a
-    step ahead (2026-11-30, bench/lab/sweep_attention.py, profiler): 17.7 us against 20.3 us for
-    the previous 64 x 64 / 4 warps / 2 stages. In the engine (shared-prefix, median of 3) the two
-    tiles and 64 x 64 / 3 stages gave 9,810 / 9,822 / 9,756 tok/s: equal, as there the prefix K/V
-    come from HBM (`sweep_attention.py --cold-l2` times that case; not yet run). Larger heads halve
-    the key block. CPU (interpreter): small blocks exercise the loops."""
-    if device.type != "cuda":
-        return CascadeTile(16, 16, 4, 1)
-    if next_pow2(head_dim) <= 128:
-        return CascadeTile(128, 64, 8, 3)
-    return CascadeTile(64, 32, 4, 2)
+    """Stage-A tile from the config table (attention_configs, kind "cascade"). On the GPU, for
+    D <= 128: 128 rows x 64 tokens, 8 warps, 3 stages (q 32 KB + 3 x (K 16 KB + V 16 KB) of shared
+    memory, so one program per SM), the best of 9 tiles x 4 split counts on an H200 for 128 requests
+    sharing a 2,048-token prefix once the page ids were loaded a step ahead (2026-11-30,
+    bench/lab/sweep_attention.py, profiler): 17.7 us against 20.3 us for the previous 64 x 64 / 4
+    warps / 2 stages. In the engine (shared-prefix, median of 3) the two tiles and 64 x 64 / 3 stages
+    gave 9,810 / 9,822 / 9,756 tok/s: equal, as there the prefix K/V come from HBM. Larger heads
+    halve the key block. CPU (interpreter): small blocks exercise the loops."""
+    c = attention_config("cascade", head_dim, device.type == "cuda")
+    return CascadeTile(int(c["block_m"]), int(c["block_n"]), int(c["num_warps"]), int(c["num_stages"]))
 
 
 def choose_num_prefix_splits(num_groups: int, max_group_size: int, num_q_heads: int, num_kv_heads: int,

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
+from .attention_configs import attention_config
 from .paged_loop import paged_attn_loop
 
 LOG2E = 1.4426950408889634
@@ -154,39 +155,52 @@ def _merge_block_s(num_kv_splits: int, num_prefix_splits: int) -> int:
 
 
 def _pick_config(head_dim: int, group: int, device: torch.device, merge_prefix: bool = False) -> dict:
-    """Blocks and warps for stage 1. BLOCK_H pads the GQA group to >= 16 rows (tl.dot minimum).
-    merge_prefix: the fused cascade form (the program also merges the prefix partials)."""
+    """Blocks and warps for stage 1: BLOCK_N / num_warps / num_stages from the config table
+    (attention_configs, kind "decode", or "decode_fused" for the fused cascade form that also merges
+    the prefix partials). BLOCK_H pads the GQA group to >= 16 rows (tl.dot minimum)."""
     cfg = {"BLOCK_D": next_pow2(head_dim), "BLOCK_H": max(16, next_pow2(group))}
-    if device.type != "cuda":  # Triton interpreter (CPU tests): small key blocks exercise the loop
-        return {**cfg, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    if merge_prefix and cfg["BLOCK_D"] <= 128:
-        # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests
-        # (2,048 shared + 128-192 own tokens) in 19 us against 26 us with 128-key blocks (H200,
-        # 2026-11-30, profiler; 3 stages and other suffix configs in bench/lab/sweep_attention.py
-        # were no faster)
-        return {**cfg, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-    # long key blocks keep more bytes in flight. H200, 2026-11-30 (bench/lab/sweep_attention.py,
-    # decode part, graph replay): over 7 batch x context shapes x 8 configs of 2-6 stages this
-    # 2-stage config was the best or within 3% (x1.03 at 128 x 400, x1.02 at 1 x 8,192); 64 x 4,096
-    # ran in 145.4 us, 87% of the copy ceiling
-    return {**cfg, "BLOCK_N": 128 if cfg["BLOCK_D"] <= 128 else 64, "num_warps": 4, "num_stages": 2}
+    kind = "decode_fused" if merge_prefix else "decode"
+    return {**cfg, **attention_config(kind, head_dim, device.type == "cuda")}
+
+
+def _splits_by_waves(work: int, seq_len: int, cap: int, num_sms: int, occupancy: int,
+                     merge_tokens: int) -> int:
+    """The split count s in 1..cap that minimises (waves of programs) x (tokens per program) plus
+    `merge_tokens` for the merge stage when s > 1: a model of the tail of the last wave, where
+    occupancy programs fit on an SM at once."""
+    best, best_cost = 1, float("inf")
+    for s in range(1, cap + 1):
+        waves = triton.cdiv(work * s, max(1, num_sms * occupancy))
+        cost = waves * triton.cdiv(seq_len, s) + (merge_tokens if s > 1 else 0)
+        if cost < best_cost:
+            best, best_cost = s, cost
+    return best
 
 
 def choose_num_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
-                         num_sms: int = H200_NUM_SMS, max_splits: int = 64) -> int:
+                         num_sms: int = H200_NUM_SMS, max_splits: int = 64, head_dim: int = 128) -> int:
     """Number of KV splits for stage 1, from host ints only (no device sync).
 
-    Aim for about 4 programs per SM over (request, KV head, split), but give each split at least
-    128 tokens, so short sequences are not cut into slivers whose merge costs more than it saves.
-    (4 per SM and the cap of 64 were the best of 2-16 per SM and caps 64 / 128 on an H200, 2026-11-29,
-    over 6 batch x context shapes; that sweep's output was not kept. Rerun: bench/lab/sweep_attention.py
-    times the decode configs, the split count comes from this function.)
+    The rule is the config table's "decode_splits" entry (attention_configs) for head_dim. Policy
+    "per_sm" (default): aim for `programs_per_sm` (4) programs per SM over (request, KV head, split),
+    but give each split at least `min_split_tokens` (128), so short sequences are not cut into
+    slivers whose merge costs more than it saves. (4 per SM and the cap of 64 were the best of 2-16
+    per SM and caps 64 / 128 on an H200, 2026-11-29, over 6 batch x context shapes.) Policy "waves":
+    _splits_by_waves with the entry's occupancy and merge_tokens, under the same caps.
+    bench/kernels/sweep_kernels.py times both policies.
     The result depends only on the arguments, so a CUDA graph captured with max_seq_len set to the
     longest sequence it will replay stays valid (the kernel clips the split ranges on the device).
     """
-    want = triton.cdiv(4 * num_sms, max(1, batch_size * num_kv_heads))
-    by_len = triton.cdiv(max(1, max_seq_len), 128)
-    return int(max(1, min(want, by_len, max_splits)))
+    rule = attention_config("decode_splits", head_dim)
+    work = max(1, batch_size * num_kv_heads)
+    by_len = triton.cdiv(max(1, max_seq_len), max(1, int(rule["min_split_tokens"])))
+    cap = max(1, min(by_len, max_splits))
+    if rule["policy"] == "waves":
+        return _splits_by_waves(work, max(1, max_seq_len), cap, num_sms, int(rule["occupancy"]),
+                                int(rule["merge_tokens"]))
+    check(rule["policy"] == "per_sm", f"unknown decode_splits policy {rule['policy']!r}")
+    want = triton.cdiv(int(rule["programs_per_sm"]) * num_sms, work)
+    return int(max(1, min(want, cap)))
 
 
 def check_mid(mid_o: torch.Tensor | None, mid_lse: torch.Tensor | None, shape: tuple[int, int, int],

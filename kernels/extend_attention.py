@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
-from .paged_loop import online_softmax_step, paged_attn_loop
+from .attention_configs import attention_config
+from .paged_loop import online_softmax_step_scaled, paged_attn_loop
 
 LOG2E = 1.4426950408889634
 
@@ -28,14 +29,20 @@ LOG2E = 1.4426950408889634
 # new variants mid-serving, seconds each (warmup_extend in the attention backend compiles the rest).
 @triton.jit(do_not_specialize=["stride_pt_b"])
 def _extend_attn_kernel(
-    q, k_new, v_new, k_buf, v_buf, o,
+    q, k_new, v_new, k_desc, v_desc, k_buf, v_buf, o,
     page_table, prefix_lens, extend_lens, extend_start_loc,
     qk_scale, prefix_qk_scale, v_scale,
     stride_q_t, stride_q_h, stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h,
     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_o_t, stride_o_h, stride_pt_b,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PACK_GQA: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
+    # USE_TMA: the new tokens' K/V blocks come through the host tensor descriptors k_desc / v_desc
+    # (2-D views [T, Hkv * D], blocks [BLOCK_N, D] at column kvh * D: TMA copies on sm_90, fewer
+    # address registers); otherwise k_desc / v_desc are unused and the blocks are pointer loads.
+    # Scores in the new-token loops are the raw q.k products, scaled inside the softmax update
+    # (one FMA per score: online_softmax_step_scaled).
     # longest query blocks (most causal work) first, to shorten the tail of the launch
     mb = tl.num_programs(0) - 1 - tl.program_id(0)
     h = tl.program_id(1)
@@ -80,13 +87,19 @@ def _extend_attn_kernel(
 
     # 2) new tokens strictly before this query block: every key is visible to every query row
     for n0 in range(0, mb * BLOCK_M, BLOCK_N):
-        tok = tok0 + n0 + offs_n
-        kb = tl.load(k_new + tok[:, None] * stride_kn_t + kvh * stride_kn_h + offs_d[None, :],
-                     mask=mask_d[None, :], other=0.0)
-        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
-        p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
-        vb = tl.load(v_new + tok[:, None] * stride_vn_t + kvh * stride_vn_h + offs_d[None, :],
-                     mask=mask_d[None, :], other=0.0)
+        if USE_TMA:
+            kb = k_desc.load([(tok0 + n0).to(tl.int32), kvh * HEAD_DIM])
+        else:
+            tok = tok0 + n0 + offs_n
+            kb = tl.load(k_new + tok[:, None] * stride_kn_t + kvh * stride_kn_h + offs_d[None, :],
+                         mask=mask_d[None, :], other=0.0)
+        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION)
+        p, m_i, l_i, acc = online_softmax_step_scaled(s, qk_scale, m_i, l_i, acc)
+        if USE_TMA:
+            vb = v_desc.load([(tok0 + n0).to(tl.int32), kvh * HEAD_DIM])
+        else:
+            vb = tl.load(v_new + tok[:, None] * stride_vn_t + kvh * stride_vn_h + offs_d[None, :],
+                         mask=mask_d[None, :], other=0.0)
         acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
 
     # 3) the diagonal: new tokens inside this query block, causal mask key <= query
@@ -94,13 +107,19 @@ def _extend_attn_kernel(
         idx = n0 + offs_n
         mask_n = idx < ext_len
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        kb = tl.load(k_new + (tok0 + idx)[:, None] * stride_kn_t + kvh * stride_kn_h + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION) * qk_scale
+        if USE_TMA:  # rows past this request's end belong to the next one (or are zero past T)
+            kb = k_desc.load([(tok0 + n0).to(tl.int32), kvh * HEAD_DIM])
+        else:
+            kb = tl.load(k_new + (tok0 + idx)[:, None] * stride_kn_t + kvh * stride_kn_h + offs_d[None, :],
+                         mask=kv_mask, other=0.0)
+        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION)
         s = tl.where(mask_n[None, :] & (idx[None, :] <= offs_m[:, None]), s, float("-inf"))
-        p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
-        vb = tl.load(v_new + (tok0 + idx)[:, None] * stride_vn_t + kvh * stride_vn_h + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
+        p, m_i, l_i, acc = online_softmax_step_scaled(s, qk_scale, m_i, l_i, acc)
+        if USE_TMA:  # zero the other request's rows: p is 0 there, but 0 * inf would be NaN
+            vb = tl.where(mask_n[:, None], v_desc.load([(tok0 + n0).to(tl.int32), kvh * HEAD_DIM]), 0.0)
+        else:
+            vb = tl.load(v_new + (tok0 + idx)[:, None] * stride_vn_t + kvh * stride_vn_h + offs_d[None, :],
+                         mask=kv_mask, other=0.0)
         acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
 
     # normalise and write the valid rows
@@ -111,26 +130,38 @@ def _extend_attn_kernel(
 
 def _pick_config(head_dim: int, device: torch.device, max_extend_len: int = 1 << 30,
                  max_seq_len: int | None = None) -> dict:
-    """Blocks, warps and stages. BLOCK_M must be a multiple of BLOCK_N (the unmasked loop ends on a
-    block edge).
+    """Blocks, warps, stages and USE_TMA from the config table (attention_configs): kind
+    "extend_short" when max_extend_len and max_seq_len are both at most its short_max (head dim 128:
+    1,024; e.g. 16 x 512 new tokens: 64 x 64 blocks, 4 warps, 2 stages, 154 against 176 us on an
+    H200), else "extend" (head dim 128: 128 x 64 blocks, 8 warps, 3 stages, which won every shape
+    with a cached prefix or a long extend in bench/lab/sweep_attention.py, 2026-11-30: 8,192 new
+    tokens 1,085 against 1,201 us). max_seq_len None means unknown (taken as long). BLOCK_M must be
+    a multiple of BLOCK_N (the unmasked loop ends on a block edge; checked)."""
+    on_gpu = device.type == "cuda"
+    short = attention_config("extend_short", head_dim, on_gpu)
+    limit = int(short.get("short_max", 0))
+    is_short = limit > 0 and max_extend_len <= limit and max_seq_len is not None and max_seq_len <= limit
+    c = short if is_short else attention_config("extend", head_dim, on_gpu)
+    check(c["BLOCK_M"] % c["BLOCK_N"] == 0, f"extend config: BLOCK_M {c['BLOCK_M']} is not a multiple of "
+          f"BLOCK_N {c['BLOCK_N']}")
+    return {"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"], "BLOCK_D": next_pow2(head_dim),
+            "num_warps": c["num_warps"], "num_stages": c["num_stages"], "USE_TMA": bool(c.get("USE_TMA"))}
 
-    head_dim 128, picked on an H200 (2026-11-30, bench/lab/sweep_attention.py, 10 configs x 6 prefill shapes,
-    after the paged loop loaded its page ids a step ahead): 128 x 64 blocks, 8 warps, 3 stages won
-    every shape with a cached prefix or a long extend (128 requests x 128 new tokens over a shared
-    2,048-token prefix: 730 us against 827 us; 4,096 cached + 4,096 new: 930 against 1,095; 8,192
-    new: 1,085 against 1,201). Short prompts over short or no prefixes (max_seq_len <= 1,024, e.g.
-    16 x 512 new tokens: 154 against 176 us) keep 64 x 64 blocks with 4 warps and 2 stages.
-    max_seq_len None means unknown (taken as long)."""
-    block_d = next_pow2(head_dim)
-    if device.type != "cuda":  # Triton interpreter (CPU tests): small blocks exercise every loop
-        return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 1}
-    if block_d <= 64:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 3}
-    if block_d <= 128:
-        if max_extend_len <= 1024 and max_seq_len is not None and max_seq_len <= 1024:
-            return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 2}
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 3}
-    return {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 2}
+
+def _new_kv_descriptors(k_new: torch.Tensor, v_new: torch.Tensor, block_n: int, block_d: int):
+    """Host TMA descriptors of k_new / v_new as 2-D [T, Hkv * D] tensors with [block_n, D] blocks,
+    or None when the layout does not allow it (head stride != D, D not a power of two, or a row
+    stride / base address not 16-byte aligned, as TMA requires)."""
+    num_tokens, num_kv_heads, head_dim = k_new.shape
+    esize = k_new.element_size()
+    for t in (k_new, v_new):
+        if (t.stride(1) != head_dim or head_dim != block_d or (t.stride(0) * esize) % 16
+                or t.data_ptr() % 16):
+            return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return tuple(TensorDescriptor(t, shape=[num_tokens, num_kv_heads * head_dim], strides=[t.stride(0), 1],
+                                  block_shape=[block_n, block_d]) for t in (k_new, v_new))
 
 
 def extend_attention(
@@ -186,9 +217,10 @@ def extend_attention(
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
     cfg = _pick_config(head_dim, q.device, max_extend_len, max_seq_len)
+    descs = _new_kv_descriptors(k_new, v_new, cfg["BLOCK_N"], cfg["BLOCK_D"]) if cfg["USE_TMA"] else None
     grid = (triton.cdiv(max_extend_len, cfg["BLOCK_M"]), num_q_heads, batch_size)
     _extend_attn_kernel[grid](
-        q, k_new, v_new, k_buffer, v_buffer, out,
+        q, k_new, v_new, *(descs or (k_new, v_new)), k_buffer, v_buffer, out,
         page_table, prefix_lens, extend_lens, extend_start_loc,
         scale * LOG2E, scale * LOG2E * float(k_scale), float(v_scale),
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
@@ -197,6 +229,6 @@ def extend_attention(
         GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size, HEAD_DIM=head_dim,
         BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         DOT_PRECISION=dot_precision(q.dtype), PACK_GQA=1 < num_q_heads // num_kv_heads <= cfg["BLOCK_M"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        USE_TMA=descs is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out

@@ -43,6 +43,19 @@ def online_softmax_step(s, m_i, l_i, acc):
 
 
 @triton.jit
+def online_softmax_step_scaled(s, qk_scale, m_i, l_i, acc):
+    """online_softmax_step for raw scores `s` (q.k, masked = -inf) that still need the factor
+    qk_scale > 0 (softmax scale x log2(e)): the max is taken on the raw scores and scaled once per
+    row, and each score enters exp2 as one fused multiply-add s * qk_scale - m (as in the Triton
+    fused-attention tutorial), rather than a multiply and a subtract."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, m_new, l_new, acc * alpha[:, None]
+
+
+@triton.jit
 def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
                     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                     ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,

@@ -1,10 +1,13 @@
 """Kernel benchmark for one CUDA GPU (built for the H200): ceilings, decode, extend, correctness.
 
-    python3 bench/kernels/bench_kernels.py [--quick] [--out PATH]
+    python3 bench/kernels/bench_kernels.py [--quick] [--out PATH] [--use-best FILE]
+
+--use-best FILE applies an attention config override file (bench/kernels/sweep_kernels.py writes
+one; the same as RADIXRT_ATTN_CONFIG=FILE) before anything runs.
 
 Measured in the same run, so ratios stay meaningful when clocks or cards differ:
   (a) ceilings: device-to-device copy bandwidth (bytes read + written) and dense bf16 matmul
-      TFLOP/s (8192^3, random data);
+      TFLOP/s (8192^3, random data), each the best of several methods with warm clocks (ceilings.py);
   (b) decode attention at Qwen2.5-7B shapes (28 q / 4 kv heads, head dim 128, page 16, bf16):
       batch 64 x context 4096, reported as bytes/s over the bytes that must move (K and V of every
       token read once per KV head, plus q and o) and as % of the copy bandwidth; then a sweep over
@@ -18,6 +21,8 @@ Measured in the same run, so ratios stay meaningful when clocks or cards differ:
       (shared pages: the prefix may be served from L2) and on unshared pages (every token from HBM);
       eager times (launch overhead included, as asked) and CUDA-graph replay times; bandwidth over
       the unique bytes (each group's prefix K/V once + the private K/V, q, o);
+  (f) same-run peers: torch SDPA's cuDNN / flash / memory-efficient backends on contiguous K/V of
+      the decode headlines (64 x 4,096, 128 x 2,048) and 8,192 new tokens causal (sdpa_peers.py);
   (e) correctness of each headline shape against the fp32 torch reference on random inputs
       (relative error ||o - ref|| / ||ref||), outputs poisoned with NaN before the checked run.
 Timing: triton.testing.do_bench, median (it flushes L2 between runs). Random, never zero, inputs.
@@ -222,6 +227,49 @@ def print_cascade(rows: list[dict], bw: float) -> None:
               f"{r['decode']['ms_graph'] / r['best']['ms_graph']:.2f}x | | | |")
 
 
+def sdpa_peer_cases() -> list[dict]:
+    """torch SDPA backends on contiguous K/V at the headline shapes (decode 64 x 4,096 and
+    128 x 2,048; 8,192 new tokens causal), checked against the fp32 math reference."""
+    from sdpa_peers import peer_rows, reference
+
+    rows = []
+    for name, batch, lq, lk, causal in (("decode", 64, 1, 4096, False), ("decode", 128, 1, 2048, False),
+                                        ("extend", 1, 8192, 8192, True)):
+        q = torch.randn(batch, HQ, lq, D, device=DEV, dtype=BF16)
+        k = torch.randn(batch, HKV, lk, D, device=DEV, dtype=BF16)
+        v = torch.randn_like(k)
+        rows.append({"kind": name, "batch": batch, "lq": lq, "lk": lk,
+                     "backends": peer_rows(q, k, v, causal, reference(q, k, v, causal))})
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_peers(result: dict, bw: float, mm: float) -> None:
+    """Table rows of the SDPA peers beside radixrt's time on the same shape."""
+    ext = [r["ms"] for r in result["extend"] if r["prefix"] == 0 and r["new"] == 8192]
+    ours = {("decode", 64, 4096): result["decode"]["ms"],
+            ("decode", 128, 2048): result["decode_128x2048"]["ms"],
+            ("extend", 1, 8192): ext[0] if ext else None}
+    for r in result["sdpa_peers"]:
+        mine = ours.get((r["kind"], r["batch"], r["lk"]))
+        for backend, p in r["backends"].items():
+            shape = f"B={r['batch']} ctx={r['lk']}" if r["kind"] == "decode" else f"{r['lq']} new, causal"
+            if "us" not in p:
+                print(f"| SDPA {backend} ({r['kind']}) | {shape} | {p['error'][:60]} | | | |")
+                continue
+            if r["kind"] == "decode":
+                rate = (r["batch"] * r["lk"] * HKV * D * 4 + 2 * r["batch"] * HQ * D * 2) / (p["us"] * 1e-6)
+                ach, pct = f"{rate / 1e12:.2f} TB/s", 100 * rate / bw
+            else:
+                rate = 4 * HQ * D * (r["lq"] * (r["lq"] + 1) // 2) / (p["us"] * 1e-6)
+                ach, pct = f"{rate / 1e12:.0f} TFLOP/s", 100 * rate / mm
+            vs = f"; radixrt / this = {mine * 1e3 / p['us']:.3f}" if mine else ""
+            err = f"{p['rel_err']:.1e}" if p.get("rel_err") is not None else ""
+            print(f"| SDPA {backend} ({r['kind']}, GQA {p['gqa']}{'' if p['graph'] else ', eager'}{vs}) | "
+                  f"{shape} | {p['us']:.1f} us | {ach} | {pct:.0f} | {err} |")
+
+
 def small_kernels(check: bool) -> list[dict]:
     """Bandwidth of the elementwise kernels at prefill size (8192 tokens)."""
     t, hidden, inter = 8192, 3584, 18944
@@ -261,7 +309,9 @@ def run_all(quick: bool) -> dict:
     print(f"{result['device']}, {result['num_sms']} SMs, torch {torch.__version__}, triton "
           f"{triton.__version__}",
           flush=True)
-    result["ceilings"] = ceil = common.measure_ceilings(copy_gib=1 if quick else 4)
+    from ceilings import measure_best_ceilings
+
+    result["ceilings"] = ceil = measure_best_ceilings(copy_gib=1 if quick else 4)
     print(f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
           f"{ceil['matmul_flops_per_s'] / 1e12:.0f} "
           "TFLOP/s", flush=True)
@@ -276,9 +326,12 @@ def run_all(quick: bool) -> dict:
     new = 2048 if quick else 8192
     result["extend"] = [extend_case(pool, 0, new, check=True),
                         extend_case(pool, new // 2, new // 2, check=True)]
+    result["decode_128x2048"] = decode_case(pool, 128, 2048, check=True)
+    result["sdpa_peers"] = sdpa_peer_cases()
     result["small_kernels"] = small_kernels(check=True)
     result["cascade"] = [cascade_case(1, 128, 2048, quick), cascade_case(4, 32, 2048, quick)]
-    errs = [r["rel_err"] for r in [headline] + result["extend"] + result["small_kernels"] if "rel_err" in r]
+    errs = [r["rel_err"] for r in [headline, result["decode_128x2048"]] + result["extend"]
+            + result["small_kernels"] if "rel_err" in r]
     errs += [t["rel_err"] for r in result["cascade"] for t in r["tiles"] + [r["decode"]]]
     result["max_rel_err"] = max(errs)
     result["correct"] = all(e == e and e <= 1e-2 for e in errs)  # e == e rejects NaN
@@ -294,7 +347,7 @@ def print_table(result: dict) -> None:
           "| 100 | |")
     print(f"| bf16 matmul (ceiling) | 8192^3 | {ceil['matmul_ms']:.3f} ms | {mm / 1e12:.0f} TFLOP/s "
           "| 100 | |")
-    for r in [result["decode"]] + result["decode_sweep"]:
+    for r in [result["decode"], result["decode_128x2048"]] + result["decode_sweep"]:
         err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
         print(f"| decode (graph; eager {r['ms_eager'] * 1e3:.0f} us) | B={r['batch']} ctx={r['ctx']} "
               f"splits={r['splits']} | {r['ms'] * 1e3:.1f} us | "
@@ -307,6 +360,7 @@ def print_table(result: dict) -> None:
         err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
         print(f"| {r['kernel']} | 8192 tokens | {r['ms'] * 1e3:.1f} us | {r['bytes_per_s'] / 1e12:.2f} TB/s "
               f"| {100 * r['bytes_per_s'] / bw:.0f} | {err} |")
+    print_peers(result, bw, mm)
     print_cascade(result["cascade"], bw)
 
 
@@ -314,7 +368,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller ceilings, headline shapes, short sweep")
     parser.add_argument("--out", default=None, help="JSON path (default $OUT/kernels.json if OUT is set)")
+    parser.add_argument("--use-best", default=None, metavar="FILE",
+                        help="attention config overrides (sweep_kernels.py's JSON) to apply first")
     args = parser.parse_args()
+    if args.use_best:
+        applied = sys.modules["radixrt.kernels.attention_configs"].load_overrides(args.use_best)
+        print(f"attention config overrides from {args.use_best}: {applied}", flush=True)
     if not torch.cuda.is_available():
         sys.exit("bench_kernels needs a CUDA device")
     result = run_all(args.quick)

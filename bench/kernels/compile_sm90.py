@@ -33,7 +33,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler import compile as triton_compile  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-POINTERS_BF16 = {"q", "k_new", "v_new", "k_buf", "v_buf", "o"}
+POINTERS_BF16 = {"q", "k_new", "v_new", "k_desc", "v_desc", "k_buf", "v_buf", "o"}
 POINTERS_I32 = {"page_table", "prefix_lens", "extend_lens", "extend_start_loc", "seq_lens", "kv_start",
                 "group_members", "group_starts", "group_prefix_lens"}
 POINTERS_F32 = {"mid_o", "mid_lse"}
@@ -52,7 +52,10 @@ def compile_variant(module: str, kernel: str, const: dict, num_warps: int, num_s
         sig[n] = ("constexpr" if n in const else "*bf16" if n in POINTERS_BF16
                   else "*i32" if n in POINTERS_I32 else "*fp32" if n in POINTERS_F32
                   else "fp32" if n in FLOATS else "i32")
-        if n not in const and (sig[n].startswith("*") or (n.startswith("stride") and n not in NOT_DIVISIBLE)):
+        if n in ("k_desc", "v_desc") and const.get("USE_TMA"):  # host TMA descriptors of the new K/V
+            sig[n] = f"tensordesc<bf16[{const['BLOCK_N']}, {const['BLOCK_D']}]>"
+        divisible = sig[n].startswith("*") or (n.startswith("stride") and n not in NOT_DIVISIBLE)
+        if n not in const and divisible:
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
@@ -68,7 +71,7 @@ def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
     num > 0 the TTGIR must hold (one per loop that keeps K/V blocks in flight; 2-stage variants
     overlap nothing, so 0 is expected of them)."""
     ext = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64,
-               DOT_PRECISION="tf32")
+               DOT_PRECISION="tf32", USE_TMA=False)
     dec = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128,
                DOT_PRECISION="tf32")
     casc = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64,
@@ -80,6 +83,9 @@ def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
         # three loops: the paged prefix, new tokens before the block, the diagonal
         ("extend, GQA packing", "kernels.extend_attention", "_extend_attn_kernel", {**ext, "PACK_GQA": True},
          8, 3, 3),
+        # the new tokens' K/V through TMA (barrier waits, not async_wait): the paged loop's remain
+        ("extend, TMA new K/V", "kernels.extend_attention", "_extend_attn_kernel",
+         {**ext, "PACK_GQA": True, "USE_TMA": True}, 8, 3, 1),
         ("extend 64-row, GQA packing", "kernels.extend_attention", "_extend_attn_kernel",
          {**ext64, "PACK_GQA": True}, 4, 2, 0),
         ("extend, MHA", "kernels.extend_attention", "_extend_attn_kernel",

@@ -1,0 +1,153 @@
+"""Launch configs of the paged attention kernels: one small table, by kind and head-dim bucket.
+
+Kinds (the launcher that reads each):
+  decode        split stage of decode_attention (BLOCK_N keys per step, num_warps, num_stages)
+  decode_fused  the same stage in the fused cascade form (it also merges the prefix partials)
+  decode_splits the split-count rule of choose_num_kv_splits (see there): policy "per_sm"
+                (programs_per_sm, min_split_tokens) or "waves" (occupancy, merge_tokens)
+  extend        extend_attention with a cached prefix or a long extend (BLOCK_M, BLOCK_N, num_warps,
+                num_stages, USE_TMA: the new tokens' K/V read through TMA tensor descriptors)
+  extend_short  extend_attention when every prompt and prefix is short (short_max tokens or fewer)
+  cascade       stage A of cascade_decode_attention (block_m, block_n, num_warps, num_stages)
+Head-dim buckets: "d64" (next_pow2(D) <= 64), "d128" (<= 128), "d256" (larger). The GPU values were
+measured on an H200 (sm_90): the comments at the old constants live on at each entry below, and
+bench/kernels/sweep_kernels.py re-measures them. On the CPU (Triton interpreter) every kind takes small
+blocks (`CPU`) so that the tests exercise every loop.
+
+Overrides: a JSON file of the same shape ({kind: {bucket: {key: value}}}, partial entries allowed,
+e.g. the "best" object that sweep_kernels.py writes) named by the environment variable
+RADIXRT_ATTN_CONFIG is applied at import; set_overrides / overriding apply one in-process (the sweep).
+Overrides apply to GPU lookups only. A malformed file raises ValueError at import (a typo must not
+silently fall back to the defaults).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from ._checks import check, next_pow2
+
+ENV_VAR = "RADIXRT_ATTN_CONFIG"
+KINDS = ("decode", "decode_fused", "decode_splits", "extend", "extend_short", "cascade")
+BUCKETS = ("d64", "d128", "d256")
+
+_SPLITS = {"policy": "per_sm", "programs_per_sm": 4, "min_split_tokens": 128, "occupancy": 2,
+           "merge_tokens": 256}
+DEFAULTS: dict[str, dict[str, dict]] = {
+    # H200, 2026-11-30 (bench/lab/sweep_attention.py, decode part, graph replay): over 7 batch x
+    # context shapes x 8 configs of 2-6 stages, 128-key blocks with 2 stages were the best or within
+    # 3%; 64 x 4,096 ran in 145.4 us, 87% of the copy ceiling
+    "decode": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
+               "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
+               "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}},
+    # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests (2,048
+    # shared + 128-192 own tokens) in 19 us against 26 us with 128-key blocks (H200, 2026-11-30)
+    "decode_fused": {"d64": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                     "d128": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                     "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}},
+    # 4 programs per SM and >= 128 tokens per split: the best of 2-16 per SM on an H200, 2026-11-29
+    "decode_splits": {b: dict(_SPLITS) for b in BUCKETS},
+    # head dim 128 (H200, 2026-11-30, 10 configs x 6 prefill shapes): 128 x 64 / 8 warps / 3 stages
+    # won every shape with a cached prefix or a long extend (8,192 new: 1,085 against 1,201 us)
+    "extend": {"d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": False},
+               "d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False},
+               "d256": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "USE_TMA": False}},
+    # short prompts over short or no prefixes (16 x 512 new tokens: 154 against 176 us); only d128
+    # has a short form (short_max 0 disables it)
+    "extend_short": {"d64": {"short_max": 0}, "d256": {"short_max": 0},
+                     "d128": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "USE_TMA": False,
+                              "short_max": 1024}},
+    # 128 rows x 64 tokens, 8 warps, 3 stages: the best of 9 tiles x 4 split counts (H200,
+    # 2026-11-30, 128 requests sharing 2,048 tokens: 17.7 against 20.3 us); larger heads halve it
+    "cascade": {"d64": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3},
+                "d128": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3},
+                "d256": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2}},
+}
+# Triton interpreter (CPU tests): small blocks exercise every loop; splits follow the GPU rule
+CPU: dict[str, dict] = {
+    "decode": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+    "decode_fused": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+    "decode_splits": dict(_SPLITS),
+    "extend": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": False},
+    "extend_short": {"short_max": 0},
+    "cascade": {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1},
+}
+
+_overrides: dict[str, dict[str, dict]] = {}
+
+
+def bucket(head_dim: int) -> str:
+    """The head-dim bucket of the table: "d64", "d128" or "d256" (any larger power of two)."""
+    block_d = next_pow2(head_dim)
+    return "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256"
+
+
+def attention_config(kind: str, head_dim: int, on_gpu: bool = True) -> dict:
+    """A copy of the config of `kind` for `head_dim`: the default entry with any override merged in
+    (GPU), or the interpreter's small blocks (on_gpu False). Raises ValueError for an unknown kind."""
+    check(kind in KINDS, f"unknown attention config kind {kind!r} (one of {KINDS})")
+    if not on_gpu:
+        return dict(CPU[kind])
+    b = bucket(head_dim)
+    return {**DEFAULTS[kind][b], **_overrides.get(kind, {}).get(b, {})}
+
+
+def _validate(table: object) -> dict[str, dict[str, dict]]:
+    check(isinstance(table, dict), "attention config overrides must be a JSON object")
+    out: dict[str, dict[str, dict]] = {}
+    for kind, by_bucket in table.items():  # type: ignore[union-attr]
+        if kind.startswith("_"):  # comments / provenance ("_source": ...)
+            continue
+        check(kind in KINDS, f"unknown attention config kind {kind!r} (one of {KINDS})")
+        check(isinstance(by_bucket, dict), f"overrides[{kind!r}] must map head-dim buckets to configs")
+        for b, cfg in by_bucket.items():
+            check(b in BUCKETS, f"unknown head-dim bucket {b!r} (one of {BUCKETS})")
+            check(isinstance(cfg, dict), f"overrides[{kind!r}][{b!r}] must be an object")
+            unknown = set(cfg) - set(DEFAULTS[kind][b]) - set(_SPLITS)
+            check(not unknown, f"unknown keys {sorted(unknown)} in overrides[{kind!r}][{b!r}]")
+        out[kind] = copy.deepcopy(by_bucket)
+    return out
+
+
+def set_overrides(table: dict | None) -> None:
+    """Replace the overrides ({kind: {bucket: partial config}}; None or {} clears them)."""
+    global _overrides
+    _overrides = _validate(table or {})
+
+
+def get_overrides() -> dict[str, dict[str, dict]]:
+    """A copy of the overrides in force."""
+    return copy.deepcopy(_overrides)
+
+
+def load_overrides(path: str | Path) -> dict:
+    """Read an overrides file (a sweep's JSON output: its "best" object if it has one) and apply it.
+    Returns the applied table."""
+    data = json.loads(Path(path).read_text())
+    table = data.get("best", data) if isinstance(data, dict) else data
+    set_overrides(table)
+    return get_overrides()
+
+
+@contextlib.contextmanager
+def overriding(table: dict) -> Iterator[None]:
+    """Apply `table` on top of the overrides in force for the duration of the block (the sweep)."""
+    saved = get_overrides()
+    merged = get_overrides()
+    for kind, by_bucket in _validate(table).items():
+        for b, cfg in by_bucket.items():
+            merged.setdefault(kind, {}).setdefault(b, {}).update(cfg)
+    set_overrides(merged)
+    try:
+        yield
+    finally:
+        set_overrides(saved)
+
+
+if os.environ.get(ENV_VAR):
+    load_overrides(os.environ[ENV_VAR])

@@ -1,0 +1,156 @@
+"""The attention config table (kernels/attention_configs.py): every variant the GPU sweep
+(bench/kernels/sweep_kernels.py) can pick gives the reference's answer (run here on the interpreter
+at small shapes, fp32 / fp16, by swapping the interpreter's entries), the split-count policies, and
+override files (what `--use-best` / RADIXRT_ATTN_CONFIG apply)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from radixrt.kernels import attention_configs as ac
+from radixrt.kernels import (
+    cascade_decode_attention,
+    choose_num_kv_splits,
+    decode_attention,
+    extend_attention,
+)
+from radixrt.kernels.reference import cascade_decode_attention_ref, decode_attention_ref, extend_attention_ref
+
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3)}
+GPU = torch.device("cuda")  # only the device type is read
+EXT = sys.modules["radixrt.kernels.extend_attention"]
+
+
+@pytest.fixture(autouse=True)
+def _no_overrides():
+    saved = ac.get_overrides()
+    ac.set_overrides(None)
+    yield
+    ac.set_overrides(saved)
+
+
+@pytest.mark.parametrize("block_m, block_n, use_tma, dtype", [
+    (16, 16, True, torch.float32), (32, 16, False, torch.float16), (32, 16, True, torch.float16),
+    (32, 32, True, torch.float32), (64, 32, False, torch.float32)])
+def test_every_extend_variant_matches_reference(paged_batch, close, monkeypatch, block_m, block_n, use_tma,
+                                                dtype):
+    """Tiles and the TMA path: prefixes inside a page, a decoding row (GQA packing), requests whose
+    diagonal block runs into the next request's tokens and past the end of k_new."""
+    monkeypatch.setitem(ac.CPU, "extend", {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4,
+                                           "num_stages": 1, "USE_TMA": use_tma})
+    b = paged_batch([5, 0, 19], [37, 1, 23], 16, 8, 2, 64, dtype, seed=block_m + block_n)
+    out = torch.full_like(b.q, float("nan"), memory_format=torch.contiguous_format)
+    extend_attention(b.q, b.k, b.v, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens, b.extend_lens,
+                     b.extend_start_loc, 16, None, b.max_extend_len, out=out)
+    ref = extend_attention_ref(b.q, b.k, b.v, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens,
+                               b.extend_lens, b.extend_start_loc, 16, None)
+    close(out, ref, *TOL[dtype])
+
+
+def test_extend_tma_descriptors_only_for_a_layout_tma_can_read(paged_batch):
+    b = paged_batch([0], [8], 16, 4, 2, 64, torch.float32)
+    assert EXT._new_kv_descriptors(b.k, b.v, 16, 64) is not None  # views of one QKV row
+    wide = torch.zeros(8, 2, 128)[:, :, :64]  # head stride 128 != D
+    assert EXT._new_kv_descriptors(wide, wide, 16, 64) is None
+    odd = torch.zeros(8, 2, 80)
+    assert EXT._new_kv_descriptors(odd, odd, 16, 128) is None  # D not the block width
+
+
+def test_extend_falls_back_to_pointer_loads_when_tma_cannot_read(paged_batch, close, monkeypatch):
+    monkeypatch.setitem(ac.CPU, "extend", {**ac.CPU["extend"], "USE_TMA": True})
+    b = paged_batch([3], [20], 16, 4, 2, 64, torch.float32)
+    wide_k = torch.zeros(20, 2, 128)
+    wide_k[:, :, :64] = b.k
+    k = wide_k[:, :, :64]  # same values, head stride 128: no descriptor
+    out = extend_attention(b.q, k, b.v, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens, b.extend_lens,
+                           b.extend_start_loc, 16, None, b.max_extend_len)
+    ref = extend_attention_ref(b.q, b.k, b.v, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens,
+                               b.extend_lens, b.extend_start_loc, 16, None)
+    close(out, ref, *TOL[torch.float32])
+
+
+@pytest.mark.parametrize("block_n, splits, dtype", [(32, 1, torch.float32), (32, 3, torch.float16),
+                                                    (64, 2, torch.float32)])
+def test_every_decode_variant_matches_reference(paged_batch, close, monkeypatch, block_n, splits, dtype):
+    monkeypatch.setitem(ac.CPU, "decode", {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 1})
+    b = paged_batch([90, 7, 130], [1, 1, 1], 16, 8, 2, 64, dtype, seed=block_n)
+    q = b.q.contiguous()
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens, 16, None, splits, out=out)
+    ref = decode_attention_ref(q, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens, 16, None)
+    close(out, ref, *TOL[dtype])
+
+
+@pytest.mark.parametrize("tile, fused_n, splits", [((32, 32, 4, 1), 32, 1), ((64, 16, 4, 1), 16, 2)])
+def test_every_cascade_variant_matches_reference(paged_batch, close, monkeypatch, tile, fused_n, splits):
+    """Stage-A tiles from the table, and the fused suffix stage's key block."""
+    bm, bn, w, s = tile
+    monkeypatch.setitem(ac.CPU, "cascade", {"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": s})
+    monkeypatch.setitem(ac.CPU, "decode_fused", {"BLOCK_N": fused_n, "num_warps": 4, "num_stages": 1})
+    prefix, batch = 48, 3
+    b = paged_batch([prefix + 5, prefix + 20, 9], [1, 1, 1], 16, 8, 2, 64, torch.float32, seed=bm)
+    b.page_table[1, : prefix // 16] = b.page_table[0, : prefix // 16]
+    i32 = {"dtype": torch.int32}
+    kv_start = torch.tensor([prefix, prefix, 0], **i32)
+    groups = (torch.arange(2, **i32), torch.tensor([0, 2], **i32), torch.tensor([prefix], **i32))
+    q = b.q.contiguous()
+    args = (q, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens, kv_start, *groups, 16, None)
+    out = cascade_decode_attention(*args, splits, 2, 2)
+    close(out, cascade_decode_attention_ref(*args), *TOL[torch.float32])
+    assert batch == q.shape[0]
+
+
+def test_split_policies():
+    # the default rule: 4 programs per SM, >= 128 tokens per split, capped by max_splits
+    assert choose_num_kv_splits(64, 4, 4096, 132) == 3
+    assert choose_num_kv_splits(1, 4, 300, 132) == 3
+    assert choose_num_kv_splits(1, 4, 1 << 20, 132, max_splits=16) == 16
+    ac.set_overrides({"decode_splits": {"d128": {"programs_per_sm": 1}}})
+    assert choose_num_kv_splits(64, 4, 4096, 132) == 1
+    # waves: 256 (request, KV head) pairs on 132 SMs x 2 fill one wave with no split
+    ac.set_overrides({"decode_splits": {"d128": {"policy": "waves", "occupancy": 2, "merge_tokens": 256}}})
+    assert choose_num_kv_splits(64, 4, 4096, 132) == 1
+    # batch 1: 4 pairs, the split count grows until the merge outweighs it, within the caps
+    s = choose_num_kv_splits(1, 4, 8192, 132)
+    assert 16 <= s <= 64 and choose_num_kv_splits(1, 4, 8192, 132, max_splits=8) == 8
+    assert choose_num_kv_splits(1, 4, 200, 132) == 1  # halving 200 tokens saves less than a merge costs
+    ac.set_overrides({"decode_splits": {"d128": {"policy": "waves", "merge_tokens": 0}}})
+    assert choose_num_kv_splits(1, 4, 200, 132) == 2  # free merges: capped at >= 128 tokens per split
+    ac.set_overrides({"decode_splits": {"d128": {"policy": "bogus"}}})
+    with pytest.raises(ValueError, match="policy"):
+        choose_num_kv_splits(1, 4, 200, 132)
+
+
+def test_overrides_merge_into_gpu_configs_only(tmp_path):
+    best = {"extend": {"d128": {"BLOCK_N": 128, "num_stages": 4, "USE_TMA": True}},
+            "decode": {"d128": {"num_warps": 8}}, "_source": "sweep"}
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps({"shapes": [], "best": best}))
+    ac.load_overrides(path)
+    assert EXT._pick_config(128, GPU, 8192, 8192) == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_D": 128,
+                                                       "num_warps": 8, "num_stages": 4, "USE_TMA": True}
+    assert EXT._pick_config(128, GPU, 512, 512)["BLOCK_M"] == 64  # the short form is its own entry
+    assert EXT._pick_config(64, GPU)["BLOCK_N"] == 64  # other head-dim buckets keep their defaults
+    assert ac.attention_config("decode", 128)["num_warps"] == 8
+    assert ac.attention_config("decode", 128, on_gpu=False) == ac.CPU["decode"]
+    with ac.overriding({"decode": {"d128": {"BLOCK_N": 64}}}):
+        assert ac.attention_config("decode", 128) == {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+    assert ac.attention_config("decode", 128)["BLOCK_N"] == 128
+
+
+@pytest.mark.parametrize("table, match", [
+    ({"decod": {}}, "unknown attention config kind"), ({"decode": {"d96": {}}}, "bucket"),
+    ({"decode": {"d128": {"BLOCK_Q": 1}}}, "unknown keys"), ([1], "JSON object")])
+def test_bad_overrides_raise(table, match):
+    with pytest.raises(ValueError, match=match):
+        ac.set_overrides(table)
+
+
+def test_extend_config_rejects_a_tile_the_loops_cannot_run():
+    ac.set_overrides({"extend": {"d128": {"BLOCK_M": 64, "BLOCK_N": 128}}})
+    with pytest.raises(ValueError, match="multiple"):
+        EXT._pick_config(128, GPU, 8192, 8192)
