@@ -17,7 +17,7 @@ waits for /health), warms it up, runs its phases, saves JSON after each phase an
 
 Phases:
   long_short  64 decoding streams, 32,000-token prompts arriving every 4 s, Poisson short requests
-              (bench/long_short.py): short TTFT p50/p90/p99 (goal p99 < 300 ms), stream ITL, long TTFT.
+              (bench/long_short.py): short TTFT p50/p90/p99 (goal p99 < 200 ms), stream ITL, long TTFT.
   overlap     128 concurrent requests 128 in / 256 out (tok/s, ITL, TPOT, scheduler timings and the
               GPU idle fraction from /get_server_info deltas), then batch 1, 128 in / 128 out
               (median TPOT; goal <= 4.1 ms).

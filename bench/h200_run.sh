@@ -79,6 +79,9 @@ for s in "$@"; do
     peers-random) stage peers-random 260 $PEERS $RANDOM_WL --baselines hf_generate --repeat 3 \
         --output-json "$OUT/peers-random.json" ;;
     serving) stage serving 560 python3 bench/gpu_serving.py --out-dir "$OUT/serving" --budget-s 530 ;;
+    # issue 19 part 3: HTTP vs Engine tok/s (random, shared-prefix, multi-turn), TTFT c1 / c16, short
+    # p99 TTFT beside 32K prefills, default config; one table of goal ratios (~300 s)
+    serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;
     serving-tp) stage serving-tp 420 python3 bench/gpu_serving.py --configs A,D --phases overlap,throughput \

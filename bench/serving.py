@@ -99,6 +99,12 @@ class BenchConfig:
     disable_tqdm: bool = False
     extra_body: dict = field(default_factory=dict)  # merged into every request body
     request_token_ids: bool = True  # send `return_token_ids` (multi-turn answers, exact token counts)
+    # request_rate inf with max_concurrency c: the first c sessions start evenly over ramp_up_s
+    # instead of at once. With fixed lengths a closed loop that starts at once stays in lockstep
+    # (every request of a wave finishes in the same pass and the next c arrive together), so its
+    # TTFT is that of c simultaneous prefills; a ramp of about one request's e2e measures the
+    # steady state, where each arrival meets c - 1 decoding requests.
+    ramp_up_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.request_rate <= 0:
@@ -111,6 +117,8 @@ class BenchConfig:
             raise ValueError("sweep_num_prompts needs one count per concurrency sweep level")
         if any(n < 1 for n in self.sweep_num_prompts):
             raise ValueError("sweep_num_prompts must be >= 1")
+        if self.ramp_up_s < 0:
+            raise ValueError("ramp_up_s must be >= 0")
 
 
 # ----------------------------------------------------------------------------- one request
@@ -187,19 +195,25 @@ async def _run_session(state: _RunState, session: Session, seed: int) -> None:
             state.synthetic_answers += 1
 
 
-def _arrival_offsets_s(n: int, rate: float, seed: int) -> list[float]:
-    """Start offsets (s) of n sessions: a Poisson process of `rate` per second, or all 0 for inf."""
+def _arrival_offsets_s(n: int, rate: float, seed: int, ramp: tuple[int, float] = (0, 0.0)) -> list[float]:
+    """Start offsets (s) of n sessions: a Poisson process of `rate` per second, or all 0 for inf
+    (ramp (c, s): the first c evenly over s seconds, the rest at 0: they wait for a free slot)."""
     if np.isinf(rate):
-        return [0.0] * n
+        c, ramp_s = ramp
+        return [i * ramp_s / c if i < c else 0.0 for i in range(n)] if c and ramp_s > 0 else [0.0] * n
     gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
     return np.concatenate([[0.0], np.cumsum(gaps)[:-1]]).tolist()
 
 
-async def _run_sessions(state: _RunState, sessions: list[Session], rate: float, seed: int) -> float:
+async def _run_sessions(state: _RunState, sessions: list[Session], rate: float, seed: int,
+                        ramp: tuple[int, float] = (0, 0.0)) -> float:
     """Start every session on its arrival time; returns the duration (s) until the last one ended."""
     t0 = time.perf_counter()
     tasks = []
-    for session, offset in zip(sessions, _arrival_offsets_s(len(sessions), rate, seed), strict=True):
+    offsets = _arrival_offsets_s(len(sessions), rate, seed, ramp)
+    if ramp[1] > 0 and np.isinf(rate):  # sessions after the first c queue behind them in order
+        offsets = [o if i < ramp[0] else ramp[1] for i, o in enumerate(offsets)]
+    for session, offset in zip(sessions, offsets, strict=True):
         delay = t0 + offset - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -254,9 +268,12 @@ async def run_once(cfg: BenchConfig, workload: Workload, max_concurrency: int | 
             if cfg.flush_cache:
                 await _flush_cache(client)
             await _warmup(state)
-            duration_s = await _run_sessions(state, workload.sessions, cfg.request_rate, workload.spec.seed)
+            ramp = (max_concurrency or 0, cfg.ramp_up_s)
+            duration_s = await _run_sessions(state, workload.sessions, cfg.request_rate, workload.spec.seed,
+                                             ramp)
     metrics = summarize(state.outcomes, duration_s)
     metrics["max_concurrency"] = max_concurrency
+    metrics["ramp_up_s"] = cfg.ramp_up_s
     metrics["request_rate"] = cfg.request_rate if np.isfinite(cfg.request_rate) else "inf"
     if workload.is_multi_turn:
         metrics["answer_ids_source"] = "synthetic" if state.synthetic_answers else "server"
@@ -341,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency-sweep", default="", help='e.g. "1,4,16,64": one run per level')
     p.add_argument("--sweep-num-prompts", default="",
                    help='e.g. "8,64,128,512": --num-prompts of each sweep level (random, long-short)')
+    p.add_argument("--ramp-up-s", type=float, default=0.0,
+                   help="with --max-concurrency c and an infinite rate: start the first c sessions "
+                        "evenly over this many seconds (about one request's e2e: steady-state TTFT)")
     p.add_argument("--warmup-requests", type=int, default=1)
     p.add_argument("--timeout-s", type=float, default=600.0, help="per request")
     p.add_argument("--api-key", default=None)
@@ -366,7 +386,7 @@ def config_from_args(ns: argparse.Namespace) -> BenchConfig:
                        api_key=ns.api_key, flush_cache=ns.flush_cache, output_json=ns.output_json,
                        plot_dir=ns.plot_dir, disable_tqdm=ns.disable_tqdm,
                        extra_body=json.loads(ns.extra_body),
-                       request_token_ids=not ns.no_request_token_ids)
+                       request_token_ids=not ns.no_request_token_ids, ramp_up_s=ns.ramp_up_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,7 +66,9 @@ class ServerArgs:
     context_length: int | None = _flag("Max prompt + output tokens per request. Default: the model's.")
     chunked_prefill_size: int | None = _flag(
         "Max new prompt tokens per forward pass (-1: no chunking). Default: 8192 on cuda, 512 on cpu "
-        "(a CPU pass of 512 tokens takes about a second after a short prefix, longer after a long one).")
+        "(a CPU pass of 512 tokens takes about a second after a short prefix, longer after a long one), "
+        "adaptive: while requests decode or wait, long prompts share a quarter of it per pass (at least "
+        "512 tokens). Giving the flag fixes the chunk.")
     max_prefill_tokens: int = _flag("Max new prompt tokens admitted per step.", default=8192)
     max_queued_requests: int = _flag("Waiting requests beyond which new ones get 429.", default=4096)
     schedule_policy: str = _flag("lpm (longest prefix match first) or fcfs.", default="lpm",
@@ -164,10 +166,15 @@ class ServerArgs:
         return "triton" if self.resolved_device() == "cuda" else "sdpa"
 
     def resolved_chunked_prefill_size(self) -> int:
-        """Tokens per prefill chunk; -1 means no chunking."""
+        """Tokens per prefill chunk; -1 means no chunking. Without the flag the chunk is also
+        adaptive (`adaptive_chunked_prefill`, radixrt/scheduler/chunking.py)."""
         if self.chunked_prefill_size is not None:
             return self.chunked_prefill_size
         return 8192 if self.resolved_device() == "cuda" else 512
+
+    def adaptive_chunked_prefill(self) -> bool:
+        """True when no --chunked-prefill-size was given: long prompt chunks shrink beside other work."""
+        return self.chunked_prefill_size is None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

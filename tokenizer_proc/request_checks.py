@@ -30,6 +30,23 @@ def parse_body(model: type[M], obj: Any) -> M:
         raise from_validation_error(e) from None
 
 
+def parse_body_checked_prompt(model: type[M], obj: dict[str, Any], key: str) -> M:
+    """parse_body for a body whose prompt `obj[key]` already passed check_prompt_shape.
+
+    Validating a token-id list costs pydantic ~0.5 us per id (a 2,000-token prompt: ~1 ms on the
+    event loop, per request): the model validates a one-id stand-in of the same shape instead and
+    gets the checked value assigned (check_prompt_shape accepts exactly the ints >= 0 and the shapes
+    that the strict model does). Text prompts are validated as they are. Raises APIError as parse_body.
+    """
+    value = obj.get(key)
+    if isinstance(value, list) and value and isinstance(value[0], int | list):
+        stand_in = [value[0]] if isinstance(value[0], int) else [[x[0]] for x in value]
+        body = parse_body(model, {**obj, key: stand_in})
+        setattr(body, key, value)
+        return body
+    return parse_body(model, obj)
+
+
 def check_model(ctx: ServingContext, name: str) -> None:
     """Raises APIError 404 `model_not_found` unless `name` is the served model id."""
     if name != ctx.served_model:
@@ -122,13 +139,23 @@ def _check_id_lists(value: list[Any], param: str) -> None:
                               f"mix token ids and token-id lists), got {_kind(x)}", param=param)
         if not x:
             raise bad_request(f"{param}[{i}]: empty token-id list", param=param)
+        if _all_token_ids(x):
+            continue
         for j, t in enumerate(x):
             err = _token_id_error(t, f"{param}[{i}][{j}]")
             if err:
                 raise bad_request(err, param=param)
 
 
+def _all_token_ids(value: list[Any]) -> bool:
+    """True when every element is an int >= 0 (bool excluded): a few C-level passes, ~20x faster
+    than naming each element, which only a malformed prompt needs (2,000 ids: ~1 ms -> ~50 us)."""
+    return set(map(type, value)) == {int} and min(value) >= 0
+
+
 def _check_ids(value: list[Any], param: str, allow_text: bool) -> None:
+    if _all_token_ids(value):
+        return
     for i, x in enumerate(value):
         if isinstance(x, list) and i > 0:
             raise bad_request(f"{param}[{i}]: expected a token id like {param}[0] (prompts cannot mix "

@@ -12,7 +12,7 @@ from .http_io import read_json
 from .logprobs import CompletionLogprobs
 from .openai_protocol import CompletionRequest
 from .openai_response import now_s, usage_of, usage_tail
-from .request_checks import check_model, check_prompt_shape, parse_body
+from .request_checks import check_model, check_prompt_shape, parse_body, parse_body_checked_prompt
 from .request_grammar import constraint_grammar, grammar_fields
 from .request_state import RequestHandle, SampleEvent
 from .respond import Collected, respond
@@ -30,7 +30,7 @@ async def prompt_ids(ctx: ServingContext, req: CompletionRequest) -> list[list[i
         return [await tokenize(ctx, p)]
     if all(isinstance(x, str) for x in p):
         return [await tokenize(ctx, x) for x in p]  # type: ignore[arg-type]
-    if all(isinstance(x, int) for x in p):
+    if isinstance(p[0], int):  # a token-id list (validated: prompts do not mix ids and lists)
         return [list(p)]  # type: ignore[arg-type]
     return [list(x) for x in p]  # type: ignore[union-attr]
 
@@ -40,7 +40,9 @@ async def completions(ctx: ServingContext, request: Request) -> Response:
     raw = await read_json(request, ctx.args.max_request_body_bytes)
     if isinstance(raw, dict) and "prompt" in raw:
         check_prompt_shape(raw["prompt"], "prompt")
-    body = parse_body(CompletionRequest, raw)
+        body = parse_body_checked_prompt(CompletionRequest, raw, "prompt")
+    else:
+        body = parse_body(CompletionRequest, raw)
     check_model(ctx, body.model)
     grammar = grammar_fields(constraint_grammar(body))
     prompts = await prompt_ids(ctx, body)

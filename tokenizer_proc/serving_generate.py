@@ -15,7 +15,7 @@ from fastapi.responses import Response
 
 from .http_io import read_json
 from .openai_protocol import GenerateRequest
-from .request_checks import check_prompt_shape, check_prompts, parse_body
+from .request_checks import check_prompt_shape, check_prompts, parse_body, parse_body_checked_prompt
 from .request_grammar import generate_grammar, grammar_fields
 from .request_sampling import generate_sampling
 from .request_state import RequestHandle, SampleEvent, TokenLogprob
@@ -41,7 +41,9 @@ async def generate(ctx: ServingContext, request: Request) -> Response:
     raw = await read_json(request, ctx.args.max_request_body_bytes)
     if isinstance(raw, dict) and raw.get("input_ids") is not None:
         check_prompt_shape(raw["input_ids"], "input_ids", allow_text=False)
-    body = parse_body(GenerateRequest, raw)
+        body = parse_body_checked_prompt(GenerateRequest, raw, "input_ids")
+    else:
+        body = parse_body(GenerateRequest, raw)
     params, grammar = generate_grammar(body.sampling_params)
     sampling = generate_sampling(params)
     kind, text = grammar_fields(grammar)

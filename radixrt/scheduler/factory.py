@@ -40,7 +40,8 @@ def build_scheduler(args: ServerArgs, worker_info: dict[str, Any],
         random_seed=args.random_seed, max_prefill_tokens=args.max_prefill_tokens,
         cascade_min_saved_tokens=0 if (args.disable_cascade_attention
                                        or worker_info.get("attention_backend") != "triton")
-        else DEFAULT_MIN_SAVED_TOKENS, grammar_compiler=compiler)
+        else DEFAULT_MIN_SAVED_TOKENS, grammar_compiler=compiler,
+        adaptive_chunk=args.adaptive_chunked_prefill())
 
 
 @functools.lru_cache(maxsize=4)

@@ -25,6 +25,7 @@ from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
+from radixrt.scheduler.chunking import ChunkCap, chunk_cap
 from radixrt.scheduler.grammar import GrammarResolved, GrammarStage
 from radixrt.scheduler.outputs import OutputStage
 from radixrt.scheduler.policy import AdmittedInStep, defer_for_shared_prefix, order_waiting
@@ -41,6 +42,8 @@ class Scheduler:
         kv: the KV manager (page allocator + radix cache).
         max_running_requests: cap on admitted (running) requests; also the worker's page-table rows.
         chunk_size: max new prompt tokens per pass (chunked prefill); <= 0 means unlimited.
+        adaptive_chunk: cut long prompt chunks to a latency chunk while decodes run or other
+            prompts wait (scheduler/chunking.py); False: the chunk is fixed (an explicit flag).
         context_len: max prompt + output tokens. vocab_size: token ids must be below it.
         eos_token_ids: tokens that end a request (unless ignore_eos).
         max_prefill_tokens: new prompt tokens admitted per pass (--max-prefill-tokens); without
@@ -55,12 +58,13 @@ class Scheduler:
                  context_len: int, vocab_size: int, eos_token_ids: list[int], schedule_policy: str = "lpm",
                  max_queued_requests: int = 4096, random_seed: int = 0,
                  cascade_min_saved_tokens: int = 0, max_prefill_tokens: int = UNCHUNKED,
-                 grammar_compiler: Any = None) -> None:
+                 grammar_compiler: Any = None, adaptive_chunk: bool = False) -> None:
         self.kv = kv
         self.page_size = page_size
         self.max_running = max_running_requests
         self.chunk_size = chunk_size if chunk_size > 0 else UNCHUNKED
         self.max_prefill_tokens = max_prefill_tokens
+        self.adaptive_chunk = adaptive_chunk and self.chunk_size < UNCHUNKED
         self.context_len = context_len
         self.vocab_size = vocab_size
         self.eos_token_ids = set(eos_token_ids)
@@ -152,10 +156,10 @@ class Scheduler:
         # new prompt tokens in this pass: a chunk, at most --max-prefill-tokens (unchunked: see _admit)
         budget = (self.chunk_size if self.chunk_size >= UNCHUNKED
                   else min(self.chunk_size, self.max_prefill_tokens))
-        # A long prompt in progress leaves half of the chunk to waiting requests, so a short
-        # request arriving during a long prefill starts at the next step instead of after it, in
-        # a pass that is not much longer than a chunk (the idea of vLLM's long-prefill threshold).
-        prefill_cap = self.chunk_size if not self.waiting else max(self.page_size, self.chunk_size // 2)
+        # long prompts' tokens in this pass (scheduler/chunking.py): adaptive, cut to a latency
+        # chunk beside decodes or other prompts; a fixed chunk leaves half of it to waiting requests
+        cap = chunk_cap(self.chunk_size, self.page_size, self.adaptive_chunk, self.running,
+                        len(self.waiting))
         items = sb.items
         for req in list(self.running):
             if req.state is not ReqState.RUNNING:  # retracted while making room for another
@@ -163,14 +167,16 @@ class Scheduler:
             if self._final_token_pending(req):
                 continue  # overlap: its last token is still being sampled (and ends it)
             to_compute = len(req.token_ids) - req.kv.kv_len  # type: ignore[union-attr]  # running: kv set
-            take = 1 if to_compute == 1 else min(to_compute, budget, prefill_cap)
+            take = 1 if to_compute == 1 else min(to_compute, budget, cap.limit(to_compute))
             if take <= 0:
                 continue
+            if take > 1:
+                cap.take(to_compute, take)
             item = self._reserve(req, take, sb)
             if item is not None:
                 items.append(item)
                 budget -= take if (item.is_prefill or take > 1) else 0  # resumed requests count too
-        self._admit(sb, budget)
+        self._admit(sb, budget, cap)
         if not items:
             if not self.kv.has_copies:
                 return None
@@ -251,7 +257,7 @@ class Scheduler:
         self.waiting.appendleft(req)
         log.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
 
-    def _admit(self, sb: ScheduledBatch, budget: int) -> None:
+    def _admit(self, sb: ScheduledBatch, budget: int, cap: ChunkCap) -> None:
         """Admit waiting requests in policy order while budget, the running cap and memory allow."""
         if not self.waiting:
             return
@@ -277,8 +283,12 @@ class Scheduler:
             if defer_for_shared_prefix(req, kv.cached_len, admitted):
                 self.kv.release(kv)
                 continue
-            take = min(req.seq_len - kv.kv_len, budget, prefill_left)
-            if take < req.seq_len - kv.kv_len and self.chunk_size >= UNCHUNKED:
+            remaining = req.seq_len - kv.kv_len
+            take = min(remaining, budget, prefill_left, cap.limit(remaining, admitting=True))
+            if take <= 0:  # a long prompt while this pass's long chunks are spent: shorter ones go on
+                self.kv.release(kv)
+                continue
+            if take < remaining and self.chunk_size >= UNCHUNKED:
                 if prefill_left < self.max_prefill_tokens:  # unchunked: whole prompts only, but
                     self.kv.release(kv)  # a prompt longer than the cap may run alone
                     break
@@ -296,6 +306,7 @@ class Scheduler:
                     continue
                 break
             start = kv.kv_len - take
+            cap.take(remaining, take)
             self.waiting.remove(req)
             req.kv, req.state = kv, ReqState.RUNNING
             if req.num_retractions == 0:
