@@ -1,20 +1,26 @@
-"""CPU attention over the paged K/V pool with torch's fused SDPA kernels (the default on CPU).
+"""CPU attention over the paged K/V pool with torch's kernels (the default on CPU).
 
-Per pass (`prepare`, one read of the lengths and page-table rows on the host) each request gets a
-plan: where its K/V rows [0, seq_len) live in the pool and which mask its queries need. Per layer
-(`forward`): store the new K/V at out_cache_loc, then one `scaled_dot_product_attention` call per
-request (torch's CPU flash-attention kernel, FlashAttention-2-style blocked online softmax, GQA
-through `enable_gqa` so K/V heads are never repeated).
+Per pass (`prepare`, one read of the lengths and page-table rows on the host) the requests are
+planned: where each one's K/V rows [0, seq_len) live in the pool and which mask its queries need.
+Per layer (`forward`): store the new K/V at out_cache_loc, then attend.
 
-Where a request's K/V comes from (cheapest first):
-- extend with no cached prefix: the pass's own k/v (strided views of the QKV output), causal; the
-  pool is only written.
-- pages consecutive in the pool (a prompt prefilled into freshly allocated pages, the common case):
-  one strided view `buf[first_slot : first_slot + seq_len]`, no copy.
-- otherwise: one `index_select` of whole pages (`page_size` rows per copy, not a row per token),
-  then a view of its first seq_len rows.
-Queries of an extend over a cached prefix see keys up to their own position: a bool mask
-[extend_len, seq_len] aligned to the bottom right, built once per pass and shared by all layers.
+Decode requests (extend_len == 1) are attended with two batched matmuls over strided views of the
+pool, with the R = Hq / Hkv query heads of a KV head as the R rows of one matmul, so every K/V row
+is read once per layer (torch's fused SDPA kernel reads it once per query head). Their K/V is a
+list of runs of consecutive pool slots, each read as a view, never gathered. Decode requests whose
+page-table rows start with the same pages (a shared system prompt, one conversation's history:
+the radix cache hands out the same physical pages) form a group, and the runs of the shared pages
+are read once for the whole group (cascade inference, FlashInfer, Ye et al. 2024; Hydragen,
+Juravsky et al. 2024): one matmul gives every member's scores over the shared keys, each member's
+own keys follow, one softmax per member over both, and one matmul over the shared values.
+
+Extend requests go to `scaled_dot_product_attention` (torch's CPU flash-attention kernel,
+FlashAttention-2-style blocked online softmax, GQA through `enable_gqa`), one call per request:
+- no cached prefix: the pass's own k/v (strided views of the QKV output), causal;
+- pages consecutive in the pool: one strided view `buf[first_slot : first_slot + seq_len]`;
+- otherwise one `index_select` of whole pages (`page_size` rows per copy), then a view.
+Queries of an extend over a cached prefix see keys up to their own position: an additive float
+mask [extend_len, seq_len] (0 / -inf) aligned to the bottom right, built once per pass.
 
 The plain reference (`attention_torch.TorchAttnBackend`) stays the tests' oracle.
 """
@@ -29,22 +35,91 @@ import torch.nn.functional as F
 
 from radixrt.attention.base import AttentionBackend, ForwardMeta, KVPool
 
+# A decode group must share at least this many tokens per extra member; below it the group's
+# extra small ops cost more than the K/V reads they save.
+MIN_SHARED_TOKENS = 64
+
+Run = tuple[int, int]  # (first pool slot, tokens): K/V rows buf[slot : slot + tokens]
+
 
 @dataclass(slots=True)
 class _ReqPlan:
-    """One request's share of a pass: its query rows [start, start + extend_len) of q."""
+    """One extend request's share of a pass: its query rows [start, start + extend_len) of q."""
 
     start: int
     extend_len: int
     seq_len: int
     first_slot: int  # >= 0: K/V rows are pool slots [first_slot, first_slot + seq_len); -1: gather
     pages: torch.Tensor | None  # [n_pages] int64 pages to gather when first_slot < 0
-    mask: torch.Tensor | None  # [extend_len, seq_len] bool (extend over a prefix), else None
+    mask: torch.Tensor | None  # [extend_len, seq_len] float 0 / -inf (extend over a prefix), else None
     from_new: bool  # no cached prefix: attend the pass's own k/v, causal
 
 
+@dataclass(slots=True)
+class _DecodeGroup:
+    """Decode requests attended together: their rows of q, the runs they share (read once for all
+    of them) and each member's own runs after those (in position order)."""
+
+    q_rows: torch.Tensor  # [G] int64 rows of q, one per member
+    shared: list[Run]
+    own: list[list[Run]]  # [G] lists; all empty for a group of one (its runs are `shared`)
+
+
+def runs_of(row: np.ndarray, first_tok: int, end_tok: int, page_size: int) -> list[Run]:
+    """The maximal runs of consecutive pool slots holding tokens [first_tok, end_tok) of a request
+    with page-table row `row` (int32 pages); first_tok is a multiple of page_size."""
+    p0, p1 = first_tok // page_size, -(-end_tok // page_size)
+    pages = row[p0:p1].astype(np.int64)
+    cuts = [0, *(np.flatnonzero(np.diff(pages) != 1) + 1).tolist(), len(pages)]
+    out = []
+    for i, j in zip(cuts[:-1], cuts[1:], strict=True):
+        tokens = min(j * page_size, end_tok - first_tok) - i * page_size
+        out.append((int(pages[i]) * page_size, tokens))
+    return out
+
+
+def _common_pages(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    eq = a[:n] == b[:n]
+    return n if bool(eq.all()) else int(eq.argmin())
+
+
+def decode_groups(rows: list[int], starts: list[int], seq_lens: list[int], table: np.ndarray,
+                  page_size: int) -> list[_DecodeGroup]:
+    """Group decode requests `rows` (batch indices) by shared leading pages; see the module docstring.
+
+    Within a bucket of requests with the same first page, the members kept are the k requests with
+    the most pages in common with the bucket's first that maximise (shared tokens) x (k - 1); the
+    shared pages stop before every member's last token. The others attend alone."""
+    buckets: dict[int, list[int]] = {}
+    for b in rows:
+        buckets.setdefault(int(table[b, 0]), []).append(b)
+    groups = []
+    for members in buckets.values():
+        lead = members[0]
+        common = sorted(((min(_common_pages(table[lead], table[b]), (seq_lens[b] - 1) // page_size), b)
+                         for b in members), reverse=True)
+        # the top k share common[k - 1] pages: keep the k that saves the most K/V reads
+        best_k = max(range(1, len(common) + 1), key=lambda k: (common[k - 1][0] * (k - 1), k))
+        best_pages = common[best_k - 1][0]
+        if best_k < 2 or best_pages * page_size < MIN_SHARED_TOKENS:
+            best_k = 0
+        chosen = sorted(b for _, b in common[:best_k])
+        if chosen:
+            shared_end = best_pages * page_size
+            groups.append(_DecodeGroup(
+                q_rows=torch.tensor([starts[b] for b in chosen], dtype=torch.int64),
+                shared=runs_of(table[lead], 0, shared_end, page_size),
+                own=[runs_of(table[b], shared_end, seq_lens[b], page_size) for b in chosen]))
+        for b in members:
+            if b not in chosen:
+                groups.append(_DecodeGroup(q_rows=torch.tensor([starts[b]], dtype=torch.int64),
+                                           shared=runs_of(table[b], 0, seq_lens[b], page_size), own=[[]]))
+    return groups
+
+
 def _plan(start: int, ext: int, seq: int, row: np.ndarray, page_size: int) -> _ReqPlan:
-    """Plan of one request from its lengths and page-table row (host int32 numpy)."""
+    """Plan of one extend request from its lengths and page-table row (host int32 numpy)."""
     prefix = seq - ext
     if prefix == 0 and ext > 0:
         return _ReqPlan(start, ext, seq, -1, None, None, True)
@@ -52,27 +127,77 @@ def _plan(start: int, ext: int, seq: int, row: np.ndarray, page_size: int) -> _R
     pages = row[:n_pages]
     mask = None
     if ext > 1:  # key j is visible to query i (at position prefix + i) when j <= prefix + i
-        mask = torch.arange(seq)[None, :] <= (prefix + torch.arange(ext))[:, None]
+        visible = torch.arange(seq)[None, :] <= (prefix + torch.arange(ext))[:, None]
+        mask = torch.zeros(ext, seq).masked_fill_(~visible, float("-inf"))
     if n_pages == 1 or bool(np.all(np.diff(pages) == 1)):
         return _ReqPlan(start, ext, seq, int(pages[0]) * page_size, None, mask, False)
     return _ReqPlan(start, ext, seq, -1, torch.from_numpy(pages.astype(np.int64)), mask, False)
 
 
+def _attend_alone(row: int, runs: list[Run], q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                  scale: float, o: torch.Tensor) -> None:
+    """One decode request (q row `row` of q [T, Hq, D]) over its runs, written into o[row]."""
+    hkv, d = k_buf.shape[1], k_buf.shape[2]
+    qr = q[row].view(hkv, -1, d).to(k_buf.dtype)  # [Hkv, R, D]
+    parts = [torch.bmm(qr, k_buf[a:a + n].permute(1, 2, 0)) for a, n in runs]  # [Hkv, R, n]
+    probs = torch.softmax((parts[0] if len(parts) == 1 else torch.cat(parts, -1)).mul_(scale), dim=-1)
+    if len(runs) == 1 and o.dtype == k_buf.dtype:  # straight into o's row
+        (a, n), = runs
+        torch.bmm(probs, v_buf[a:a + n].transpose(0, 1), out=o[row].view(hkv, -1, d))
+        return
+    out = qr.new_zeros(qr.shape)
+    for piece, (a, n) in zip(probs.split([n for _, n in runs], dim=-1), runs, strict=True):
+        out.baddbmm_(piece, v_buf[a:a + n].transpose(0, 1))
+    o[row] = out.view(-1, d)
+
+
+def attend_decode_group(g: _DecodeGroup, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                        scale: float, o: torch.Tensor) -> None:
+    """Attention of the group's members: q [T, Hq, D] (rows g.q_rows), pool buffers [slots, Hkv, D];
+    written into o [T, Hq, D] at g.q_rows. Computed in the pool's dtype (float32 for an fp32 pool)."""
+    n_members, hkv, d = len(g.own), k_buf.shape[1], k_buf.shape[2]
+    if n_members == 1:
+        return _attend_alone(int(g.q_rows[0]), g.shared, q, k_buf, v_buf, scale, o)
+    hq = q.shape[1]
+    rep = hq // hkv
+    qg = (q.index_select(0, g.q_rows) * scale).to(k_buf.dtype)  # [G, Hq, D]
+    qg = qg.view(n_members, hkv, rep, d).transpose(0, 1).reshape(hkv, n_members * rep, d)  # [Hkv, G*R, D]
+    shared_s = [torch.bmm(qg, k_buf[a:a + n].permute(1, 2, 0)) for a, n in g.shared]  # [Hkv, G*R, n]
+    shared_p: list[list[torch.Tensor]] = [[] for _ in g.shared]
+    out = qg.new_zeros(hkv, n_members * rep, d)
+    for m, runs in enumerate(g.own):
+        rows = slice(m * rep, (m + 1) * rep)
+        parts = [s[:, rows] for s in shared_s]
+        parts += [torch.bmm(qg[:, rows], k_buf[a:a + n].permute(1, 2, 0)) for a, n in runs]
+        probs = torch.softmax(torch.cat(parts, -1), dim=-1)  # [Hkv, R, S_m]
+        pieces = probs.split([n for _, n in g.shared] + [n for _, n in runs], dim=-1)
+        for i, piece in enumerate(pieces[:len(g.shared)]):
+            shared_p[i].append(piece)
+        for piece, (a, n) in zip(pieces[len(g.shared):], runs, strict=True):
+            out[:, rows] += torch.bmm(piece, v_buf[a:a + n].transpose(0, 1))
+    for pieces, (a, n) in zip(shared_p, g.shared, strict=True):
+        out.baddbmm_(torch.cat(pieces, dim=1), v_buf[a:a + n].transpose(0, 1))  # [Hkv, G*R, n] @ [Hkv, n, D]
+    o.index_copy_(0, g.q_rows, out.view(hkv, n_members, rep, d).transpose(0, 1).reshape(n_members, hq, d)
+                  .to(o.dtype))
+
+
 class SdpaAttnBackend(AttentionBackend):
-    """Implements attention.base.AttentionBackend on CPU with `F.scaled_dot_product_attention`.
+    """Implements attention.base.AttentionBackend on CPU with batched matmuls (decode) and
+    `F.scaled_dot_product_attention` (extend).
 
     Args:
         pool: the paged K/V pool (k_buffers / v_buffers per layer, `[num_slots, Hkv, D]`).
 
     `prepare` syncs with the host (it reads lengths and page-table rows), so this backend cannot be
-    captured in a CUDA graph; it also runs on CUDA tensors (SDPA dispatches there) but the worker
-    uses it on CPU only. Exact against the reference up to fp32 rounding (tests/worker).
+    captured in a CUDA graph; it also runs on CUDA tensors but the worker uses it on CPU only.
+    Exact against the reference up to fp32 rounding (tests/worker).
     """
 
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
         self.meta: ForwardMeta | None = None
-        self.plans: list[_ReqPlan] = []
+        self.plans: list[_ReqPlan] = []  # extend requests
+        self.groups: list[_DecodeGroup] = []  # decode requests
 
     def prepare(self, meta: ForwardMeta) -> None:
         """Plan each request of the pass (where its K/V lives, its mask); see the module docstring."""
@@ -82,8 +207,11 @@ class SdpaAttnBackend(AttentionBackend):
         starts = meta.extend_start_loc.tolist()
         max_pages = -(-max(seq_lens, default=0) // meta.page_size)
         table = meta.page_table[:, :max_pages].cpu().numpy()  # [B, used pages] int32
+        decode = [b for b, e in enumerate(ext_lens) if e == 1 and seq_lens[b] > 1]
+        is_decode = set(decode)
         self.plans = [_plan(starts[b], ext_lens[b], seq_lens[b], table[b], meta.page_size)
-                      for b in range(len(seq_lens))]
+                      for b in range(len(seq_lens)) if b not in is_decode]
+        self.groups = decode_groups(decode, starts, seq_lens, table, meta.page_size)
 
     def _kv(self, buf: torch.Tensor, new: torch.Tensor, p: _ReqPlan) -> torch.Tensor:
         """K or V of request `p` as [1, Hkv, seq_len, D] (a view where possible), dtype of `new`."""
@@ -106,11 +234,12 @@ class SdpaAttnBackend(AttentionBackend):
         v_buf.index_copy_(0, meta.out_cache_loc, v.to(v_buf.dtype))
         o = torch.empty_like(q)
         for p in self.plans:
-            if p.extend_len == 0:
-                continue
             qb = q[p.start:p.start + p.extend_len].unsqueeze(0).transpose(1, 2)  # [1, Hq, L, D]
+            mask = None if p.mask is None else p.mask.to(q.dtype)
             ob = F.scaled_dot_product_attention(qb, self._kv(k_buf, k, p), self._kv(v_buf, v, p),
-                                                attn_mask=p.mask, is_causal=p.from_new and p.extend_len > 1,
+                                                attn_mask=mask, is_causal=p.from_new and p.extend_len > 1,
                                                 scale=scale, enable_gqa=True)  # [1, Hq, L, D]
             o[p.start:p.start + p.extend_len] = ob[0].transpose(0, 1)
+        for g in self.groups:
+            attend_decode_group(g, q, k_buf, v_buf, scale, o)
         return o

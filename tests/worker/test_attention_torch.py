@@ -32,9 +32,11 @@ def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_le
 
 def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq: int, hkv: int,
              seed: int, max_score_elems: int = 1 << 24, backend_name: str = "torch",
-             consecutive: bool = False) -> TorchAttnBackend | SdpaAttnBackend:
+             consecutive: bool = False, shared_pages: int = 0) -> TorchAttnBackend | SdpaAttnBackend:
     """Random K/V for each request, prefix already in the pool; pages in random order, or in
-    consecutive runs per request (`consecutive`), never page 0."""
+    consecutive runs per request (`consecutive`), never page 0. With `shared_pages`, every request
+    after the first starts with the first request's first `shared_pages` pages (and their K/V), as
+    the radix cache hands out a shared prefix; their prefixes must cover those pages."""
     g = torch.Generator().manual_seed(seed)
     d, layers = 16, 2
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
@@ -48,11 +50,17 @@ def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq:
     table = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
     full_k, full_v, locs = [], [], []
     for b, n in enumerate(pages_needed):
-        table[b, :n] = torch.tensor([perm.pop() for _ in range(n)], dtype=torch.int32)
+        own = shared_pages if b > 0 else 0
+        table[b, :own] = table[0, :own]
+        table[b, own:n] = torch.tensor([perm.pop() for _ in range(n - own)], dtype=torch.int32)
         slots = table[b, torch.arange(seq_lens[b]) // page_size].long() * page_size \
             + torch.arange(seq_lens[b]) % page_size
         kk = torch.randn(layers, seq_lens[b], hkv, d, generator=g)
         vv = torch.randn(layers, seq_lens[b], hkv, d, generator=g)
+        if b > 0 and shared_pages:
+            assert prefix_lens[b] >= shared_pages * page_size <= prefix_lens[0]
+            kk[:, :shared_pages * page_size] = full_k[0][:, :shared_pages * page_size]
+            vv[:, :shared_pages * page_size] = full_v[0][:, :shared_pages * page_size]
         for layer in range(layers):  # the prefix is already in the pool
             pool.k_buffers[layer][slots[:prefix_lens[b]]] = kk[layer, :prefix_lens[b]]
             pool.v_buffers[layer][slots[:prefix_lens[b]]] = vv[layer, :prefix_lens[b]]
@@ -106,18 +114,39 @@ def test_mixed_batch_matches_dense(page_size: int, hq: int, hkv: int, backend_na
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_sdpa_consecutive_pages_read_as_views(page_size: int) -> None:
-    """Each request's pages in one consecutive run: the SDPA backend reads them as one view."""
+    """Each request's pages in one consecutive run: the SDPA backend reads them as one view (extend)
+    or one run (decode: requests 2, 3, 5 and 7, each alone)."""
     prefix_lens, extend_lens = [0, 17, 64, 63, 5, 100, 0, 1], [9, 30, 1, 1, 70, 1, 1, 1]
     backend = run_case(page_size, prefix_lens, extend_lens, 8, 2, seed=page_size + 1, backend_name="sdpa",
                        consecutive=True)
     kinds = [("new" if p.from_new else "view" if p.first_slot >= 0 else "gather") for p in backend.plans]
-    assert kinds == ["new", "view", "view", "view", "view", "view", "new", "view"]
+    assert kinds == ["new", "view", "view", "new"]
+    assert [(len(g.shared), g.own) for g in backend.groups] == [(1, [[]])] * 4
+    assert sorted(n for g in backend.groups for _, n in g.shared) == [2, 64, 65, 101]
 
 
 def test_sdpa_random_pages_are_gathered() -> None:
     backend = run_case(16, [17, 100, 0], [30, 1, 5], 8, 2, seed=11, backend_name="sdpa")
     kinds = [("new" if p.from_new else "view" if p.first_slot >= 0 else "gather") for p in backend.plans]
-    assert kinds == ["gather", "gather", "new"]
+    assert kinds == ["gather", "new"]
+    (group,) = backend.groups  # the decode reads its 7 pages as runs of consecutive slots, no copy
+    assert sum(n for _, n in group.shared) == 101 and len(group.shared) > 1
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_sdpa_decodes_sharing_prefix_pages_read_them_once(page_size: int) -> None:
+    """Decodes whose page tables start with the same pages form one group that reads the shared
+    runs once; an extend over the same pages and a decode sharing too little attend alone."""
+    shared = 128 // page_size
+    prefix_lens, extend_lens = [200, 130, 128, 300, 129, 140], [1, 1, 20, 1, 1, 1]
+    backend = run_case(page_size, prefix_lens, extend_lens, 8, 2, seed=page_size + 5, backend_name="sdpa",
+                       shared_pages=shared)
+    by_size = sorted(backend.groups, key=lambda g: len(g.own))
+    assert [len(g.own) for g in by_size] == [5]  # the decodes 0, 1, 3, 4, 5 share 128 tokens
+    (group,) = by_size
+    assert sum(n for _, n in group.shared) == 128
+    assert [sum(n for _, n in runs) for runs in group.own] == [73, 3, 173, 2, 13]
+    assert group.q_rows.tolist() == [0, 1, 22, 23, 24]
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
