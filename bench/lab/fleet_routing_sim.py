@@ -158,7 +158,7 @@ class SimWorker:
         @app.post("/v1/completions")
         async def completions(request: Request) -> Response:
             body = orjson.loads(await request.body())
-            group = body["prompt"][:4]
+            group = body["prompt"][:40]
             hit = self.touch(group)
             self.running[group] += 1
 
@@ -271,6 +271,27 @@ FLAG_SETS = {
         ),
     ),
     "power_of_two": ("power_of_two", ()),
+    "cache_aware, protection off, rel 4, load poll 1 s": (
+        "cache_aware",
+        (
+            "--disable-worker-overload-protection",
+            "--balance-rel-threshold",
+            "4",
+            "--load-monitor-interval",
+            "1",
+        ),
+    ),
+    "cache_aware, protection off, rel 4, p2c by requests": (
+        "cache_aware",
+        (
+            "--disable-worker-overload-protection",
+            "--balance-rel-threshold",
+            "4",
+            "--power-of-two-load-metric",
+            "requests",
+        ),
+    ),
+    "cache_aware, load poll 1 s": ("cache_aware", ("--load-monitor-interval", "1")),
 }
 
 
@@ -283,9 +304,16 @@ def main() -> int:
     ap.add_argument("--hit-s", type=float, default=0.2)
     ap.add_argument("--miss-s", type=float, default=0.6)
     ap.add_argument("--only", help="comma-separated subset of the flag sets (by prefix)")
+    ap.add_argument(
+        "--distinct-start",
+        action="store_true",
+        help="system prompts without the common '[' start (the group tag moved to the end)",
+    )
     ns = ap.parse_args()
     sizes = {"groups": ns.groups, "per_group": ns.per_group, "prefix_len": 600, "question_len": 32}
     prompts = text_workload(sizes)
+    if ns.distinct_start:  # "[gg] rest" -> "rest [gg]": no two groups share a first character... mostly
+        prompts = [p[5 : sizes["prefix_len"]] + p[:5] + p[sizes["prefix_len"] :] for p in prompts]
     workers = [SimWorker(ns.capacity, ns.hit_s, ns.miss_s, ns.concurrency) for _ in range(2)]
     for w in workers:
         w.serve_in_thread()
