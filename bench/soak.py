@@ -13,7 +13,9 @@ The checks afterwards (each a line of `problems`; exit 1 if any):
 - once idle: running and waiting requests 0 (/get_server_info and /metrics), the front end tracks
   no sample, the KV invariant holds (`invariants_ok`, checked by the scheduler when idle; start the
   server with RADIXRT_DEBUG_INVARIANTS=1 to have it checked on every idle tick too);
-- radixrt_requests_total{outcome="aborted"} grew by exactly the number of abandoned clients;
+- radixrt_requests_total: every outcome label's growth is reported; ok + aborted grew by exactly the
+  number of complete + abandoned clients (an abandoned request whose samples had all finished
+  generating counts as ok), aborted by at most the abandoned ones, and no request ended as "error";
 - resident memory of the server's processes (launcher + children, when their pid is known) is
   back within RSS_MARGIN of the baseline taken after a warm-up.
 """
@@ -72,6 +74,7 @@ class SoakReport:
     by_kind: dict[str, int] = field(default_factory=dict)
     aborted_counter_delta: float = 0.0
     ok_counter_delta: float = 0.0
+    outcome_deltas: dict[str, float] = field(default_factory=dict)  # every outcome label's growth
     health_failures: int = 0
     idle_stats: dict[str, Any] = field(default_factory=dict)
     rss_baseline_bytes: int = 0
@@ -214,11 +217,13 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1)) if m else 0.0
 
 
-async def outcome_counts(client: httpx.AsyncClient) -> tuple[float, float]:
-    """radixrt_requests_total for outcome "aborted" and outcome "ok", from /metrics."""
+_OUTCOME_RE = re.compile(r'^radixrt_requests_total\{outcome="([^"]*)"\} (\S+)$', re.M)
+
+
+async def outcome_counts(client: httpx.AsyncClient) -> dict[str, float]:
+    """radixrt_requests_total by outcome label (ok, aborted, rejected, error, ...), from /metrics."""
     text = (await client.get("/metrics")).text
-    return (metric(text, "radixrt_requests_total", 'outcome="aborted"'),
-            metric(text, "radixrt_requests_total", 'outcome="ok"'))
+    return {m.group(1): float(m.group(2)) for m in _OUTCOME_RE.finditer(text)}
 
 
 async def wait_idle(client: httpx.AsyncClient, timeout_s: float = IDLE_TIMEOUT_S) -> dict[str, Any]:
@@ -305,7 +310,10 @@ def _check_idle(report: SoakReport, pid: int | None) -> None:
                  f"only {abandoned} clients abandoned their requests")
     if report.aborted_counter_delta + report.ok_counter_delta != complete + abandoned:
         p.append(f"the server recorded {report.ok_counter_delta:g} ok + {report.aborted_counter_delta:g} "
-                 f"aborted requests, {complete} complete + {abandoned} abandoned were sent")
+                 f"aborted requests, {complete} complete + {abandoned} abandoned were sent "
+                 f"(all outcomes: {_fmt_outcomes(report.outcome_deltas)})")
+    if report.outcome_deltas.get("error"):
+        p.append(f"{report.outcome_deltas['error']:g} requests ended with outcome \"error\" (a 5xx)")
     if report.health_failures:
         p.append(f"/health failed {report.health_failures} times during the run")
     limit = report.rss_baseline_bytes + max(RSS_MARGIN_BYTES, RSS_MARGIN_FRAC * report.rss_baseline_bytes)
@@ -327,7 +335,7 @@ async def soak(base_url: str, cfg: SoakConfig, pid: int | None = None,
         await wait_idle(client)
         print(f"soak: warm-up done, running {cfg.num_requests} requests", flush=True)
         report.rss_baseline_bytes = server_rss_bytes(pid)
-        aborted0, ok0 = await outcome_counts(client)
+        counts0 = await outcome_counts(client)
         plans = make_plans(cfg.num_requests, cfg.seed, cfg.disconnect_frac, cfg.malformed_frac,
                            cfg.max_tokens, cfg.long_words)
         stop = asyncio.Event()
@@ -338,12 +346,19 @@ async def soak(base_url: str, cfg: SoakConfig, pid: int | None = None,
         stop.set()
         await health
         report.idle_stats = await wait_idle(client)
-        aborted1, ok1 = await outcome_counts(client)
-        report.aborted_counter_delta, report.ok_counter_delta = aborted1 - aborted0, ok1 - ok0
+        counts1 = await outcome_counts(client)
+        report.outcome_deltas = {k: counts1.get(k, 0.0) - counts0.get(k, 0.0)
+                                 for k in sorted(set(counts0) | set(counts1))}
+        report.aborted_counter_delta = report.outcome_deltas.get("aborted", 0.0)
+        report.ok_counter_delta = report.outcome_deltas.get("ok", 0.0)
         report.rss_after_bytes = server_rss_bytes(pid)
     _tally(report, outcomes)
     _check_idle(report, pid)
     return report
+
+
+def _fmt_outcomes(deltas: dict[str, float]) -> str:
+    return ", ".join(f"{k} +{v:g}" for k, v in deltas.items() if v) or "none"
 
 
 def format_report(r: SoakReport) -> str:
@@ -356,8 +371,7 @@ def format_report(r: SoakReport) -> str:
              f"malformed share {cfg['malformed_frac']}",
              "counts: " + ", ".join(f"{k}={v}" for k, v in sorted(c.items())),
              "by kind: " + ", ".join(f"{k}={v}" for k, v in sorted(r.by_kind.items())),
-             f"server outcomes: aborted +{r.aborted_counter_delta:g}, ok +{r.ok_counter_delta:g}; "
-             f"/health failures {r.health_failures}",
+             f"server outcomes: {_fmt_outcomes(r.outcome_deltas)}; /health failures {r.health_failures}",
              f"idle: running {idle.get('num_running_reqs')}, waiting {idle.get('num_waiting_reqs')},"
              f" front-end samples {idle.get('tokenizer_inflight_samples')}, "
              f"invariants_ok {idle.get('invariants_ok')}",

@@ -76,6 +76,7 @@ class SampleState:
         self.detok = IncrementalDetokenizer(tokenizer, spec.skip_special_tokens)
         self.stop = StopMatcher(spec.stop)
         self.finished = False
+        self.error: str | None = None  # the scheduler's rejection (or the 408), when it ended that way
         self.finish_reason: str | None = None
         self.matched_stop: Any = None
         self.completion_tokens = 0
@@ -90,7 +91,7 @@ class SampleState:
             APIError: the scheduler rejected the request (chunk.error).
         """
         if chunk.error:
-            self.finished = True
+            self.finished, self.error = True, chunk.error
             raise from_scheduler_error(chunk.error)
         if chunk.cached_tokens is not None:
             self.cached_tokens = int(chunk.cached_tokens)
@@ -217,19 +218,31 @@ class RequestHandle:
         self.finish(exc)
 
     def finish(self, exc: BaseException | None) -> None:
-        """End the request (idempotent): abort unfinished samples, record the outcome, report it."""
+        """End the request (idempotent): abort unfinished samples, record the outcome, report it.
+
+        `exc` is what ended the reader (None: it read to the end). The outcome follows what the
+        scheduler did, not how far the client read: "ok" when every sample finished generating
+        without an error (also when the client left before the last bytes of the reply, e.g. before
+        a stream's [DONE]); "rejected" / "error" for an APIError (status < 500 / >= 500); else
+        "aborted" (the client left or the reader failed before every sample finished). Called once
+        per request by whoever ends it first (the stream's response, its body generator, `async with`).
+        """
         if self._done:
             return
         self._done = True
         if self._timer is not None:
             self._timer.cancel()
         self.close()
-        if exc is None and all(s.finished for s in self.samples.values()):
-            self.outcome = "ok"
-        elif isinstance(exc, APIError):
-            self.outcome = "rejected" if exc.status < 500 else "error"
+        self.outcome = self._outcome(exc)
         if self.on_done is not None:
             self.on_done(self, self.outcome)
+
+    def _outcome(self, exc: BaseException | None) -> str:
+        if isinstance(exc, APIError):
+            return "rejected" if exc.status < 500 else "error"
+        if all(s.finished and s.error is None for s in self.samples.values()):
+            return "ok"
+        return "aborted"
 
     def close(self) -> None:
         """Abort every unfinished sample; forget finished ones. Synchronous: safe when cancelled."""

@@ -10,13 +10,13 @@ events become chunks.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from .http_io import json_response, until_disconnect
 from .request_state import RequestHandle, SampleEvent, TokenLogprob
@@ -81,8 +81,7 @@ async def respond(request: Request, handle: RequestHandle, writer: ResponseWrite
     if handle.stream:
         batches = await open_stream(handle)
         on_error = getattr(writer, "error_events", None)  # optional: a protocol's own error events
-        return StreamingResponse(guard_stream(stream_events(handle, batches, writer), on_error),
-                                 media_type="text/event-stream")
+        return HandleStreamingResponse(handle, guard_stream(stream_events(handle, batches, writer), on_error))
     choices = await until_disconnect(request, collect(handle))
     return json_response(writer.body(choices))
 
@@ -150,5 +149,39 @@ async def stream_events(handle: RequestHandle, batches: AsyncIterator[list[Sampl
                 yield parts[0] if len(parts) == 1 else b"".join(parts)
         if not done:
             yield b"".join(writer.tail(last))
+    except BaseException as e:  # GeneratorExit / CancelledError: the client left
+        handle.finish(e)
+        raise
     finally:
-        handle.finish(sys.exc_info()[1])
+        handle.finish(None)  # no-op when already ended above
+
+
+class HandleStreamingResponse(StreamingResponse):
+    """The SSE response of one RequestHandle; it ends the handle however the response ends.
+
+    The body generator's own `finally` is not enough: when the client disconnects, Starlette cancels
+    the task that iterates the body, and where that task was waiting decides whether the generator
+    ever runs again. Cancelled inside the generator (waiting for tokens) it ends the handle; cancelled
+    while writing a chunk (the generator suspended at its `yield`), or before the generator's first
+    step, the generator is dropped unfinished and its `finally` runs only when the garbage collector
+    finalizes it, or never. This response ends the handle (recording its outcome once) as soon as
+    Starlette returns, then closes the body generator.
+    """
+
+    def __init__(self, handle: RequestHandle, content: AsyncIterator[bytes]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exc: BaseException | None = None
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException as e:
+            exc = e
+            raise
+        finally:
+            self.handle.finish(exc)
+            body = self.body_iterator
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()

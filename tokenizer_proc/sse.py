@@ -54,3 +54,7 @@ async def guard_stream(gen: AsyncIterator[bytes],
             return
         yield sse(e.body())
         yield SSE_DONE
+    finally:
+        aclose = getattr(gen, "aclose", None)
+        if aclose is not None:  # run `gen`'s own cleanup now, not when it is garbage-collected
+            await aclose()

@@ -1,0 +1,105 @@
+"""Every streamed request is recorded exactly once, wherever the client's disconnect lands.
+
+Drives the SSE response of a RequestHandle through the ASGI interface by hand (no server): the
+scheduler side is a stand-in manager, the client a `send` that blocks on the response body (a full
+socket: uvicorn waits for the transport to drain) and a `receive` that reports the disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from radixrt.tokenizer_proc.manager import TokenChunk
+from radixrt.tokenizer_proc.request_state import RequestHandle, SampleEvent, SampleSpec
+from radixrt.tokenizer_proc.respond import respond
+
+
+class _Manager:
+    """Records what the handle tells the scheduler; delivers nothing by itself."""
+
+    def __init__(self) -> None:
+        self.inboxes: dict[str, Any] = {}
+        self.aborted: list[str] = []
+
+    def submit(self, req: Any, inbox: Any) -> None:
+        self.inboxes[req.rid] = inbox
+
+    def abort(self, rid: str, reason: str = "abort") -> None:
+        self.inboxes.pop(rid, None)
+        self.aborted.append(rid)
+
+    def release(self, rid: str) -> None:
+        self.inboxes.pop(rid, None)
+
+
+class _Tokenizer:
+    def decode(self, ids: list[int], **_: Any) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [f"<{i}>" for i in ids]
+
+
+class _Writer:
+    def head(self) -> list[bytes]:
+        return []
+
+    def event(self, ev: SampleEvent, parts: list[bytes]) -> None:
+        parts.append(b"data: " + ev.text.encode() + b"\n\n")
+
+    def tail(self, last: dict[int, SampleEvent]) -> list[bytes]:
+        return [b"data: [DONE]\n\n"]
+
+
+def _chunk(rid: str, ids: list[int], finish: str | None) -> TokenChunk:
+    return TokenChunk(rid=rid, ids=ids, logprobs=None, top_ids=None, top_logprobs=None, finish_reason=finish,
+                      matched_stop=None, prompt_tokens=None, completion_tokens=None, cached_tokens=None,
+                      error=None)
+
+
+async def _stream_then_leave(finish_all: bool) -> tuple[list[str], _Manager]:
+    """Stream one request; the client stops reading after the first body chunk, then disconnects.
+    Returns the outcomes recorded by the time the response returned (the event loop still running:
+    on a server it never stops, so nothing finalizes a body generator left suspended)."""
+    manager, outcomes = _Manager(), []
+    spec = SampleSpec(index=0, input_ids=[1, 2, 3], sampling={"max_new_tokens": 4}, stop=[])
+    handle = RequestHandle(manager, _Tokenizer(), [spec], stream=True,  # type: ignore[arg-type]
+                           on_done=lambda h, outcome: outcomes.append(outcome))
+    rid = handle.id
+    handle.queue.put_nowait(_chunk(rid, [7], None))
+    response = await respond(None, handle, _Writer())  # type: ignore[arg-type]
+    if finish_all:  # the rest arrives: every token generated, only [DONE] still to be written
+        handle.queue.put_nowait(_chunk(rid, [8, 9, 10], "length"))
+    first_body, left = asyncio.Event(), asyncio.Event()
+    never = asyncio.Event()
+
+    async def send(msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.body" and msg.get("body"):
+            if first_body.is_set():
+                await never.wait()  # the socket is full: uvicorn waits for it to drain
+            first_body.set()
+
+    async def receive() -> dict[str, Any]:
+        await first_body.wait()
+        await asyncio.sleep(0.01)  # the generator reaches its next write
+        left.set()
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
+    await asyncio.wait_for(response(scope, receive, send), 10)
+    assert left.is_set()
+    return list(outcomes), manager
+
+
+def test_disconnect_while_a_write_is_blocked_records_the_outcome_once() -> None:
+    outcomes, manager = asyncio.run(_stream_then_leave(finish_all=True))
+    # every sample finished generating before the client left: the scheduler's work was done, "ok"
+    assert outcomes == ["ok"]
+    assert manager.aborted == [] and manager.inboxes == {}
+
+
+def test_disconnect_mid_generation_is_aborted_once() -> None:
+    outcomes, manager = asyncio.run(_stream_then_leave(finish_all=False))
+    assert outcomes == ["aborted"]
+    assert len(manager.aborted) == 1 and manager.inboxes == {}
