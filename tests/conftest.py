@@ -43,7 +43,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 from bench.server_proc import Server, start_server  # noqa: E402
 from radixrt.config import Env  # noqa: E402
 
-__all__ = ["Server", "start_server"]
+__all__ = ["KEYED_API_KEY", "KEYED_BODY_LIMIT", "Server", "start_server"]
+
+KEYED_API_KEY = "sk-reliability-8f3e1c9a2b7d"
+KEYED_BODY_LIMIT = 65536  # bytes, --max-request-body-bytes of `keyed_server`
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -75,5 +78,17 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """One shared server on the default model (page size 16, radix cache on, debug invariants)."""
     s = start_server(model_dir, tmp_path_factory.mktemp("server"), "--max-total-tokens", "32768",
                      env={"RADIXRT_DEBUG_INVARIANTS": "1"})
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def keyed_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server with an API key (KEYED_API_KEY), a 6 s --request-timeout and a KEYED_BODY_LIMIT body
+    limit (debug invariants on), shared by the API-key conformance tests and the hostile-input tests
+    (one start instead of two)."""
+    s = start_server(model_dir, tmp_path_factory.mktemp("keyed"), "--api-key", KEYED_API_KEY,
+                     "--request-timeout", "6", "--max-total-tokens", "16384",
+                     "--max-request-body-bytes", str(KEYED_BODY_LIMIT), env={"RADIXRT_DEBUG_INVARIANTS": "1"})
     yield s
     s.stop()
