@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,7 +81,25 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     s = start_server(model_dir, tmp_path_factory.mktemp("server"), "--max-total-tokens", "32768",
                      env={"RADIXRT_DEBUG_INVARIANTS": "1"})
     yield s
-    s.stop()
+    stop_cleanly(s)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_cleanly(s: Server) -> None:
+    """SIGTERM `s` (idle); assert the launcher exits 0 (within Server.stop's 20 s) and that none of
+    its children is alive 0.5 s later. Raises AssertionError (a teardown error) otherwise."""
+    pids = [int(p) for p in re.findall(r"process ready \(pid (\d+)\)", s.log())]
+    assert pids, s.log()[-2000:]
+    assert s.stop() == 0, s.log()[-2000:]
+    time.sleep(0.5)
+    assert not any(_pid_alive(p) for p in pids), s.log()[-2000:]
 
 
 @pytest.fixture(scope="session")
@@ -91,4 +111,4 @@ def keyed_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
                      "--request-timeout", "6", "--max-total-tokens", "16384",
                      "--max-request-body-bytes", str(KEYED_BODY_LIMIT), env={"RADIXRT_DEBUG_INVARIANTS": "1"})
     yield s
-    s.stop()
+    stop_cleanly(s)
