@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,7 +45,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 from bench.server_proc import Server, start_server  # noqa: E402
 from radixrt.config import Env  # noqa: E402
 
-__all__ = ["Server", "start_server"]
+__all__ = ["KEYED_API_KEY", "KEYED_BODY_LIMIT", "Server", "start_server"]
+
+KEYED_API_KEY = "sk-reliability-8f3e1c9a2b7d"
+KEYED_BODY_LIMIT = 65536  # bytes, --max-request-body-bytes of `keyed_server`
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -76,4 +81,34 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     s = start_server(model_dir, tmp_path_factory.mktemp("server"), "--max-total-tokens", "32768",
                      env={"RADIXRT_DEBUG_INVARIANTS": "1"})
     yield s
-    s.stop()
+    stop_cleanly(s)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_cleanly(s: Server) -> None:
+    """SIGTERM `s` (idle); assert the launcher exits 0 (within Server.stop's 20 s) and that none of
+    its children is alive 0.5 s later. Raises AssertionError (a teardown error) otherwise."""
+    pids = [int(p) for p in re.findall(r"process ready \(pid (\d+)\)", s.log())]
+    assert pids, s.log()[-2000:]
+    assert s.stop() == 0, s.log()[-2000:]
+    time.sleep(0.5)
+    assert not any(_pid_alive(p) for p in pids), s.log()[-2000:]
+
+
+@pytest.fixture(scope="session")
+def keyed_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server with an API key (KEYED_API_KEY), a 6 s --request-timeout and a KEYED_BODY_LIMIT body
+    limit (debug invariants on), shared by the API-key conformance tests and the hostile-input tests
+    (one start instead of two)."""
+    s = start_server(model_dir, tmp_path_factory.mktemp("keyed"), "--api-key", KEYED_API_KEY,
+                     "--request-timeout", "6", "--max-total-tokens", "16384",
+                     "--max-request-body-bytes", str(KEYED_BODY_LIMIT), env={"RADIXRT_DEBUG_INVARIANTS": "1"})
+    yield s
+    stop_cleanly(s)

@@ -130,7 +130,11 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp
         if tp is None:
             self.config = cfg
-            self.model = LlamaModel(cfg, nn.Embedding(cfg.vocab_size, cfg.hidden_size))
+            # An explicit (uninitialised) weight skips reset_parameters: normal_ on the meta device runs
+            # through torch._refs, whose import of torch._dynamo cost 2-4 s of every server start.
+            embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                 _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
+            self.model = LlamaModel(cfg, embed)
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         else:
             self._build_sharded(cfg, tp)

@@ -277,7 +277,10 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
     model = model.to(dtype)
     if quant == "fp8":
         convert_to_fp8(model)  # on meta, after .to(dtype), which would widen FP8 parameters
-    model = model.to_empty(device=device).requires_grad_(False)
+    # to_empty's empty_like on meta tensors runs through torch._refs, whose first call imports sympy
+    # (1-3 s of every start); the parameters are contiguous, so a plain empty of the shape is the same.
+    model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+    model = model.requires_grad_(False)
     model.tie_weights()  # to_empty materialises shared parameters separately
     model.kv_cache_scales = {}
     if load_format == "dummy" and tp is None:

@@ -1,23 +1,23 @@
 """Conformance of the server around the API: API keys, body limits, client disconnects, /metrics,
-/health and the native /generate. The API-key tests share one extra server started with
-`--api-key` and a small `--max-request-body-bytes`."""
+/health and the native /generate. The API-key tests use the session's
+`keyed_server` (tests/conftest.py: `--api-key`, a small `--max-request-body-bytes`), which the
+hostile-input tests share."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Server, start_server
+from tests.conftest import KEYED_API_KEY, KEYED_BODY_LIMIT, Server
 from tests.e2e.test_conformance import MODEL, client, good_request_in_flight
 
-KEY = "sk-conformance"
-BODY_LIMIT = 4096
+KEY = KEYED_API_KEY
+BODY_LIMIT = KEYED_BODY_LIMIT
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ROUTES = [
     ("GET", "/v1/models", None),
@@ -30,14 +30,6 @@ ROUTES = [
     ("POST", "/flush_cache", None),
     ("GET", "/metrics", None),
 ]
-
-
-@pytest.fixture(scope="module")
-def keyed_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(model_dir, tmp_path_factory.mktemp("keyed"), "--api-key", KEY,
-                     "--max-request-body-bytes", str(BODY_LIMIT), "--max-total-tokens", "4096")
-    yield s
-    s.stop()
 
 
 @pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=[f"{m} {p}" for m, p, _ in ROUTES])

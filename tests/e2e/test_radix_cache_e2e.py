@@ -16,7 +16,7 @@ from radixrt.engine import Engine
 from tests.conftest import Server
 
 MODEL = "SmolLM2-135M-Instruct"
-GREEDY = {"temperature": 0.0, "max_new_tokens": 12}
+GREEDY = {"temperature": 0.0, "max_new_tokens": 8}
 
 
 def _prompts(engine: Engine) -> list[list[int]]:
@@ -77,7 +77,7 @@ def test_long_shared_system_prompt_reports_cached_tokens(server: Server) -> None
 
 def test_aborted_burst_leaves_nothing_protected(server: Server) -> None:
     rng = random.Random(1)
-    body = {"model": MODEL, "max_tokens": 64, "temperature": 0.7, "stream": True, "ignore_eos": True}
+    body = {"model": MODEL, "max_tokens": 32, "temperature": 0.7, "stream": True, "ignore_eos": True}
 
     def one(i: int) -> None:
         prompt = f"Tell me a long story about the number {i}. " * rng.randrange(1, 20)

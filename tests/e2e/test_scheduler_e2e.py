@@ -11,7 +11,7 @@ import pytest
 from radixrt.engine import Engine
 from radixrt.protocol import GenerateReq
 
-GREEDY = {"temperature": 0.0, "max_new_tokens": 48, "ignore_eos": True}
+GREEDY = {"temperature": 0.0, "max_new_tokens": 16, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,8 @@ def test_chunked_prefill_gives_the_same_tokens(model_dir: Path, prompts, unchunk
 
 
 def test_workload_several_times_the_pool_completes_correctly(model_dir: Path, prompts, unchunked) -> None:
-    """A pool of 320 tokens for ~1,000 tokens of work: eviction and retraction, same tokens, no leak."""
-    eng = Engine(model_path=str(model_dir), max_total_tokens=320, page_size=16, chunked_prefill_size=64,
+    """A pool of 256 tokens for ~840 tokens of work: eviction and retraction, same tokens, no leak."""
+    eng = Engine(model_path=str(model_dir), max_total_tokens=256, page_size=16, chunked_prefill_size=64,
                  device="cpu")
     outs = eng.generate(prompts, GREEDY)
     assert [o["output_ids"] for o in outs] == unchunked
@@ -48,7 +48,7 @@ def test_engine_overlap_on_and_off_give_the_same_tokens(model_dir: Path, prompts
     greedy and seeded sampling give the same tokens with it off, and device time is accounted."""
     eng = Engine(model_path=str(model_dir), chunked_prefill_size=64, max_total_tokens=8192, device="cpu")
     assert eng.overlap
-    seeded = {"temperature": 0.9, "top_p": 0.9, "seed": 5, "max_new_tokens": 24, "ignore_eos": True}
+    seeded = {"temperature": 0.9, "top_p": 0.9, "seed": 5, "max_new_tokens": 12, "ignore_eos": True}
     on = [o["output_ids"] for o in eng.generate(prompts, GREEDY)]
     on_seeded = [o["output_ids"] for o in eng.generate(prompts[:3], seeded)]
     assert eng.pipeline.gpu_busy_ms_total > 0 and eng.pipeline.num_passes > 0

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
-import re
-import signal
 import time
 from pathlib import Path
 
@@ -14,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -81,46 +78,9 @@ def test_sixteen_concurrent_requests_match_solo_runs(server: Server) -> None:
     assert all(t for t in together)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def test_killing_the_worker_stops_the_server(model_dir: Path, tmp_path: Path) -> None:
-    s = start_server(model_dir, tmp_path, "--max-total-tokens", "4096")
-    try:  # a failed assertion must not leave the server running
-        deadline = time.monotonic() + 10  # the launcher may log the last "ready" line just after /health
-        while True:
-            log = s.log()
-            ready = re.finditer(r"(\w+) process ready \(pid (\d+)\)", log)
-            pids = {m.group(1): int(m.group(2)) for m in ready}
-            if len(pids) == 3 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        ipc_dir = re.search(r"ipc dir (\S+)", log).group(1)
-        assert set(pids) == {"worker", "scheduler", "tokenizer"}
-        assert Path(ipc_dir).is_dir()
-        os.kill(pids["worker"], signal.SIGKILL)
-        code = s.proc.wait(timeout=20)
-    finally:
-        s.stop()
-    assert code != 0
-    deadline = time.monotonic() + 10
-    while any(_pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_pid_alive(p) for p in pids.values())
-    assert not Path(ipc_dir).exists()
-
-
-def test_sigterm_stops_cleanly(model_dir: Path, tmp_path: Path) -> None:
-    s = start_server(model_dir, tmp_path, "--max-total-tokens", "4096")
-    pids = [int(p) for p in re.findall(r"process ready \(pid (\d+)\)", s.log())]
-    assert s.stop() == 0
-    time.sleep(0.5)
-    assert not any(_pid_alive(p) for p in pids)
+# A SIGKILLed worker ending the server: tests/reliability/test_faults.py (under load, same checks).
+# SIGTERM stopping an idle server cleanly (exit 0, no child left): the teardown of the session's
+# `server` and `keyed_server` fixtures (tests/conftest.py, stop_cleanly), without a server of its own.
 
 
 def test_missing_model_exits_2(tmp_path: Path) -> None:

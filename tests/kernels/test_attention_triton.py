@@ -129,7 +129,11 @@ def test_triton_backend_cascade_decode(device, fused_max_suffix, splits):
     backend = TritonAttnBackend(pool, num_q_heads=HQ, max_batch_size=8,
                                 cascade_fused_max_suffix=fused_max_suffix)
     a, c = Req(pages=[5, 9]), Req(pages=list(range(10, 23)))
-    run_pass(backend, ForwardMode.EXTEND, [a, c], [20, 200], gen, device, torch.float32, 1e-4)
+    run_pass(backend, ForwardMode.EXTEND, [a], [20], gen, device, torch.float32, 1e-4)
+    # C's 200-token history is written straight into the pool: its prefill through the interpreter
+    # took 19 s and is not what this test is about (test_triton_backend_over_passes covers extend)
+    c_slots = slots_of(torch.tensor(c.pages, dtype=torch.int32), PAGE, 0, 200).to(device)
+    c.history = [(k_bufs[layer][c_slots].clone(), v_bufs[layer][c_slots].clone()) for layer in range(LAYERS)]
     b = Req(pages=[5, 2], history=[(kk[:16], vv[:16]) for kk, vv in a.history])
     run_pass(backend, ForwardMode.EXTEND, [b], [3], gen, device, torch.float32, 1e-4)
     ints = {"dtype": torch.int32, "device": device}

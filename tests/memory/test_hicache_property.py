@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -221,8 +222,14 @@ class TwoTierMachine(RuleBasedStateMachine):
         assert self.tier.host.num_free_pages() == self.tier.host.num_total_pages
 
 
+_SUPPRESS = [HealthCheck.too_slow, HealthCheck.filter_too_much]
+# `make test` runs a third of the examples at full depth; `pytest -m stress` runs them all.
 TestTwoTierProperties = TwoTierMachine.TestCase
-TestTwoTierProperties.settings = settings(
-    max_examples=120, stateful_step_count=80, deadline=None, database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+TestTwoTierProperties.settings = settings(max_examples=40, stateful_step_count=80, deadline=None,
+                                        database=None, suppress_health_check=_SUPPRESS)
+
+
+@pytest.mark.stress
+class TestTwoTierPropertiesStress(TwoTierMachine.TestCase):
+    settings = settings(max_examples=120, stateful_step_count=80, deadline=None, database=None,
+                        suppress_health_check=_SUPPRESS)

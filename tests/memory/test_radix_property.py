@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -273,8 +274,14 @@ class KVMachine(RuleBasedStateMachine):
         self.cache.check_invariants({})
 
 
+_SUPPRESS = [HealthCheck.too_slow, HealthCheck.filter_too_much]
+# `make test` runs a quarter of the examples at full depth; `pytest -m stress` runs them all.
 TestKVManagerProperties = KVMachine.TestCase
-TestKVManagerProperties.settings = settings(
-    max_examples=200, stateful_step_count=150, deadline=None, database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+TestKVManagerProperties.settings = settings(max_examples=50, stateful_step_count=150, deadline=None,
+                                          database=None, suppress_health_check=_SUPPRESS)
+
+
+@pytest.mark.stress
+class TestKVManagerPropertiesStress(KVMachine.TestCase):
+    settings = settings(max_examples=200, stateful_step_count=150, deadline=None, database=None,
+                        suppress_health_check=_SUPPRESS)

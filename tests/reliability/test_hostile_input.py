@@ -5,8 +5,6 @@ cache_salt keeps tenants' prefixes apart."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,11 +12,12 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from bench.server_proc import Server, start_server
+from bench.server_proc import Server
+from tests.conftest import KEYED_API_KEY
 
 schemathesis = pytest.importorskip("schemathesis")  # a test extra; absent on the GPU machine
 
-KEY = "sk-reliability-8f3e1c9a2b7d"
+KEY = KEYED_API_KEY
 AUTH = {"authorization": f"Bearer {KEY}"}
 MODEL = "SmolLM2-135M-Instruct"
 MAX_EXAMPLES = 12  # per route and method: bounded for CI
@@ -26,14 +25,10 @@ MAX_EXAMPLES = 12  # per route and method: bounded for CI
 ERROR_SHAPE = {"/v1/messages": "anthropic"}
 
 
-@pytest.fixture(scope="module")
-def keyed(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(model_dir, tmp_path_factory.mktemp("hostile"), "--api-key", KEY,
-                     "--request-timeout", "6", "--max-total-tokens", "16384",
-                     "--max-request-body-bytes", "65536",
-                     env={"RADIXRT_DEBUG_INVARIANTS": "1"})
-    yield s
-    s.stop()
+@pytest.fixture
+def keyed(keyed_server: Server) -> Server:
+    """The session's keyed server (tests/conftest.py), shared with tests/e2e/test_conformance_server.py."""
+    return keyed_server
 
 
 def error_body_problem(path: str, status: int, content: bytes) -> str | None:
