@@ -75,6 +75,10 @@ def run_worker(args: ServerArgs, addrs: IpcAddresses, model_dir: Path, tp_rank: 
     to_launcher.send(protocol.Ready(process=name, protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
                                     info=info))
     _serve(runner, inbox, results)
+    if args.tp_size > 1:  # a gloo / NCCL group left to the interpreter's exit can abort the process
+        from radixrt.parallel.group import destroy_tp_group
+
+        destroy_tp_group()
     ctx.destroy(linger=1000)
     sys.exit(0)
 

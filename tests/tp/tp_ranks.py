@@ -66,15 +66,20 @@ def write_safetensors(model_dir: Path) -> None:
 def rank_main(rank: int, store: str, cases: list[tuple[str, str]], out_dir: str) -> None:
     """torch.multiprocessing.spawn target: join a 2-rank gloo group, compute every (model dir,
     load format) case, and (rank 0) save the results to out_dir/tp2.pt."""
-    from radixrt.parallel.group import init_tp_group
+    import torch.distributed as dist
+
+    from radixrt.parallel.group import destroy_tp_group, init_tp_group
 
     torch.set_num_threads(1)
     tp = init_tp_group(rank, 2, store, "cpu")
-    results = [compute(Path(d), fmt, tp) for d, fmt in cases]
-    if rank == 0:
-        torch.save(results, Path(out_dir) / "tp2.pt")
-    else:
-        torch.save(results, Path(out_dir) / "tp2_rank1.pt")
+    try:
+        results = [compute(Path(d), fmt, tp) for d, fmt in cases]
+        torch.save(results, Path(out_dir) / ("tp2.pt" if rank == 0 else "tp2_rank1.pt"))
+        dist.barrier()  # neither rank leaves while the other still talks to it
+    finally:
+        # a gloo group left to the interpreter's exit can abort the process (a joinable thread
+        # destroyed: "terminate called without an active exception", seen once in the full suite)
+        destroy_tp_group()
 
 
 def copy_config(src: Path, dst: Path) -> Path:
