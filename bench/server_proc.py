@@ -17,6 +17,15 @@ from pathlib import Path
 import httpx
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,7 +7,6 @@ schema-valid JSON because it cannot write anything else.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
 import json
 import re
@@ -16,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.agent_tools import weather_tool
+from tests.agent_tools import run_weather_agent
 from tests.conftest import Server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -118,17 +117,7 @@ def test_bad_schema_is_a_400_and_the_server_keeps_serving(server: Server) -> Non
 
 def test_agents_sdk_runs_a_function_tool(server: Server) -> None:
     agents = pytest.importorskip("agents")
-    get_weather, calls = weather_tool(agents)
-
-    agents.set_tracing_disabled(True)
-    model = agents.OpenAIChatCompletionsModel(
-        model=MODEL, openai_client=openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="none",
-                                                      max_retries=0, timeout=300))
-    agent = agents.Agent(name="weather", instructions="Answer with the weather tool.", model=model,
-                         tools=[get_weather], tool_use_behavior="stop_on_first_tool",
-                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
-                                                             parallel_tool_calls=False, max_tokens=96))
-    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3))
+    result, calls = run_weather_agent(agents, openai, f"{server.base_url}/v1", MODEL, "none")
     assert calls and all(isinstance(c, str) for c in calls)
     assert result.final_output == f"18 C and sunny in {calls[0]}"
 

@@ -5,7 +5,6 @@ then the gateway is killed, then the whole fleet is stopped."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -23,7 +22,7 @@ import openai
 import pytest
 
 from bench.server_proc import free_port
-from tests.agent_tools import weather_tool
+from tests.agent_tools import run_weather_agent
 
 pytest.importorskip("smg", reason="radixrt[fleet] (the smg gateway) is not installed")
 
@@ -218,17 +217,7 @@ def test_killed_replica_model_stays_served(fleet: Fleet) -> None:
 
 def test_openai_agents_sdk_through_the_gateway(fleet: Fleet) -> None:
     agents = pytest.importorskip("agents")
-    get_weather, calls = weather_tool(agents)
-
-    agents.set_tracing_disabled(True)
-    model = agents.OpenAIChatCompletionsModel(
-        model="alpha", openai_client=openai.AsyncOpenAI(base_url=f"{fleet.url}/v1", api_key=KEY,
-                                                        max_retries=0, timeout=300))
-    agent = agents.Agent(name="weather", instructions="Answer with the weather tool.", model=model,
-                         tools=[get_weather], tool_use_behavior="stop_on_first_tool",
-                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
-                                                             parallel_tool_calls=False, max_tokens=96))
-    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3))
+    result, calls = run_weather_agent(agents, openai, f"{fleet.url}/v1", "alpha", KEY)
     assert calls and result.final_output == f"18 C and sunny in {calls[0]}"
 
 

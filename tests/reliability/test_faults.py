@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from bench.server_proc import Server, start_server
+from bench.server_proc import Server, pid_alive, start_server
 
 MODEL = "SmolLM2-135M-Instruct"
 BODY = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
@@ -29,14 +29,6 @@ def _pids(s: Server) -> tuple[dict[str, int], Path]:
             break
         time.sleep(0.1)
     return pids, Path(re.search(r"ipc dir (\S+)", log).group(1))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 class Streams:
@@ -95,9 +87,9 @@ def test_sigkill_of_a_child_under_load(role: str, model_dir: Path, tmp_path: Pat
             event = orjson.loads(lines[-2].removeprefix("data: "))
             assert event["error"]["type"] == "service_unavailable", event
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(p) for p in pids.values())
+    assert not any(pid_alive(p) for p in pids.values())
     assert not ipc_dir.exists()
 
 
@@ -128,4 +120,4 @@ def test_health_then_sigterm_drains(model_dir: Path, tmp_path: Path) -> None:
         assert err is None and lines[-1] == "data: [DONE]", (lines[-3:], err)
         finals = [orjson.loads(x.removeprefix("data: ")) for x in lines[:-1]]
         assert finals[-1]["choices"][0]["finish_reason"] == "length", finals[-1]
-    assert not any(_alive(p) for p in pids.values()) and not ipc_dir.exists()
+    assert not any(pid_alive(p) for p in pids.values()) and not ipc_dir.exists()

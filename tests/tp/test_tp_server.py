@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bench.dummy_tokenizer import make_dummy_model_dir
-from bench.server_proc import Server, start_server
+from bench.server_proc import Server, pid_alive, start_server
 from tests.tp.tp_ranks import CONFIG_DIR, MAX_NEW, PROMPTS, compute
 
 
@@ -34,14 +34,6 @@ def tp_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
                      "--max-running-requests", "4", "--cpu-threads", "1", timeout_s=300)
     yield s
     s.stop()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_openai_client_chat(tp_server: Server) -> None:
@@ -80,5 +72,5 @@ def test_sigkill_of_one_rank_stops_the_server(tp_server: Server) -> None:
     exit_s = time.monotonic() - t0
     assert code != 0
     print(f"launcher exited {exit_s:.2f} s after the SIGKILL of worker1")  # bound: CRASH_STOP_GRACE_S
-    assert not any(_alive(p) for p in pids.values())  # the launcher waited for every child
+    assert not any(pid_alive(p) for p in pids.values())  # the launcher waited for every child
     assert not ipc_dir.exists()
