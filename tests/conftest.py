@@ -42,7 +42,7 @@ def _patch_interpreter_scalar_index() -> None:
 if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_interpreter_scalar_index()
 
-from bench.server_proc import Server, start_server  # noqa: E402
+from bench.server_proc import Server, pid_alive, start_server  # noqa: E402
 from radixrt.config import Env  # noqa: E402
 
 __all__ = ["KEYED_API_KEY", "KEYED_BODY_LIMIT", "Server", "start_server"]
@@ -84,14 +84,6 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     stop_cleanly(s)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def stop_cleanly(s: Server) -> None:
     """SIGTERM `s` (idle); assert the launcher exits 0 (within Server.stop's 20 s) and that none of
     its children is alive 0.5 s later. Raises AssertionError (a teardown error) otherwise."""
@@ -99,7 +91,7 @@ def stop_cleanly(s: Server) -> None:
     assert pids, s.log()[-2000:]
     assert s.stop() == 0, s.log()[-2000:]
     time.sleep(0.5)
-    assert not any(_pid_alive(p) for p in pids), s.log()[-2000:]
+    assert not any(pid_alive(p) for p in pids), s.log()[-2000:]
 
 
 @pytest.fixture(scope="session")
