@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from radixrt.config import ServerArgs
 from radixrt.memory.kv_manager import KVManager
 from radixrt.scheduler.cascade import DEFAULT_MIN_SAVED_TOKENS
+from radixrt.scheduler.chunking import DEFAULT_ATTENTION_CONTEXT, attention_context
 from radixrt.scheduler.scheduler import Scheduler
 
 log = logging.getLogger("radixrt.scheduler")
@@ -21,7 +23,8 @@ def build_scheduler(args: ServerArgs, worker_info: dict[str, Any],
 
     Cascade grouping is on only with the triton attention backend (the one that runs it) and
     unless --disable-cascade-attention. model_dir: where the tokenizer for grammar-constrained
-    decoding is read (see grammar_compiler_for); None: constrained requests are refused.
+    decoding is read (see grammar_compiler_for); None: constrained requests are refused. Its
+    config.json also gives adaptive chunking its cost model (attention_context_of).
     Raises KeyError when worker_info lacks a field.
     """
     compiler = None
@@ -41,7 +44,21 @@ def build_scheduler(args: ServerArgs, worker_info: dict[str, Any],
         cascade_min_saved_tokens=0 if (args.disable_cascade_attention
                                        or worker_info.get("attention_backend") != "triton")
         else DEFAULT_MIN_SAVED_TOKENS, grammar_compiler=compiler,
-        adaptive_chunk=args.adaptive_chunked_prefill())
+        adaptive_chunk=args.adaptive_chunked_prefill(), attn_context=attention_context_of(model_dir))
+
+
+def attention_context_of(model_dir: Path | None) -> int:
+    """chunking.attention_context of the model whose config.json is in model_dir (Hugging Face
+    field names); DEFAULT_ATTENTION_CONTEXT when model_dir is None or the file lacks a size."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text()) if model_dir is not None else {}
+        cfg = cfg.get("text_config", cfg)
+        hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        return attention_context(hidden, int(cfg["intermediate_size"]), heads * head_dim, kv_heads * head_dim)
+    except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return DEFAULT_ATTENTION_CONTEXT
 
 
 @functools.lru_cache(maxsize=4)

@@ -26,12 +26,14 @@ from radixrt.protocol import ForwardBatch, ForwardResult, GrammarMask
 from radixrt.scheduler.batch import ScheduledBatch, build_forward_batch
 from radixrt.scheduler.scheduler import Scheduler
 
-# A pass with at least this many prompt tokens runs long (tens to hundreds of ms on a GPU), so the
-# next pass is built after it ends rather than during it: requests that arrive meanwhile join the
-# very next pass (lower TTFT), and the few ms of scheduling that overlap would hide are small
-# next to such a pass. Shorter passes (decode, small prefills) keep overlap scheduling, and so
-# does a long pass that left requests waiting: the next pass has queued work to take (e.g. the
-# requests deferred behind a shared prefix this pass publishes), so it is built at once.
+# A pass whose prompt chunks cost at least this many tokens' time (Scheduler.prefill_cost: a chunk
+# deep into a long prompt costs more than its token count, scheduler/chunking.py) runs long (tens to
+# hundreds of ms on a GPU), so the next pass is built after it ends rather than during it: requests
+# that arrive meanwhile join the very next pass (lower TTFT), and the few ms of scheduling that
+# overlap would hide are small next to such a pass. Shorter passes (decode, small prefills) keep
+# overlap scheduling, and so does a long pass that left requests waiting: the next pass has queued
+# work to take (e.g. the requests deferred behind a shared prefix this pass publishes), so it is
+# built at once.
 LATE_BINDING_PREFILL_TOKENS = 1024
 
 
@@ -80,8 +82,9 @@ class _InFlight:
     handle: Any
     after_idle: bool  # launched with nothing in flight after a step with no work: its gap is not idle
     num_prefill_tokens: int  # prompt tokens (of extends longer than one token)
+    prefill_cost: float  # their estimated cost, in tokens (Scheduler.prefill_cost)
     record: PassRecord
-    long: bool = False  # >= LATE_BINDING_PREFILL_TOKENS of them, and nobody waiting after its step
+    long: bool = False  # cost >= LATE_BINDING_PREFILL_TOKENS, and nobody waiting after its step
 
 
 class PassPipeline:
@@ -137,7 +140,7 @@ class PassPipeline:
                                 launch_ms=(t3 - t2) * 1e3)
             num_prefill = sum(it.extend_len for it in sb.items if it.extend_len > 1)
             after_idle = not self._prev_busy and self.in_flight is None
-            launched = _InFlight(sb, handle, after_idle, num_prefill, record)
+            launched = _InFlight(sb, handle, after_idle, num_prefill, self.sched.prefill_cost(sb), record)
         busy = sb is not None or self.in_flight is not None
         self._prev_busy = busy
         has_deferred = launched is not None and sb.grammar is not None and len(sb.grammar[2]) > 0
@@ -152,7 +155,7 @@ class PassPipeline:
         self.in_flight = launched
         if launched is not None:  # (requests that arrived while the previous pass ran count as waiting)
             launched.long = (not self.sched.waiting
-                             and launched.num_prefill_tokens >= LATE_BINDING_PREFILL_TOKENS)
+                             and launched.prefill_cost >= LATE_BINDING_PREFILL_TOKENS)
         return busy
 
     def finish_in_flight(self) -> None:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,14 @@ from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
-from radixrt.scheduler.chunking import ChunkCap, chunk_cap
+from radixrt.scheduler.chunking import (
+    DEFAULT_ATTENTION_CONTEXT,
+    ChunkCap,
+    chunk_cap,
+    is_interactive,
+    latency_chunk,
+    prefill_cost,
+)
 from radixrt.scheduler.grammar import GrammarResolved, GrammarStage
 from radixrt.scheduler.outputs import OutputStage
 from radixrt.scheduler.policy import AdmittedInStep, defer_for_shared_prefix, order_waiting
@@ -42,8 +51,11 @@ class Scheduler:
         kv: the KV manager (page allocator + radix cache).
         max_running_requests: cap on admitted (running) requests; also the worker's page-table rows.
         chunk_size: max new prompt tokens per pass (chunked prefill); <= 0 means unlimited.
-        adaptive_chunk: cut long prompt chunks to a latency chunk while decodes run or other
-            prompts wait (scheduler/chunking.py); False: the chunk is fixed (an explicit flag).
+        adaptive_chunk: bound long prompt chunks by their estimated cost, to a latency chunk's
+            while decodes run, other prompts wait or short requests arrived recently
+            (scheduler/chunking.py); False: the chunk is fixed in tokens (an explicit flag).
+        attn_context: the model's chunking.attention_context (tokens), for chunk costs.
+        clock: monotonic seconds, read at arrivals and steps (tests pass a fake).
         context_len: max prompt + output tokens. vocab_size: token ids must be below it.
         eos_token_ids: tokens that end a request (unless ignore_eos).
         max_prefill_tokens: new prompt tokens admitted per pass (--max-prefill-tokens); without
@@ -58,13 +70,18 @@ class Scheduler:
                  context_len: int, vocab_size: int, eos_token_ids: list[int], schedule_policy: str = "lpm",
                  max_queued_requests: int = 4096, random_seed: int = 0,
                  cascade_min_saved_tokens: int = 0, max_prefill_tokens: int = UNCHUNKED,
-                 grammar_compiler: Any = None, adaptive_chunk: bool = False) -> None:
+                 grammar_compiler: Any = None, adaptive_chunk: bool = False,
+                 attn_context: int = DEFAULT_ATTENTION_CONTEXT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.kv = kv
         self.page_size = page_size
         self.max_running = max_running_requests
         self.chunk_size = chunk_size if chunk_size > 0 else UNCHUNKED
         self.max_prefill_tokens = max_prefill_tokens
         self.adaptive_chunk = adaptive_chunk and self.chunk_size < UNCHUNKED
+        self.attn_context = attn_context
+        self.clock = clock
+        self.last_short_arrival_s: float | None = None  # clock() at the newest short prompt's arrival
         self.context_len = context_len
         self.vocab_size = vocab_size
         self.eos_token_ids = set(eos_token_ids)
@@ -118,6 +135,9 @@ class Scheduler:
             self._finish(req, "length")
             return req
         self.waiting.append(req)
+        if self.adaptive_chunk and not internal and len(prompt) <= latency_chunk(self.chunk_size,
+                                                                                 self.page_size):
+            self.last_short_arrival_s = self.clock()  # interactive traffic (chunking.is_interactive)
         return req
 
     def _validate(self, prompt: np.ndarray) -> str | None:
@@ -156,22 +176,25 @@ class Scheduler:
         # new prompt tokens in this pass: a chunk, at most --max-prefill-tokens (unchunked: see _admit)
         budget = (self.chunk_size if self.chunk_size >= UNCHUNKED
                   else min(self.chunk_size, self.max_prefill_tokens))
-        # long prompts' tokens in this pass (scheduler/chunking.py): adaptive, cut to a latency
-        # chunk beside decodes or other prompts; a fixed chunk leaves half of it to waiting requests
+        # long prompts' tokens in this pass (scheduler/chunking.py): adaptive, bounded by their cost,
+        # a latency chunk's beside decodes, other prompts or recent short arrivals; a fixed chunk
+        # leaves half of it to waiting requests
+        interactive = self.adaptive_chunk and is_interactive(self.clock(), self.last_short_arrival_s)
         cap = chunk_cap(self.chunk_size, self.page_size, self.adaptive_chunk, self.running,
-                        len(self.waiting))
+                        len(self.waiting), self.attn_context, interactive)
         items = sb.items
         for req in list(self.running):
             if req.state is not ReqState.RUNNING:  # retracted while making room for another
                 continue
             if self._final_token_pending(req):
                 continue  # overlap: its last token is still being sampled (and ends it)
-            to_compute = len(req.token_ids) - req.kv.kv_len  # type: ignore[union-attr]  # running: kv set
-            take = 1 if to_compute == 1 else min(to_compute, budget, cap.limit(to_compute))
+            start = req.kv.kv_len  # type: ignore[union-attr]  # running: kv set
+            to_compute = len(req.token_ids) - start
+            take = 1 if to_compute == 1 else min(to_compute, budget, cap.limit(to_compute, start))
             if take <= 0:
                 continue
             if take > 1:
-                cap.take(to_compute, take)
+                cap.take(to_compute, start, take)
             item = self._reserve(req, take, sb)
             if item is not None:
                 items.append(item)
@@ -201,6 +224,11 @@ class Scheduler:
             self.num_cascade_passes += sb.cascade is not None
         self.next_batch_id += 1
         return sb
+
+    def prefill_cost(self, sb: ScheduledBatch) -> float:
+        """Estimated device time of sb's prompt chunks, in tokens of linear-layer time
+        (chunking.prefill_cost): a chunk deep into a long prompt costs more than its token count."""
+        return prefill_cost([(it.start, it.extend_len) for it in sb.items], self.attn_context)
 
     def _publish_prompt_chunks(self, sb: ScheduledBatch) -> None:
         """Publish the prompt chunks of this pass to the radix tree now, before the pass runs.
@@ -284,7 +312,7 @@ class Scheduler:
                 self.kv.release(kv)
                 continue
             remaining = req.seq_len - kv.kv_len
-            take = min(remaining, budget, prefill_left, cap.limit(remaining, admitting=True))
+            take = min(remaining, budget, prefill_left, cap.limit(remaining, kv.kv_len, admitting=True))
             if take <= 0:  # a long prompt while this pass's long chunks are spent: shorter ones go on
                 self.kv.release(kv)
                 continue
@@ -306,7 +334,7 @@ class Scheduler:
                     continue
                 break
             start = kv.kv_len - take
-            cap.take(remaining, take)
+            cap.take(remaining, start, take)
             self.waiting.remove(req)
             req.kv, req.state = kv, ReqState.RUNNING
             if req.num_retractions == 0:
