@@ -25,16 +25,10 @@ import numpy as np
 from radixrt.memory.kv_manager import KVManager
 from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams
+from radixrt.scheduler import chunking
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
-from radixrt.scheduler.chunking import (
-    DEFAULT_ATTENTION_CONTEXT,
-    ChunkCap,
-    chunk_cap,
-    is_interactive,
-    latency_chunk,
-    prefill_cost,
-)
+from radixrt.scheduler.chunking import ChunkCap
 from radixrt.scheduler.grammar import GrammarResolved, GrammarStage
 from radixrt.scheduler.outputs import OutputStage
 from radixrt.scheduler.policy import AdmittedInStep, defer_for_shared_prefix, order_waiting
@@ -71,7 +65,7 @@ class Scheduler:
                  max_queued_requests: int = 4096, random_seed: int = 0,
                  cascade_min_saved_tokens: int = 0, max_prefill_tokens: int = UNCHUNKED,
                  grammar_compiler: Any = None, adaptive_chunk: bool = False,
-                 attn_context: int = DEFAULT_ATTENTION_CONTEXT,
+                 attn_context: int = chunking.DEFAULT_ATTENTION_CONTEXT,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.kv = kv
         self.page_size = page_size
@@ -135,9 +129,9 @@ class Scheduler:
             self._finish(req, "length")
             return req
         self.waiting.append(req)
-        if self.adaptive_chunk and not internal and len(prompt) <= latency_chunk(self.chunk_size,
-                                                                                 self.page_size):
-            self.last_short_arrival_s = self.clock()  # interactive traffic (chunking.is_interactive)
+        short = len(prompt) <= chunking.latency_chunk(self.chunk_size, self.page_size)
+        if self.adaptive_chunk and short and not internal:  # interactive traffic (is_interactive)
+            self.last_short_arrival_s = self.clock()
         return req
 
     def _validate(self, prompt: np.ndarray) -> str | None:
@@ -179,9 +173,9 @@ class Scheduler:
         # long prompts' tokens in this pass (scheduler/chunking.py): adaptive, bounded by their cost,
         # a latency chunk's beside decodes, other prompts or recent short arrivals; a fixed chunk
         # leaves half of it to waiting requests
-        interactive = self.adaptive_chunk and is_interactive(self.clock(), self.last_short_arrival_s)
-        cap = chunk_cap(self.chunk_size, self.page_size, self.adaptive_chunk, self.running,
-                        len(self.waiting), self.attn_context, interactive)
+        recent = self.adaptive_chunk and chunking.is_interactive(self.clock(), self.last_short_arrival_s)
+        cap = chunking.chunk_cap(self.chunk_size, self.page_size, self.adaptive_chunk, self.running,
+                                 len(self.waiting), self.attn_context, recent)
         items = sb.items
         for req in list(self.running):
             if req.state is not ReqState.RUNNING:  # retracted while making room for another
@@ -228,7 +222,7 @@ class Scheduler:
     def prefill_cost(self, sb: ScheduledBatch) -> float:
         """Estimated device time of sb's prompt chunks, in tokens of linear-layer time
         (chunking.prefill_cost): a chunk deep into a long prompt costs more than its token count."""
-        return prefill_cost([(it.start, it.extend_len) for it in sb.items], self.attn_context)
+        return chunking.prefill_cost([(it.start, it.extend_len) for it in sb.items], self.attn_context)
 
     def _publish_prompt_chunks(self, sb: ScheduledBatch) -> None:
         """Publish the prompt chunks of this pass to the radix tree now, before the pass runs.
