@@ -344,7 +344,10 @@ def decode_attention(
                         splits then cover that range; kv_start >= seq_len gives a zero row). None
                         (default) means 0, with the same code and speed as before it existed.
     k_scale, v_scale  : host floats, the per-layer scales of an FP8 (float8_e4m3fn) pool: the
-                        pool holds K / k_scale and V / v_scale (store_kv); 1.0 for other pools
+                        pool holds K / k_scale and V / v_scale (store_kv); 1.0 for other pools.
+                        An FP8 pool's split stage takes the "decode_fp8" config: with kv_dot
+                        "f16" (GPU default) q is rounded to fp16 (clamped to +-65504) and both
+                        dots run in fp16, whatever q's dtype
     Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices.
     """
     check_decode_args(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, num_kv_splits)

@@ -176,7 +176,7 @@ def f16_grid(m: int) -> list[G.SkinnyConfig]:
     """f16_dot configs of the M = 1 grid (M > 1: a few wider tiles)."""
     if m > 1:
         return [G.SkinnyConfig(bn, bk, s, 4, st, use_dot=True, f16_dot=True)
-                for bn, bk, st in ((64, 256, 4), (128, 256, 3), (64, 512, 3)) for s in (1, 2)]
+                for bn, bk, st in ((64, 256, 4), (64, 128, 4), (128, 128, 3)) for s in (1, 2)]
     return [G.SkinnyConfig(bn, bk, s, w, st, use_dot=True, f16_dot=True)
             for bn, bk, w in ((16, 512, 4), (32, 512, 4), (64, 256, 4), (16, 512, 2))
             for st in (4, 3) for s in (1, 2, 4)]
