@@ -48,6 +48,11 @@ for s in "$@"; do
     # issue 19: FP8 weights (Triton skinny GEMV / _scaled_mm) and FP8 KV against bf16
     fp8) stage fp8 330 python3 bench/fp8_bench.py --model-config qwen2.5-7b --load-format dummy \
         --out "$OUT/fp8.json" ;;
+    # issue 19: FP8 KV decode attention (kv_dot q / f16 x blocks x splits) and FP8-weight skinny GEMM
+    # (fp8_config_legacy / fp8_config / f16_dot grid) against bf16, old and new side by side (~4 min)
+    # (every variant is checked against a reference on the GPU before it is timed)
+    fp8-sweep) stage fp8-sweep 235 python3 bench/kernels/sweep_fp8.py --budget-s 165 --out "$OUT/sweep-fp8.json" \
+        --best-out "$OUT/fp8-attn-best.json" ;;
     tests) stage gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     # issue 19 part 2: every attention config variant checked against torch SDPA, then timed beside

@@ -3,8 +3,14 @@
 Kinds (the launcher that reads each):
   decode        split stage of decode_attention (BLOCK_N keys per step, num_warps, num_stages)
   decode_fused  the same stage in the fused cascade form (it also merges the prefix partials)
+  decode_fp8    the split stage over an FP8 (e4m3) pool: blocks as "decode", plus kv_dot, the dtype of
+                its two dots: "f16" (q, K, V and P in fp16: K/V widened by one packed
+                cvt.rn.f16x2.e4m3x2 per two values) or "q" (K/V widened to q's dtype, the form before
+                2026-12-02: e4m3 -> bf16 takes that cvt plus one cvt.bf16.f16 per value); kv_dot
+                also applies to the fused form over an FP8 pool
   decode_splits the split-count rule of choose_num_kv_splits (see there): policy "per_sm"
                 (programs_per_sm, min_split_tokens) or "waves" (occupancy, merge_tokens)
+  decode_splits_fp8 the same rule for FP8 pools (choose_num_kv_splits(kv_fp8=True))
   extend        extend_attention with a cached prefix or a long extend (BLOCK_M, BLOCK_N, num_warps,
                 num_stages, USE_TMA: the new tokens' K/V read through TMA tensor descriptors)
   extend_short  extend_attention when every prompt and prefix is short (short_max tokens or fewer)
@@ -33,8 +39,10 @@ from pathlib import Path
 from ._checks import check, next_pow2
 
 ENV_VAR = "RADIXRT_ATTN_CONFIG"
-KINDS = ("decode", "decode_fused", "decode_splits", "extend", "extend_short", "cascade")
+KINDS = ("decode", "decode_fused", "decode_fp8", "decode_splits", "decode_splits_fp8", "extend",
+         "extend_short", "cascade")
 BUCKETS = ("d64", "d128", "d256")
+KV_DOTS = ("f16", "q")  # decode_fp8 kv_dot values
 
 _SPLITS = {"policy": "per_sm", "programs_per_sm": 4, "min_split_tokens": 128, "occupancy": 2,
            "merge_tokens": 256}
@@ -50,8 +58,16 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     "decode_fused": {"d64": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
                      "d128": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
                      "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}},
+    # FP8 pool (2026-12-02, reasoned, bench/kernels/sweep_fp8.py measures it): the "q" form of
+    # 2026-12-01 ran 64 x 4,096 in 129.8 us against bf16's 134.3 (H200), i.e. 2.1 TB/s, which is
+    # what 1.5 conversions per K/V value at 16 per clock per SM allow (132 SMs, ~1.9 GHz: ~100 us
+    # for 268 M values), not the bandwidth (~67 us). fp16 dots need 0.5 conversions per value.
+    "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"},
+                   "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"},
+                   "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"}},
     # 4 programs per SM and >= 128 tokens per split: the best of 2-16 per SM on an H200, 2026-11-29
     "decode_splits": {b: dict(_SPLITS) for b in BUCKETS},
+    "decode_splits_fp8": {b: dict(_SPLITS) for b in BUCKETS},  # the bf16 rule until measured
     # head dim 128 (H200, 2026-11-30, 10 configs x 6 prefill shapes): 128 x 64 / 8 warps / 3 stages
     # won every shape with a cached prefix or a long extend (8,192 new: 1,085 against 1,201 us)
     "extend": {"d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": False},
@@ -72,7 +88,10 @@ DEFAULTS: dict[str, dict[str, dict]] = {
 CPU: dict[str, dict] = {
     "decode": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
     "decode_fused": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+    # "q" keeps the fp32 tests' K/V exact; the tests swap in "f16" (tests/kernels/test_fp8_variants.py)
+    "decode_fp8": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "kv_dot": "q"},
     "decode_splits": dict(_SPLITS),
+    "decode_splits_fp8": dict(_SPLITS),
     "extend": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": False},
     "extend_short": {"short_max": 0},
     "cascade": {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1},
@@ -110,6 +129,8 @@ def _validate(table: object) -> dict[str, dict[str, dict]]:
             check(isinstance(cfg, dict), f"overrides[{kind!r}][{b!r}] must be an object")
             unknown = set(cfg) - set(DEFAULTS[kind][b]) - set(_SPLITS)
             check(not unknown, f"unknown keys {sorted(unknown)} in overrides[{kind!r}][{b!r}]")
+            check(cfg.get("kv_dot", "f16") in KV_DOTS,
+                  f"overrides[{kind!r}][{b!r}]['kv_dot'] must be one of {KV_DOTS}")
         out[kind] = copy.deepcopy(by_bucket)
     return out
 

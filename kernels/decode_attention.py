@@ -48,7 +48,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, DIRECT_OUT: tl.constexpr,
-    MERGE_PREFIX: tl.constexpr, PREFIX_SLOTS: tl.constexpr,
+    MERGE_PREFIX: tl.constexpr, PREFIX_SLOTS: tl.constexpr, KV_F16: tl.constexpr,
 ):
     # DIRECT_OUT (num_splits == 1): the program covers the whole range, so it writes the normalised
     # output to o itself and no merge stage runs (H200, 2026-11-30, batch 256 x 768 tokens: 101.7
@@ -78,6 +78,11 @@ def _decode_split_kernel(
     # the group's queries [BLOCK_H, BLOCK_D]; padding rows are zero and never stored
     qg = tl.load(q + b * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
                  mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    if KV_F16:
+        # FP8 pool, kv_dot "f16": both dots in fp16 (the loop widens K/V and P to qg's dtype). e4m3
+        # -> fp16 is exact and one packed cvt per two values; -> bf16 costs three cvts per two
+        # values, which bounded the kernel below the bandwidth. q is clamped to fp16's range.
+        qg = tl.clamp(qg.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     # stream [start, end) once for the whole group (page ids loaded one step ahead)
     m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end, qk_scale,
                                     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
@@ -154,13 +159,21 @@ def _merge_block_s(num_kv_splits: int, num_prefix_splits: int) -> int:
     return max(32, n) if num_prefix_splits else n
 
 
-def _pick_config(head_dim: int, group: int, device: torch.device, merge_prefix: bool = False) -> dict:
+def _pick_config(head_dim: int, group: int, device: torch.device, merge_prefix: bool = False,
+                 kv_fp8: bool = False) -> dict:
     """Blocks and warps for stage 1: BLOCK_N / num_warps / num_stages from the config table
-    (attention_configs, kind "decode", or "decode_fused" for the fused cascade form that also merges
-    the prefix partials). BLOCK_H pads the GQA group to >= 16 rows (tl.dot minimum)."""
-    cfg = {"BLOCK_D": next_pow2(head_dim), "BLOCK_H": max(16, next_pow2(group))}
+    (attention_configs, kind "decode", "decode_fp8" over an FP8 pool, or "decode_fused" for the
+    fused cascade form that also merges the prefix partials), and KV_F16: the pool is FP8 and
+    decode_fp8's kv_dot is "f16". BLOCK_H pads the GQA group to >= 16 rows (tl.dot minimum)."""
+    on_gpu = device.type == "cuda"
+    cfg = {"BLOCK_D": next_pow2(head_dim), "BLOCK_H": max(16, next_pow2(group)), "KV_F16": False}
+    if kv_fp8:
+        fp8 = attention_config("decode_fp8", head_dim, on_gpu)
+        cfg["KV_F16"] = fp8.pop("kv_dot") == "f16"
+        if not merge_prefix:
+            return {**cfg, **fp8}
     kind = "decode_fused" if merge_prefix else "decode"
-    return {**cfg, **attention_config(kind, head_dim, device.type == "cuda")}
+    return {**cfg, **attention_config(kind, head_dim, on_gpu)}
 
 
 def _splits_by_waves(work: int, seq_len: int, cap: int, num_sms: int, occupancy: int,
@@ -178,10 +191,12 @@ def _splits_by_waves(work: int, seq_len: int, cap: int, num_sms: int, occupancy:
 
 
 def choose_num_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
-                         num_sms: int = H200_NUM_SMS, max_splits: int = 64, head_dim: int = 128) -> int:
+                         num_sms: int = H200_NUM_SMS, max_splits: int = 64, head_dim: int = 128,
+                         kv_fp8: bool = False) -> int:
     """Number of KV splits for stage 1, from host ints only (no device sync).
 
-    The rule is the config table's "decode_splits" entry (attention_configs) for head_dim. Policy
+    The rule is the config table's "decode_splits" entry (attention_configs) for head_dim, or
+    "decode_splits_fp8" with kv_fp8 (an FP8 pool: half the bytes per token). Policy
     "per_sm" (default): aim for `programs_per_sm` (4) programs per SM over (request, KV head, split),
     but give each split at least `min_split_tokens` (128), so short sequences are not cut into
     slivers whose merge costs more than it saves. (4 per SM and the cap of 64 were the best of 2-16
@@ -191,7 +206,7 @@ def choose_num_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
     The result depends only on the arguments, so a CUDA graph captured with max_seq_len set to the
     longest sequence it will replay stays valid (the kernel clips the split ranges on the device).
     """
-    rule = attention_config("decode_splits", head_dim)
+    rule = attention_config("decode_splits_fp8" if kv_fp8 else "decode_splits", head_dim)
     work = max(1, batch_size * num_kv_heads)
     by_len = triton.cdiv(max(1, max_seq_len), max(1, int(rule["min_split_tokens"])))
     cap = max(1, min(by_len, max_splits))
@@ -235,7 +250,8 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
     direct = out is not None
     check(not direct or num_kv_splits == 1, "a direct output needs num_kv_splits == 1")
     merge_prefix = direct and kv_start is not None and num_prefix_splits > 0
-    cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device, merge_prefix)
+    cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device, merge_prefix,
+                       k_buffer.dtype == FP8_DTYPE)
     o = out if direct else q  # (o is not read unless DIRECT_OUT)
     _decode_split_kernel[(num_kv_splits, num_kv_heads, batch_size)](
         q, k_buffer, v_buffer, page_table, seq_lens, seq_lens if kv_start is None else kv_start,
@@ -247,9 +263,9 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
         o.stride(0), o.stride(1),
         GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size,
         HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"], BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
-        DOT_PRECISION=dot_precision(q.dtype), HAS_KV_START=kv_start is not None,
-        DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix,
-        PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0,
+        DOT_PRECISION=dot_precision(torch.float16 if cfg["KV_F16"] else q.dtype),
+        HAS_KV_START=kv_start is not None, DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix,
+        PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0, KV_F16=cfg["KV_F16"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
@@ -328,7 +344,10 @@ def decode_attention(
                         splits then cover that range; kv_start >= seq_len gives a zero row). None
                         (default) means 0, with the same code and speed as before it existed.
     k_scale, v_scale  : host floats, the per-layer scales of an FP8 (float8_e4m3fn) pool: the
-                        pool holds K / k_scale and V / v_scale (store_kv); 1.0 for other pools
+                        pool holds K / k_scale and V / v_scale (store_kv); 1.0 for other pools.
+                        An FP8 pool's split stage takes the "decode_fp8" config: with kv_dot
+                        "f16" (GPU default) q is rounded to fp16 (clamped to +-65504) and both
+                        dots run in fp16, whatever q's dtype
     Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices.
     """
     check_decode_args(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, num_kv_splits)

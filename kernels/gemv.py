@@ -66,6 +66,10 @@ class SkinnyConfig:
     num_stages: int = 2
     use_dot: bool = False  # tl.dot with x padded to max(16, next_pow2(M)) rows, else broadcast-multiply + sum
     serial_reduce: bool = True  # split-K fix-up by the last program (one launch) vs a second kernel
+    # FP8 weights on the dot path: the dot in fp16 (W widened by one packed e4m3 -> f16 cvt per two
+    # values, x rounded to fp16, clamped to its range; M = 1 loads and converts one x row) instead of
+    # in x's dtype (e4m3 -> bf16: three cvts per two values). Ignored for other weights.
+    f16_dot: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "split_k", "num_warps", "num_stages"):
@@ -74,6 +78,7 @@ class SkinnyConfig:
               f"block_n {self.block_n} and block_k {self.block_k} must be powers of two")
         check(self.block_k >= 16, f"block_k must be >= 16, got {self.block_k}")
         check(not self.use_dot or self.block_n >= 16, f"use_dot needs block_n >= 16, got {self.block_n}")
+        check(self.use_dot or not self.f16_dot, "f16_dot needs use_dot")
 
 
 # Tuned configs, keyed by (m_bucket, N, K) with m_bucket = next_pow2(M): edit from the bench's
@@ -145,14 +150,53 @@ def default_config(m: int, n: int, k: int, num_sms: int = 132) -> SkinnyConfig:
     return SkinnyConfig(block_n, block_k, split, 4, stages, use_dot)
 
 
-def fp8_config(cfg: SkinnyConfig, m: int) -> SkinnyConfig:
-    """The default config for an FP8 weight, from the bf16 one `cfg` at M rows: the reduce path at
-    M = 1 doubles block_k, so that a program keeps the same bytes of W in flight (16-byte loads are
-    16 fp8 elements) while its fp32 partial sums stay at <= 64 registers per thread; other configs
-    are unchanged (the dot path's W tile simply takes half the shared memory). Reasoned, not yet
-    measured on the H200 (bench/fp8_bench.py times the result; RADIXRT_FP8_SKINNY_MAX_ROWS=0 sends
-    every FP8 call to torch._scaled_mm instead). Doubling never adds K splits, so a workspace sized
-    for the bf16 configs (models/linear.py) is large enough."""
+# FP8-weight configs per (m_bucket, N, K), as TUNED: bench/kernels/sweep_fp8.py prints these lines
+# (only configs that fit the bf16 workspace, fits_bf16_workspace). Empty until measured.
+FP8_TUNED: dict[tuple[int, int, int], SkinnyConfig] = {}
+
+
+def fp8_config(cfg: SkinnyConfig, m: int, n: int = 0, k: int = 0) -> SkinnyConfig:
+    """The default config for an FP8 [N, K] weight at M rows: FP8_TUNED[(next_pow2(M), N, K)] if
+    listed, else from the bf16 one `cfg`: the dot path in fp16 (f16_dot) with twice cfg's K chunk
+    up to 512 (a 16-byte load is 16 fp8 values), block_n = max(16, cfg.block_n), cfg's split_k,
+    warps and (4 with the reduce path) stages. At M = 1 the reduce path (fp32 products) is not
+    used: widening e4m3 to fp32 takes 1.5 conversions per weight, and at 16 conversions per clock
+    per SM that bounded one Qwen2.5-7B layer's linears at 84.5 us (H200, 2026-12-01, = 233 M weights
+    x 1.5 / (132 x 16 x ~1.9 GHz)), against ~50 us of weight read. Reasoned, measured by
+    bench/kernels/sweep_fp8.py, which also times fp8_config_legacy (the form before 2026-12-02).
+    The rule never takes more K splits nor row blocks than cfg, so a workspace sized for the bf16
+    configs (models/linear.py) is large enough (FP8_TUNED entries are checked by the sweep)."""
+    tuned = FP8_TUNED.get((next_pow2(m), n, k))
+    if tuned is not None:
+        return tuned
+    stages = 4 if not cfg.use_dot else cfg.num_stages
+    return SkinnyConfig(max(16, cfg.block_n), min(512, cfg.block_k * 2), cfg.split_k, cfg.num_warps, stages,
+                        use_dot=True, serial_reduce=cfg.serial_reduce, f16_dot=True)
+
+
+def workspace_need(cfg: SkinnyConfig, m: int, n: int, k: int) -> tuple[int, int]:
+    """(fp32 partials, int32 counters) of cfg at M rows of an [N, K] weight, counted as
+    models/linear.py sizes a workspace: splits * M * N and cdiv(N, block_n), also without split-K
+    (which then needs no workspace)."""
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    return triton.cdiv(k, k_per_split) * m * n, triton.cdiv(n, cfg.block_n)
+
+
+def fits_bf16_workspace(cfg: SkinnyConfig, m: int, n: int, k: int, num_sms: int = 132) -> bool:
+    """True when cfg at M rows needs no more workspace than the bf16 default configs of every routed
+    row count 1..MAX_M together (what models/linear.py allocates per weight). Never raises."""
+    partials = counters = 1
+    for rows in range(1, MAX_M + 1):
+        p, c = workspace_need(default_config(rows, n, k, num_sms), rows, n, k)
+        partials, counters = max(partials, p), max(counters, c)
+    p, c = workspace_need(cfg, m, n, k)
+    return p <= m * n or (p <= partials and c <= counters)
+
+
+def fp8_config_legacy(cfg: SkinnyConfig, m: int) -> SkinnyConfig:
+    """fp8_config before 2026-12-02 (kept for the sweep's old-against-new rows): the bf16 config,
+    with the reduce path at M = 1 doubling block_k while its fp32 partial sums stay at <= 64
+    registers per thread; the dot path widens W to x's dtype (no f16_dot)."""
     per_thread = cfg.block_n * cfg.block_k * 2 // (32 * cfg.num_warps)
     if cfg.use_dot or m != 1 or per_thread > 64:
         return cfg
@@ -234,6 +278,7 @@ def _skinny_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, SPLIT: tl.constexpr, SERIAL_REDUCE: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_W_SCALE: tl.constexpr,
+    F16_DOT: tl.constexpr, ONE_ROW: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -250,12 +295,19 @@ def _skinny_kernel(
         w_ptrs = w + w_rows[:, None] * stride_wn + offs_k[None, :]  # [BN, BK]
         x_ptrs = x + x_rows[:, None] * stride_xm + offs_k[None, :]  # [BM, BK]
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        if ONE_ROW:
+            x_ptrs = x + offs_k[None, :]  # [1, BK]: M = 1 converts one row, then broadcasts it
         for k0 in range(k_start, k_stop, BLOCK_K):
             k_mask = (k0 + offs_k) < K
             wt = tl.load(w_ptrs + k0, mask=k_mask[None, :] | EVEN_K, other=0.0)
             xt = tl.load(x_ptrs + k0, mask=k_mask[None, :] | EVEN_K, other=0.0)
-            # (FP8 weights are widened to x's dtype in registers: W8A16)
-            acc = tl.dot(wt.to(xt.dtype), tl.trans(xt), acc, input_precision=DOT_PRECISION)  # [BN, BM]
+            if F16_DOT:  # FP8 weights, fp16 dot: one packed cvt per two weights
+                xt = tl.clamp(xt.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+                if ONE_ROW:
+                    xt = tl.broadcast_to(xt, (BLOCK_M, BLOCK_K))
+                acc = tl.dot(wt.to(tl.float16), tl.trans(xt), acc, input_precision=DOT_PRECISION)
+            else:  # (FP8 weights are widened to x's dtype in registers: W8A16)
+                acc = tl.dot(wt.to(xt.dtype), tl.trans(xt), acc, input_precision=DOT_PRECISION)  # [BN, BM]
         acc = tl.trans(acc)
     else:
         # per-thread fp32 partial sums [BM, BN, BK], reduced over K once at the end
@@ -417,7 +469,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: 
         num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
         config = default_config(m, n, k, num_sms)
         if weight_scale is not None:
-            config = fp8_config(config, m)
+            config = fp8_config(config, m, n, k)
     check(config.use_dot or m <= MAX_M,
           f"the reduce path (use_dot=False) takes at most {MAX_M} rows, got {m}; use a dot config")
     _launch(x2, weight, bias, y2, config, workspace, compile_only, weight_scale)
@@ -444,6 +496,7 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y
         partials = counters = y2  # unused when SPLIT is False
     bias_arg = bias if bias is not None else y2
     scale_arg = weight_scale if weight_scale is not None else y2
+    f16_dot = cfg.f16_dot and cfg.use_dot and weight_scale is not None
     # .run(warmup=True) compiles (JITFunction) or does nothing (interpreter) without launching
     _skinny_kernel.run(
         x2, weight, scale_arg, bias_arg, y2, partials, counters,
@@ -451,7 +504,8 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y
         x2.stride(0), weight.stride(0), y2.stride(0),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
         USE_DOT=cfg.use_dot, SPLIT=split, SERIAL_REDUCE=cfg.serial_reduce, HAS_BIAS=bias is not None,
-        DOT_PRECISION=dot_precision(x2.dtype), HAS_W_SCALE=weight_scale is not None,
+        DOT_PRECISION=dot_precision(torch.float16 if f16_dot else x2.dtype),
+        HAS_W_SCALE=weight_scale is not None, F16_DOT=f16_dot, ONE_ROW=f16_dot and m == 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         grid=(tiles, num_splits), warmup=compile_only,
     )

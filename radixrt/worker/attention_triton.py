@@ -125,7 +125,8 @@ class TritonAttnBackend(AttentionBackend):
 
     def _splits(self, batch_size: int, max_seq_len: int) -> int:
         return choose_num_kv_splits(batch_size, self.num_kv_heads, max_seq_len, self.num_sms,
-                                    self.max_num_kv_splits, head_dim=self.head_dim)
+                                    self.max_num_kv_splits, head_dim=self.head_dim,
+                                    kv_fp8=self.kv_pool.k_buffers[0].dtype == torch.float8_e4m3fn)
 
     def _alloc_workspace(self, num_q_heads: int) -> None:
         """Room for batch * splits rows at every batch size <= max_batch_size and any sequence length."""

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from radixrt.kernels import cascade_decode_attention, decode_attention, extend_attention, store_kv
-from radixrt.kernels.gemv import skinny_linear
+from radixrt.kernels.gemv import default_config, fp8_config_legacy, skinny_linear
 from radixrt.kernels.reference import (
     cascade_decode_attention_ref,
     decode_attention_ref,
@@ -105,7 +105,10 @@ def test_skinny_linear_fp8_weight_matches_dequantized_reference(m: int, with_bia
     wq, ws = quantize_per_channel(w.to(DEVICE))
     x = torch.randn(m, 160, generator=gen).to(DEVICE)
     bias = torch.randn(96, generator=gen).to(DEVICE) if with_bias else None
-    out = skinny_linear(x, wq, bias, weight_scale=ws)
+    # the widen-to-x's-dtype form (fp32 here: exact); the default f16-dot form rounds x to fp16 and
+    # is checked in test_fp8_variants.py
+    cfg = fp8_config_legacy(default_config(m, 96, 160), m)
+    out = skinny_linear(x, wq, bias, config=cfg, weight_scale=ws)
     ref = fp8_linear_ref(x, wq, ws, bias, quantize_input=False)  # W8A16: x is not quantized
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="weight_scale"):

@@ -1,0 +1,106 @@
+"""The FP8 kernel variants that bench/kernels/sweep_fp8.py times on the GPU give the reference's answer
+(interpreter, small shapes): decode attention over an FP8 pool with kv_dot "f16" (q, K, V and P in
+fp16) and "q" (K/V widened to q's dtype), at several blocks and split counts, and the skinny GEMM's
+fp16-dot form for FP8 weights (SkinnyConfig.f16_dot) at M = 1 (one x row loaded) and M > 1.
+
+q is fp32 or fp16 here (the interpreter computes bf16 wrongly); with kv_dot "f16" an fp32 q is
+rounded to fp16, so those cases use the fp16 tolerance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixrt.kernels import attention_configs as ac
+from radixrt.kernels import cascade_decode_attention, choose_num_kv_splits, decode_attention
+from radixrt.kernels.gemv import SkinnyConfig, default_config, fp8_config, skinny_linear
+from radixrt.kernels.reference import cascade_decode_attention_ref, decode_attention_ref, quantize_kv_ref
+from radixrt.models.quant.fp8 import fp8_linear_ref, quantize_per_channel
+
+from .conftest import DEVICE, make_paged_batch
+from .test_cascade_attention import make_cascade_batch
+
+K_SCALE, V_SCALE = 0.0625, 0.03125
+F16_TOL = 2e-3  # fp16 q / P (10-bit mantissas) against the fp32 reference
+
+
+@pytest.fixture(autouse=True)
+def _no_overrides():
+    saved = ac.get_overrides()
+    ac.set_overrides(None)
+    yield
+    ac.set_overrides(saved)
+
+
+def _fp8_pools(b) -> tuple[torch.Tensor, torch.Tensor]:
+    return (quantize_kv_ref(b.k_buffer * K_SCALE * 8.0, K_SCALE),
+            quantize_kv_ref(b.v_buffer * V_SCALE * 8.0, V_SCALE))
+
+
+@pytest.mark.parametrize("kv_dot, block_n, q_dtype, num_kv_splits", [
+    ("f16", 16, torch.float32, 3), ("f16", 32, torch.float16, 1), ("q", 32, torch.float16, 2)])
+def test_decode_fp8_variants_match_reference(monkeypatch, kv_dot, block_n, q_dtype, num_kv_splits):
+    monkeypatch.setitem(ac.CPU, "decode_fp8", {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 1,
+                                               "kv_dot": kv_dot})
+    b = make_paged_batch([1, 37, 70], [0, 0, 0], 16, 8, 2, 64, torch.float32, seed=block_n)
+    kb, vb = _fp8_pools(b)
+    q = torch.randn(3, 8, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE, q_dtype)
+    if q_dtype == torch.float32:
+        q[0, 0, 0] = 1e5  # past fp16's range: the f16 form clamps it to 65504 (as for a bf16 q)
+    out = decode_attention(q, kb, vb, b.page_table, b.seq_lens, 16, None, num_kv_splits,
+                           k_scale=K_SCALE, v_scale=V_SCALE)
+    qr = q.float().clamp(-65504, 65504) if kv_dot == "f16" else q.float()
+    ref = decode_attention_ref(qr, kb, vb, b.page_table, b.seq_lens, 16, None, k_scale=K_SCALE,
+                               v_scale=V_SCALE)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, atol=F16_TOL, rtol=F16_TOL)
+
+
+def test_cascade_fused_over_fp8_pool_with_f16_dots(monkeypatch):
+    """The fused cascade form (one suffix split merging the prefix partials) takes kv_dot too."""
+    monkeypatch.setitem(ac.CPU, "decode_fp8", {**ac.CPU["decode_fp8"], "kv_dot": "f16"})
+    c = make_cascade_batch([(24, [1, 9, 3])], [13], 8, 8, 2, 32, torch.float32, seed=5)
+    kb, vb = _fp8_pools(c)
+    args = (c.q, kb, vb, c.page_table, c.seq_lens, c.kv_start, c.group_members, c.group_starts,
+            c.group_prefix_lens, 8, None)
+    out = cascade_decode_attention(*args, 1, 2, c.max_group_size, k_scale=K_SCALE, v_scale=V_SCALE)
+    ref = cascade_decode_attention_ref(*args, k_scale=K_SCALE, v_scale=V_SCALE)
+    torch.testing.assert_close(out, ref, atol=F16_TOL, rtol=F16_TOL)
+
+
+def test_fp8_split_rule_is_its_own_entry():
+    assert choose_num_kv_splits(64, 4, 4096, kv_fp8=True) == choose_num_kv_splits(64, 4, 4096)
+    ac.set_overrides({"decode_splits_fp8": {"d128": {"programs_per_sm": 8}}})
+    assert choose_num_kv_splits(64, 4, 4096, kv_fp8=True) == 5  # cdiv(8 * 132, 256)
+    assert choose_num_kv_splits(64, 4, 4096) == 3  # bf16 unchanged
+    with pytest.raises(ValueError, match="kv_dot"):
+        ac.set_overrides({"decode_fp8": {"d128": {"kv_dot": "bf16"}}})
+
+
+@pytest.mark.parametrize("m, cfg", [
+    (1, SkinnyConfig(16, 64, 1, 4, 2, use_dot=True, f16_dot=True)),  # one x row, broadcast
+    (1, SkinnyConfig(32, 32, 2, 4, 2, use_dot=True, f16_dot=True)),  # split-K
+    (5, SkinnyConfig(16, 32, 1, 4, 2, use_dot=True, f16_dot=True)),
+    (1, None),  # the default (fp8_config)
+])
+def test_skinny_fp8_f16_dot_matches_reference(m: int, cfg: SkinnyConfig | None) -> None:
+    gen = torch.Generator().manual_seed(7 + m)
+    w = torch.randn(80, 160, generator=gen) * torch.rand(80, 1, generator=gen)
+    wq, ws = quantize_per_channel(w.to(DEVICE))
+    x = torch.randn(m, 160, generator=gen).to(DEVICE)
+    bias = torch.randn(80, generator=gen).to(DEVICE)
+    out = skinny_linear(x, wq, bias, config=cfg, weight_scale=ws)
+    ref = fp8_linear_ref(x, wq, ws, bias, quantize_input=False)
+    torch.testing.assert_close(out, ref, atol=F16_TOL * 4, rtol=F16_TOL)
+    x16 = x.half().float()  # the f16 dot rounds x to fp16: closer to that reference
+    assert (out - fp8_linear_ref(x16, wq, ws, bias, quantize_input=False)).abs().max() < 1e-3
+
+
+def test_fp8_config_takes_the_f16_dot_without_more_splits_or_row_blocks():
+    for m, n, k in [(1, 4608, 3584), (1, 3584, 18944), (2, 37888, 3584), (8, 3584, 3584)]:
+        bf16 = default_config(m, n, k)
+        new = fp8_config(bf16, m)
+        assert new.use_dot and new.f16_dot
+        assert new.split_k <= bf16.split_k and new.block_n >= bf16.block_n
+    with pytest.raises(ValueError, match="f16_dot needs use_dot"):
+        SkinnyConfig(16, 64, f16_dot=True)
