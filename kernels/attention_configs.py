@@ -62,12 +62,16 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # 2026-12-01 ran 64 x 4,096 in 129.8 us against bf16's 134.3 (H200), i.e. 2.1 TB/s, which is
     # what 1.5 conversions per K/V value at 16 per clock per SM allow (132 SMs, ~1.9 GHz: ~100 us
     # for 268 M values), not the bandwidth (~67 us). fp16 dots need 0.5 conversions per value.
+    # measured (H200, 2026-12-01, bench/kernels/sweep_fp8.py, 11 blocks x 6 split rules): d128 with
+    # 3 stages and the "waves" split rule ran 64 x 4,096 in 101.9 us (bf16 pool 144.5, the old "q"
+    # form 136.1, f16 with 2 stages and the per-SM rule 131.5) and 128 x 2,048 in 104.3 us (149.6)
     "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"},
-                   "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"},
+                   "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16"},
                    "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"}},
     # 4 programs per SM and >= 128 tokens per split: the best of 2-16 per SM on an H200, 2026-11-29
     "decode_splits": {b: dict(_SPLITS) for b in BUCKETS},
-    "decode_splits_fp8": {b: dict(_SPLITS) for b in BUCKETS},  # the bf16 rule until measured
+    "decode_splits_fp8": {"d64": dict(_SPLITS), "d256": dict(_SPLITS),  # d64 / d256: not measured
+                          "d128": {**_SPLITS, "policy": "waves"}},  # occupancy 2, merge_tokens 256
     # head dim 128 (H200, 2026-11-30, 10 configs x 6 prefill shapes): 128 x 64 / 8 warps / 3 stages
     # won every shape with a cached prefix or a long extend (8,192 new: 1,085 against 1,201 us)
     "extend": {"d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": False},

@@ -151,24 +151,42 @@ def default_config(m: int, n: int, k: int, num_sms: int = 132) -> SkinnyConfig:
 
 
 # FP8-weight configs per (m_bucket, N, K), as TUNED: bench/kernels/sweep_fp8.py prints these lines
-# (only configs that fit the bf16 workspace, fits_bf16_workspace). Empty until measured.
-FP8_TUNED: dict[tuple[int, int, int], SkinnyConfig] = {}
+# (only configs that fit the bf16 workspace, fits_bf16_workspace). Qwen2.5-7B's four linears,
+# measured on an H200 on 2026-12-01 (`bash bench/h200_run.sh fp8-sweep`): one layer at M = 1 in
+# 86.8 us against bf16's 131.8 and fp8_config_legacy's 93.7 (docs/benchmarks.md).
+FP8_TUNED: dict[tuple[int, int, int], SkinnyConfig] = {  # us: this config vs the f16_dot rule
+    (1, 4608, 3584): SkinnyConfig(64, 256, 4, 4, 3, use_dot=True, f16_dot=True),  # 10.3 vs 16.0
+    (1, 3584, 3584): SkinnyConfig(8, 1024, 1, 4, 1, use_dot=False),  # 7.9 vs 12.0
+    (1, 37888, 3584): SkinnyConfig(16, 512, 1, 4, 1, use_dot=False),  # 43.3 vs 78.9
+    (1, 3584, 18944): SkinnyConfig(64, 256, 4, 4, 3, use_dot=True, f16_dot=True),  # 25.3 vs 48.8
+    (2, 4608, 3584): SkinnyConfig(64, 256, 1, 4, 4, use_dot=True, f16_dot=True),  # 13.3 vs 28.7
+    (2, 3584, 3584): SkinnyConfig(16, 256, 2, 4, 1, use_dot=False),  # 9.6 vs 20.8
+    (2, 37888, 3584): SkinnyConfig(128, 128, 1, 4, 3, use_dot=True, f16_dot=True),  # 56.5 vs 117.9
+    (2, 3584, 18944): SkinnyConfig(64, 256, 2, 4, 4, use_dot=True, f16_dot=True),  # 33.6 vs 67.1
+    (4, 3584, 3584): SkinnyConfig(64, 256, 2, 4, 4, use_dot=True, f16_dot=True),  # 10.1 vs 10.9
+    (4, 37888, 3584): SkinnyConfig(128, 128, 1, 4, 3, use_dot=True, f16_dot=True),  # 54.3 vs 65.9
+    (16, 4608, 3584): SkinnyConfig(64, 256, 1, 4, 4, use_dot=True, f16_dot=True),  # 12.2 vs 12.9
+    (16, 3584, 3584): SkinnyConfig(64, 256, 2, 4, 4, use_dot=True, f16_dot=True),  # 9.8 vs 11.0
+    (16, 37888, 3584): SkinnyConfig(128, 128, 1, 4, 3, use_dot=True, f16_dot=True),  # 51.8 vs 62.6
+    (16, 3584, 18944): SkinnyConfig(64, 256, 2, 4, 4, use_dot=True, f16_dot=True),  # 30.4 vs 38.0
+}
 
 
 def fp8_config(cfg: SkinnyConfig, m: int, n: int = 0, k: int = 0) -> SkinnyConfig:
     """The default config for an FP8 [N, K] weight at M rows: FP8_TUNED[(next_pow2(M), N, K)] if
-    listed, else from the bf16 one `cfg`: the dot path in fp16 (f16_dot) with twice cfg's K chunk
+    listed; else at M <= 2 fp8_config_legacy (the sweep of 2026-12-01 ran the rule below at 1.18x /
+    1.60x bf16's time at M = 1 / 2, legacy at 0.71x / 0.81x: the tuned configs pick per shape); else
+    from the bf16 one `cfg`: the dot path in fp16 (f16_dot: e4m3 -> fp16 is 0.5 conversions per
+    weight, -> fp32 1.5, and the H200 converts 16 values per clock per SM) with twice cfg's K chunk
     up to 512 (a 16-byte load is 16 fp8 values), block_n = max(16, cfg.block_n), cfg's split_k,
-    warps and (4 with the reduce path) stages. At M = 1 the reduce path (fp32 products) is not
-    used: widening e4m3 to fp32 takes 1.5 conversions per weight, and at 16 conversions per clock
-    per SM that bounded one Qwen2.5-7B layer's linears at 84.5 us (H200, 2026-12-01, = 233 M weights
-    x 1.5 / (132 x 16 x ~1.9 GHz)), against ~50 us of weight read. Reasoned, measured by
-    bench/kernels/sweep_fp8.py, which also times fp8_config_legacy (the form before 2026-12-02).
-    The rule never takes more K splits nor row blocks than cfg, so a workspace sized for the bf16
-    configs (models/linear.py) is large enough (FP8_TUNED entries are checked by the sweep)."""
+    warps and (4 with the reduce path) stages. The rule never takes more K splits nor row blocks
+    than cfg, so a workspace sized for the bf16 configs (models/linear.py) is large enough
+    (FP8_TUNED entries are checked by the sweep)."""
     tuned = FP8_TUNED.get((next_pow2(m), n, k))
     if tuned is not None:
         return tuned
+    if m <= 2:  # measured: the rule below ran M = 1 / 2 at 1.18x / 1.60x bf16, legacy 0.71x / 0.81x
+        return fp8_config_legacy(cfg, m)
     stages = 4 if not cfg.use_dot else cfg.num_stages
     return SkinnyConfig(max(16, cfg.block_n), min(512, cfg.block_k * 2), cfg.split_k, cfg.num_warps, stages,
                         use_dot=True, serial_reduce=cfg.serial_reduce, f16_dot=True)

@@ -220,6 +220,8 @@ class Env:
     # RADIXRT_FP8_SKINNY_MAX_ROWS: FP8 linear calls of at most this many rows take the Triton skinny
     # GEMM (W8A16), the others torch._scaled_mm; 0 sends all to _scaled_mm (models/quant/fp8.py)
     fp8_skinny_max_rows: int = 16
+    # RADIXRT_CPU_PACKED_LINEAR=0: CPU linears always through F.linear (no oneDNN packed weights)
+    cpu_packed_linear: bool = True
 
     @classmethod
     def read(cls) -> Env:
@@ -229,4 +231,5 @@ class Env:
             debug_invariants=os.environ.get("RADIXRT_DEBUG_INVARIANTS", "0") not in ("", "0", "false"),
             skinny_gemm=os.environ.get("RADIXRT_SKINNY_GEMM", "1") not in ("0", "false"),
             fp8_skinny_max_rows=int(os.environ.get("RADIXRT_FP8_SKINNY_MAX_ROWS", "16")),
+            cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
         )

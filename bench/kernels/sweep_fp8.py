@@ -267,7 +267,8 @@ def tuned_lines(gemv: list[dict]) -> list[str]:
             c = G.SkinnyConfig(**r[best]["config"])
             n, k = LINEARS[name]
             lines.append(f"    ({res['m']}, {n}, {k}): SkinnyConfig({c.block_n}, {c.block_k}, {c.split_k}, "
-                         f"{c.num_warps}, {c.num_stages}, use_dot=True, f16_dot=True),")
+                         f"{c.num_warps}, {c.num_stages}, use_dot={c.use_dot}, "
+                         f"serial_reduce={c.serial_reduce}, f16_dot={c.f16_dot}),")
     return lines
 
 

@@ -8,6 +8,16 @@ beating cuBLAS there) go to `radixrt.kernels.skinny_linear` (single-launch deter
 instead, unless RADIXRT_SKINNY_GEMM=0; everything else is `torch.nn.functional.linear`. Measured on
 the H200 (docs/benchmarks.md): the 7B batch-1 decode step 4.65 -> 4.25 ms with the launcher's
 default configs.
+
+On CPU, float32 calls of CPU_PACKED_ROWS rows (the decode regime: 2..128 rows) go through oneDNN's
+linear with the weight reordered once into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`,
+the packed-weight path torch's own CPU inductor uses), unless RADIXRT_CPU_PACKED_LINEAR=0. MKL's
+sgemm behind F.linear reads a [N, K] weight several times over for a few rows (on this project's AMD
+EPYC CI machine the 49152 x 576 LM head at 4 rows runs at 4.9 GB/s against 12 GB/s at 1 row); the
+packed call keeps the weight read near one pass (docs/kernels.md, "CPU linears"). Single rows and
+prefill-sized calls stay on F.linear, which is as fast or faster there. The packed copy is made at
+the first such call and again whenever the weight changes (its version counter or storage), and
+costs a second copy of the weight in host memory.
 """
 
 from __future__ import annotations
@@ -22,11 +32,21 @@ from torch import nn
 # skinny_linear_supported's.
 SKINNY_MAX_ROWS = 256
 
+# Row counts of float32 CPU calls that take oneDNN with a packed weight (module docstring).
+CPU_PACKED_ROWS = range(2, 129)
+
 
 def skinny_enabled() -> bool:
     from radixrt.config import Env
 
     return Env.read().skinny_gemm
+
+
+def cpu_packed_enabled() -> bool:
+    """RADIXRT_CPU_PACKED_LINEAR is not 0 and this torch build has oneDNN (mkldnn)."""
+    from radixrt.config import Env
+
+    return Env.read().cpu_packed_linear and torch.backends.mkldnn.is_available()
 
 
 class Linear(nn.Linear):
@@ -35,6 +55,8 @@ class Linear(nn.Linear):
     _workspace = None  # SkinnyWorkspace, allocated at the first skinny call (shapes only)
     _max_rows = None  # largest M routed to skinny_linear for this weight shape (from TUNED; cached)
     _skinny = skinny_enabled()
+    _cpu_packed = cpu_packed_enabled()
+    _packed = None  # (weight key, oneDNN packed weight) for float32 CPU calls (module docstring)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the per-shape bound keeps calls of 17..256 rows, routed nowhere unless TUNED lists the shape,
@@ -44,7 +66,19 @@ class Linear(nn.Linear):
 
             if skinny_linear_supported(x, self.weight):
                 return skinny_linear(x, self.weight, self.bias, workspace=self._scratch(x.device))
+        elif (self._cpu_packed and x.device.type == "cpu" and x.dtype == self.weight.dtype == torch.float32
+              and x.dim() == 2 and x.shape[0] in CPU_PACKED_ROWS):
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def _packed_weight(self) -> torch.Tensor:
+        """The weight in oneDNN's blocked layout (an opaque mkldnn tensor, [N, K] float32), made again
+        when the weight's storage or version counter changed since the last call."""
+        w = self.weight
+        key = (w.data_ptr(), None if w.is_inference() else w._version)
+        if self._packed is None or self._packed[0] != key:
+            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach()))
+        return self._packed[1]
 
     def _routed_rows(self) -> int:
         """The largest M <= SKINNY_MAX_ROWS that skinny_rows_routed accepts for this weight's shape

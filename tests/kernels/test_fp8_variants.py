@@ -69,8 +69,11 @@ def test_cascade_fused_over_fp8_pool_with_f16_dots(monkeypatch):
 
 
 def test_fp8_split_rule_is_its_own_entry():
-    assert choose_num_kv_splits(64, 4, 4096, kv_fp8=True) == choose_num_kv_splits(64, 4, 4096)
-    ac.set_overrides({"decode_splits_fp8": {"d128": {"programs_per_sm": 8}}})
+    fp8_default = choose_num_kv_splits(64, 4, 4096, kv_fp8=True)
+    rule = ac.attention_config("decode_splits_fp8", 128)  # the measured default: FP8 has its own entry
+    ac.set_overrides({"decode_splits": {"d128": rule}})
+    assert choose_num_kv_splits(64, 4, 4096) == fp8_default  # the same rule gives the same splits
+    ac.set_overrides({"decode_splits_fp8": {"d128": {"policy": "per_sm", "programs_per_sm": 8}}})
     assert choose_num_kv_splits(64, 4, 4096, kv_fp8=True) == 5  # cdiv(8 * 132, 256)
     assert choose_num_kv_splits(64, 4, 4096) == 3  # bf16 unchanged
     with pytest.raises(ValueError, match="kv_dot"):
@@ -81,7 +84,7 @@ def test_fp8_split_rule_is_its_own_entry():
     (1, SkinnyConfig(16, 64, 1, 4, 2, use_dot=True, f16_dot=True)),  # one x row, broadcast
     (1, SkinnyConfig(32, 32, 2, 4, 2, use_dot=True, f16_dot=True)),  # split-K
     (5, SkinnyConfig(16, 32, 1, 4, 2, use_dot=True, f16_dot=True)),
-    (1, None),  # the default (fp8_config)
+    (4, None),  # the default (fp8_config: f16_dot from 3 rows on, shapes not in FP8_TUNED)
 ])
 def test_skinny_fp8_f16_dot_matches_reference(m: int, cfg: SkinnyConfig | None) -> None:
     gen = torch.Generator().manual_seed(7 + m)
@@ -97,10 +100,24 @@ def test_skinny_fp8_f16_dot_matches_reference(m: int, cfg: SkinnyConfig | None) 
 
 
 def test_fp8_config_takes_the_f16_dot_without_more_splits_or_row_blocks():
-    for m, n, k in [(1, 4608, 3584), (1, 3584, 18944), (2, 37888, 3584), (8, 3584, 3584)]:
+    for m, n, k in [(3, 4608, 3584), (4, 3584, 18944), (8, 37888, 3584), (8, 3584, 3584)]:
         bf16 = default_config(m, n, k)
-        new = fp8_config(bf16, m)
+        new = fp8_config(bf16, m)  # without (n, k): never an FP8_TUNED entry
         assert new.use_dot and new.f16_dot
         assert new.split_k <= bf16.split_k and new.block_n >= bf16.block_n
     with pytest.raises(ValueError, match="f16_dot needs use_dot"):
         SkinnyConfig(16, 64, f16_dot=True)
+
+
+def test_fp8_default_at_one_or_two_rows_is_the_legacy_config() -> None:
+    """Measured on the H200 (2026-12-01): the f16_dot rule ran M = 1 / 2 at 1.18x / 1.60x bf16's
+    time; untuned shapes at M <= 2 keep the legacy config, tuned ones take FP8_TUNED."""
+    from radixrt.kernels.gemv import FP8_TUNED, fp8_config_legacy
+
+    for m in (1, 2):
+        cfg = default_config(m, 80, 160, 132)
+        assert fp8_config(cfg, m, 80, 160) == fp8_config_legacy(cfg, m)
+        assert not fp8_config(cfg, m, 80, 160).f16_dot
+    assert fp8_config(default_config(4, 80, 160, 132), 4, 80, 160).f16_dot
+    tuned = FP8_TUNED[(1, 4608, 3584)]
+    assert fp8_config(default_config(1, 4608, 3584, 132), 1, 4608, 3584) is tuned

@@ -1,0 +1,61 @@
+"""The float32 CPU path of radixrt.models.linear.Linear through oneDNN with a packed weight."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixrt.models.linear import CPU_PACKED_ROWS, Linear
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+
+
+def _linear(n: int = 96, k: int = 64, bias: bool = True) -> Linear:
+    torch.manual_seed(0)
+    lin = Linear(k, n, bias=bias)
+    lin._cpu_packed = True
+    return lin
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 16, 128, 129, 300])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_f_linear_and_packs_only_decode_sized_calls(m: int, bias: bool) -> None:
+    lin = _linear(bias=bias)
+    x = torch.randn(m, 64)
+    with torch.inference_mode():
+        out = lin(x)
+    torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    assert (lin._packed is not None) == (m in CPU_PACKED_ROWS)
+
+
+def test_a_changed_weight_is_packed_again() -> None:
+    lin = _linear()
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        lin(x)
+    first = lin._packed[1]
+    with torch.no_grad():
+        lin.weight.mul_(-2.0)  # in place: same storage, new version
+    with torch.inference_mode():
+        out = lin(x)
+    assert lin._packed[1] is not first
+    torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    lin.weight = torch.nn.Parameter(torch.randn(96, 64))  # new storage
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_inference_tensor_weight_and_switch_off() -> None:
+    with torch.inference_mode():
+        lin = _linear()  # parameters created in inference mode carry no version counter
+        x = torch.randn(3, 64)
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+        assert lin._packed is not None
+        off = _linear()
+        off._cpu_packed = False  # RADIXRT_CPU_PACKED_LINEAR=0
+        off(x)
+        assert off._packed is None
+        half = _linear().half()  # only float32 takes the packed path
+        half(x.half())
+        assert half._packed is None
