@@ -1,14 +1,17 @@
-"""Does cache-aware routing across replicas keep the radix cache's hits? (`radixrt launch-fleet`)
+"""Does routing across replicas keep the radix cache's hits? (`radixrt launch-fleet`)
 
     python3 bench/fleet_bench.py --out $OUT/fleet.json     # one GPU: Qwen2.5-7B shape, dummy weights
     python3 bench/fleet_bench.py --quick                   # CPU smoke test (default model, tiny sizes)
 
-One run, three set-ups on the same shared-prefix workload (--num-groups distinct system prompts, each
-shared by --prompts-per-group questions, in shuffled order, at --concurrency):
+One run, four set-ups on the same shared-prefix workload (--groups distinct system prompts, each
+shared by --per-group questions, in shuffled order, at --concurrency), alternating for --repeat rounds:
 
-  cache_aware   two replicas on one GPU (--mem-fraction-static 0.4 each, --max-total-tokens each)
-                behind smg with the cache_aware policy (the fleet's own gateway, radixrt/fleet.py)
-  round_robin   the same two replicas behind a second smg gateway with round_robin (caches flushed)
+  fleet_default two replicas on one GPU (--mem-fraction-static 0.4 each, --max-total-tokens each)
+                behind the fleet's own gateway (radixrt/fleet.py: smg with radixrt.gateway's
+                DEFAULT_POLICY, prefix_hash over 64 tokens' worth of text)
+  cache_aware   the same two replicas behind a second smg with cache_aware and smg's defaults (the
+                fleet's default before 2026-12-01)
+  round_robin   the same two replicas behind a third smg with round_robin (caches flushed between)
   single        one server with the memory and KV pool of both replicas (0.8, 2x the tokens), direct
 
 The per-replica pool (--max-total-tokens) holds about --prefixes-per-replica system prompts: fewer
@@ -49,7 +52,7 @@ KEY = "fleet-bench"
 MODEL = "bench"
 GPU = {"groups": 32, "per_group": 16, "prefix_len": 2048, "question_len": 64, "output_len": 32,
        "concurrency": 64, "prefixes_per_replica": 18, "ttft_requests": 16, "repeat": 2}
-QUICK = {"groups": 4, "per_group": 3, "prefix_len": 160, "question_len": 16, "output_len": 4,
+QUICK = {"groups": 4, "per_group": 3, "prefix_len": 320, "question_len": 16, "output_len": 4,
          "concurrency": 4, "prefixes_per_replica": 3, "ttft_requests": 3, "repeat": 1}
 
 
@@ -147,20 +150,20 @@ def fleet_config(ns: argparse.Namespace, sizes: dict[str, int], model_path: str 
         args += ["--load-format", "dummy", "--mem-fraction-static", str(mem), "--context-length", "8192"]
     gpus = [] if ns.quick else ["0"] * replicas
     return FleetConfig(models=[ModelSpec(MODEL, model_path, replicas=replicas, args=args, gpus=gpus)],
-                       port=free_port(), api_key=KEY, policy="cache_aware", log_dir=log_dir)
+                       port=free_port(), api_key=KEY, log_dir=log_dir)  # the fleet's default policy
 
 
 def bench_replicas(ns: argparse.Namespace, sizes: dict[str, int], model_path: str | None,
                    prompts: list[str], tmp: Path) -> dict[str, Any]:
-    """cache_aware and round_robin over the same two replicas, and TTFT with and without the gateway."""
+    """The fleet's default gateway, cache_aware and round_robin over the same two replicas, and TTFT
+    with and without the gateway."""
     fleet = Fleet(fleet_config(ns, sizes, model_path, tmp / "fleet", 2, 0.4))
-    # beside the fleet's own gateway (smg's defaults), the same policy with smg's worker overload
-    # protection off (it leaves out a worker at >= 8 waiting requests or >= 0.8 KV token usage), and
-    # round_robin: three gateways over the same two replicas
-    others = {"cache_aware_noguard": Gateway("127.0.0.1", free_port(), KEY, "cache_aware", tmp / "ca2.log",
-                                             ("--disable-worker-overload-protection",)),
+    # beside the fleet's own gateway, smg's cache_aware with its defaults and round_robin: three
+    # gateways over the same two replicas
+    others = {"cache_aware": Gateway("127.0.0.1", free_port(), KEY, "cache_aware", tmp / "ca-gateway.log"),
               "round_robin": Gateway("127.0.0.1", free_port(), KEY, "round_robin", tmp / "rr-gateway.log")}
-    out: dict[str, Any] = {}
+    cmd = fleet.gateway.command()[3:]  # what the fleet runs (`smg launch ...`), the key left out
+    out: dict[str, Any] = {"fleet_gateway_command": [("***" if a == KEY else a) for a in cmd]}
     try:
         fleet.start()
         urls = [w.url for w in fleet.workers]
@@ -169,7 +172,7 @@ def bench_replicas(ns: argparse.Namespace, sizes: dict[str, int], model_path: st
             for u in urls:
                 gw.register(u)
             gw.wait_healthy(set(urls), 120)
-        bases = {"cache_aware": fleet.gateway.base_url, **{k: g.base_url for k, g in others.items()}}
+        bases = {"fleet_default": fleet.gateway.base_url, **{k: g.base_url for k, g in others.items()}}
         warm = prompts[: sizes["concurrency"]]
         for base in bases.values():  # warm-up (CUDA graphs, allocator), not timed
             asyncio.run(run_load(base, [w[::-1] for w in warm], sizes["output_len"], sizes["concurrency"]))
@@ -210,28 +213,28 @@ def bench_single(ns: argparse.Namespace, sizes: dict[str, int], model_path: str 
 
 
 def table(res: dict[str, Any]) -> str:
-    """The results as a markdown table, and the ratios the issue asks for."""
-    rows = ["| set-up | hit rate | output tok/s | TTFT p50 ms | TTFT p99 ms | failed |",
-            "|---|---|---|---|---|---|"]
-    for name in ("cache_aware", "cache_aware_noguard", "round_robin", "single"):
+    """The results as a markdown table, and the ratios the issue asks for (the fleet's default and
+    cache_aware against round_robin and the single server)."""
+    rows = ["| set-up | hit rate | output tok/s | TTFT p50 ms | TTFT p99 ms | failed | per replica |",
+            "|---|---|---|---|---|---|---|"]
+    for name in ("fleet_default", "cache_aware", "round_robin", "single"):
         r = res[name]
         hit = "-" if r["cache_hit_rate"] is None else f"{r['cache_hit_rate']:.3f}"
+        split = " / ".join(f"{p['requests']:.0f}" for p in r.get("per_replica", [])) or "-"
         rows.append(f"| {name} | {hit} | {r['output_throughput']:.0f} | {r['ttft_ms']['median'] or 0:.1f} | "
-                    f"{r['ttft_ms']['p99'] or 0:.1f} | {r['failed']} |")
-    ca, rr, one = res["cache_aware"], res["round_robin"], res["single"]
-    ng = res["cache_aware_noguard"]
+                    f"{r['ttft_ms']['p99'] or 0:.1f} | {r['failed']} | {split} |")
+    rr, one = res["round_robin"], res["single"]
 
     def ratio(a: float | None, b: float | None) -> str:
         return f"{a / b:.2f}x" if a is not None and b else "-"
 
-    rows.append(f"\ncache_aware / round_robin: hit rate {ratio(ca['cache_hit_rate'], rr['cache_hit_rate'])} "
-                f"(goal >= 2x), output tok/s {ratio(ca['output_throughput'], rr['output_throughput'])} "
-                f"(goal >= 1.5x); cache_aware / single hit rate "
-                f"{ratio(ca['cache_hit_rate'], one['cache_hit_rate'])} (goal >= 0.9x)")
-    rows.append(f"cache_aware_noguard / round_robin: hit rate "
-                f"{ratio(ng['cache_hit_rate'], rr['cache_hit_rate'])}, output tok/s "
-                f"{ratio(ng['output_throughput'], rr['output_throughput'])}; / single hit rate "
-                f"{ratio(ng['cache_hit_rate'], one['cache_hit_rate'])}")
+    rows.append("")
+    for name in ("fleet_default", "cache_aware"):
+        r = res[name]
+        rows.append(f"{name} / round_robin: hit rate "
+                    f"{ratio(r['cache_hit_rate'], rr['cache_hit_rate'])} (goal >= 2x), output tok/s "
+                    f"{ratio(r['output_throughput'], rr['output_throughput'])} (goal >= 1.5x); / single "
+                    f"hit rate {ratio(r['cache_hit_rate'], one['cache_hit_rate'])} (goal >= 0.9x)")
     d, g = res["ttft_direct_ms"], res["ttft_gateway_ms"]
     if d is not None and g is not None:
         rows.append(f"TTFT at concurrency 1: direct {d:.1f} ms, through the gateway {g:.1f} ms "

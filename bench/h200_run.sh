@@ -96,7 +96,8 @@ for s in "$@"; do
     lab-sweep-attention-cold) stage lab-sweep-attention-cold 300 python3 bench/lab/sweep_attention.py --part cascade \
         --cold-l2 --out "$OUT/sweep-attention-cold.json" ;;
     lab-gemm-layouts) stage lab-gemm-layouts 150 python3 bench/lab/gemm_layouts.py --out "$OUT/gemm-layouts.json" ;;
-    # issue 18: two replicas behind smg on one GPU, cache_aware vs round_robin vs one server (needs .whl-extra)
+    # issue 18: two replicas behind smg on one GPU: the fleet default (prefix_hash, 64 tokens) vs cache_aware
+    # vs round_robin (alternating, 2 rounds) vs one server (needs .whl-extra: smg, setproctitle, pyyaml, psutil)
     fleet) stage fleet 330 python3 bench/fleet_bench.py --out "$OUT/fleet.json" ;;
     # issue 21: the soak harness at concurrency 256, Qwen2.5-7B shape with dummy weights (needs psutil)
     soak-gpu) python3 -c "from bench.dummy_tokenizer import make_dummy_model_dir as m; \

@@ -5,7 +5,7 @@ From a TOML or JSON file (`--config`), then overridden by flags. The file:
     [gateway]                      # all optional
     host = "127.0.0.1"
     port = 30000
-    policy = "cache_aware"         # smg's: cache_aware, power_of_two, round_robin, prefix_hash, random
+    policy = "prefix_hash"         # the default; smg's: cache_aware, power_of_two, round_robin, random
     api_key = "sk-..."             # or --api-key (required: one key for clients, gateway, workers)
     args = ["--log-level", "warn"] # extra `smg launch` flags
 
@@ -29,6 +29,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from radixrt.gateway import DEFAULT_POLICY
 
 POLICIES = ("cache_aware", "power_of_two", "round_robin", "prefix_hash", "random", "least_load")
 _RESERVED_WORKER_FLAGS = ("--host", "--port", "--api-key", "--served-model-name", "--model-path")
@@ -68,7 +70,7 @@ class FleetConfig:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
-    policy: str = "cache_aware"
+    policy: str = DEFAULT_POLICY
     gateway_args: list[str] = field(default_factory=list)  # extra `smg launch` flags
     worker_host: str = "127.0.0.1"
     worker_base_port: int = 0  # 0: free ports picked at start; else base, base + 1, ...
@@ -148,7 +150,7 @@ def build_config(ns: Any) -> FleetConfig:
         models=models, host=ns.host or gw.get("host", "127.0.0.1"),
         port=int(ns.port or gw.get("port", 30000)),
         api_key=ns.api_key or gw.get("api_key"),
-        policy=ns.policy or gw.get("policy", "cache_aware"),
+        policy=ns.policy or gw.get("policy", DEFAULT_POLICY),
         gateway_args=list(gw.get("args", [])) + shlex.split(ns.gateway_args or ""),
         worker_base_port=int(ns.worker_base_port or gw.get("worker_base_port", 0)),
         log_dir=Path(log_dir) if log_dir else None)
@@ -167,7 +169,7 @@ def add_cli_args(p: Any) -> None:
     p.add_argument("--host", help="Gateway host (default 127.0.0.1).")
     p.add_argument("--port", type=int, help="Gateway port (default 30000).")
     p.add_argument("--api-key", help="The one key for clients, gateway and workers.")
-    p.add_argument("--policy", choices=POLICIES, help="Default routing policy (default cache_aware).")
+    p.add_argument("--policy", choices=POLICIES, help=f"Default routing policy (default {DEFAULT_POLICY}).")
     p.add_argument("--gateway-args", help="Extra `smg launch` flags (one shell-quoted string).")
     p.add_argument("--worker-base-port", type=int, help="First worker port (default: free ports).")
     p.add_argument("--log-dir", help="Directory for worker and gateway logs and state.json.")

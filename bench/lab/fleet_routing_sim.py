@@ -1,6 +1,8 @@
 """Which smg flags keep cache affinity under load? smg in front of simulated radixrt workers, on CPU.
 
     .venv/bin/python bench/lab/fleet_routing_sim.py [--concurrency 64] [--groups 32] [--per-group 16]
+    .venv/bin/python bench/lab/fleet_routing_sim.py --set 'prefix_hash:--prefix-token-count 64' \
+        --set 'cache_aware:--cache-threshold 0' [--only single,round_robin] [--shared-preamble 2000]
 
 Each simulated worker is a small FastAPI app that answers the routes smg uses with radixrt's shapes
 (/health, /v1/models, /server_info, /model_info, /get_load, /v1/loads, streaming /v1/completions)
@@ -9,7 +11,9 @@ and keeps an LRU of `--capacity` system prompts (a prompt's group is its "[gg]" 
 prompts its running requests hold, as a real worker would. The same workload (bench/fleet_bench.py's
 text workload) goes through one smg gateway per flag set; the table gives the simulated hit rate,
 the share of each group's requests that went to the group's main worker (affinity) and the split.
-No model runs: this measures the gateway's routing only, in seconds.
+No model runs: this measures the gateway's routing only, in seconds. The rows of one run share the
+workers' ports, so prefix_hash's ring; another run draws other ports. The gateways are
+radixrt.gateway's, so they carry its --prefix-token-count (a set's own flags come later and win).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import shlex
 import sys
 import tempfile
 import threading
@@ -39,6 +44,7 @@ from radixrt.gateway import Gateway  # noqa: E402
 KEY = "sim"
 MODEL = "bench"
 PREFIX_TOKENS = 2048
+PREAMBLE = ""  # --shared-preamble: the same text before every system prompt (a worker's groups skip it)
 
 
 class SimWorker:
@@ -158,7 +164,7 @@ class SimWorker:
         @app.post("/v1/completions")
         async def completions(request: Request) -> Response:
             body = orjson.loads(await request.body())
-            group = body["prompt"][:40]
+            group = body["prompt"][len(PREAMBLE) :][:40]
             hit = self.touch(group)
             self.running[group] += 1
 
@@ -214,11 +220,14 @@ async def drive(base_url: str, prompts: list[str], concurrency: int) -> int:
             nonlocal failures
             async with sem:
                 body = {"model": MODEL, "prompt": p, "max_tokens": 2, "stream": True}
-                async with client.stream("POST", "/v1/completions", json=body) as r:
-                    if r.status_code != 200:
-                        failures += 1
-                    async for _ in r.aiter_bytes():
-                        pass
+                try:
+                    async with client.stream("POST", "/v1/completions", json=body) as r:
+                        if r.status_code != 200:
+                            failures += 1
+                        async for _ in r.aiter_bytes():
+                            pass
+                except httpx.HTTPError:  # a reset under the shared machine's load: counted, not fatal
+                    failures += 1
 
         await asyncio.gather(*(one(p) for p in prompts))
     return failures
@@ -233,66 +242,75 @@ def summarize(workers: list[SimWorker], start: list[int]) -> dict:
         for group, _ in g:
             per_group[group][i] += 1
     affinity = sum(c.most_common(1)[0][1] for c in per_group.values()) / max(n, 1)
-    return {"hit_rate": hits / max(n, 1), "affinity": affinity, "split": [len(g) for g in logs]}
+    homes = collections.Counter(c.most_common(1)[0][0] for c in per_group.values())
+    return {"hit_rate": hits / max(n, 1), "affinity": affinity, "split": [len(g) for g in logs],
+            "groups_per_worker": [homes[i] for i in range(len(logs))]}
 
 
+OFF = "--disable-worker-overload-protection"
+# name: (policy, smg flags). radixrt.gateway adds --prefix-token-count 64 (the fleet's default) to every
+# gateway; a set's own flags come later and win.
 FLAG_SETS = {
-    "round_robin": ("round_robin", ()),
-    "prefix_hash (smg defaults)": ("prefix_hash", ()),
-    "prefix_hash, balance abs 64": ("prefix_hash", ("--prefix-hash-balance-abs-threshold", "64")),
-    "cache_aware (smg defaults)": ("cache_aware", ()),
-    "cache_aware, overload protection off": ("cache_aware", ("--disable-worker-overload-protection",)),
-    "cache_aware, protection off, rel 4": (
-        "cache_aware",
-        ("--disable-worker-overload-protection", "--balance-rel-threshold", "4"),
-    ),
+    "round_robin": ("round_robin", ""),
+    "prefix_hash, 64 tokens (the fleet's default)": ("prefix_hash", ""),
+    "prefix_hash (smg defaults: 256 tokens)": ("prefix_hash", "--prefix-token-count 256"),
+    "prefix_hash, 256 tokens, balance abs 64": (
+        "prefix_hash", "--prefix-token-count 256 --prefix-hash-balance-abs-threshold 64"),
+    "cache_aware (smg defaults)": ("cache_aware", ""),
+    "cache_aware, overload protection off": ("cache_aware", OFF),
+    "cache_aware, protection off, rel 4": ("cache_aware", f"{OFF} --balance-rel-threshold 4"),
     "cache_aware, protection off, rel 4, abs 256": (
-        "cache_aware",
-        (
-            "--disable-worker-overload-protection",
-            "--balance-rel-threshold",
-            "4",
-            "--balance-abs-threshold",
-            "256",
-        ),
-    ),
-    "cache_aware, abs 8, rel 1.2": (
-        "cache_aware",
-        ("--balance-abs-threshold", "8", "--balance-rel-threshold", "1.2"),
-    ),
+        "cache_aware", f"{OFF} --balance-rel-threshold 4 --balance-abs-threshold 256"),
+    "cache_aware, abs 8, rel 1.2": ("cache_aware", "--balance-abs-threshold 8 --balance-rel-threshold 1.2"),
     "cache_aware, protection off, abs 8, rel 1.2": (
-        "cache_aware",
-        (
-            "--disable-worker-overload-protection",
-            "--balance-abs-threshold",
-            "8",
-            "--balance-rel-threshold",
-            "1.2",
-        ),
-    ),
-    "power_of_two": ("power_of_two", ()),
+        "cache_aware", f"{OFF} --balance-abs-threshold 8 --balance-rel-threshold 1.2"),
+    "power_of_two": ("power_of_two", ""),
     "cache_aware, protection off, rel 4, load poll 1 s": (
-        "cache_aware",
-        (
-            "--disable-worker-overload-protection",
-            "--balance-rel-threshold",
-            "4",
-            "--load-monitor-interval",
-            "1",
-        ),
-    ),
+        "cache_aware", f"{OFF} --balance-rel-threshold 4 --load-monitor-interval 1"),
     "cache_aware, protection off, rel 4, p2c by requests": (
-        "cache_aware",
-        (
-            "--disable-worker-overload-protection",
-            "--balance-rel-threshold",
-            "4",
-            "--power-of-two-load-metric",
-            "requests",
-        ),
-    ),
-    "cache_aware, load poll 1 s": ("cache_aware", ("--load-monitor-interval", "1")),
+        "cache_aware", f"{OFF} --balance-rel-threshold 4 --power-of-two-load-metric requests"),
+    "cache_aware, load poll 1 s": ("cache_aware", "--load-monitor-interval 1"),
+    "single server (2 x capacity, no gateway)": ("single", ""),
 }
+
+
+def run_single(ns: argparse.Namespace, prompts: list[str]) -> dict:
+    """The baseline: one simulated worker with both workers' cache (2 x --capacity), no gateway."""
+    w = SimWorker(2 * ns.capacity, ns.hit_s, ns.miss_s, 2 * ns.concurrency)
+    w.serve_in_thread()
+    t0 = time.perf_counter()
+    failures = asyncio.run(drive(f"http://127.0.0.1:{w.port}", prompts, ns.concurrency))
+    return summarize([w], [0]) | {"wall_s": time.perf_counter() - t0, "failures": failures}
+
+
+def chosen_sets(ns: argparse.Namespace) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """FLAG_SETS filtered by --only (all of them without --only or --set), then each --set."""
+    sets = {name: (policy, tuple(shlex.split(flags))) for name, (policy, flags) in FLAG_SETS.items()
+            if not ns.only or any(name.startswith(o) for o in ns.only.split(","))}
+    if ns.only is None and ns.set:
+        sets = {}
+    for spec in ns.set:
+        policy, _, flags = spec.partition(":")
+        sets[spec] = (policy, tuple(shlex.split(flags)))
+    return sets
+
+
+def run_gateway(gw: Gateway, workers: list[SimWorker], prompts: list[str], concurrency: int) -> dict:
+    """Start `gw`, register the workers, empty their caches, drive the workload; `summarize`'s dict."""
+    urls = [f"http://127.0.0.1:{w.port}" for w in workers]
+    gw.start()
+    try:
+        for u in urls:
+            gw.register(u)
+        gw.wait_healthy(set(urls), 60)
+        for w in workers:
+            w.lru.clear()
+        start = [len(w.log) for w in workers]
+        t0 = time.perf_counter()
+        failures = asyncio.run(drive(gw.base_url, prompts, concurrency))
+        return summarize(workers, start) | {"wall_s": time.perf_counter() - t0, "failures": failures}
+    finally:
+        gw.stop()
 
 
 def main() -> int:
@@ -304,39 +322,38 @@ def main() -> int:
     ap.add_argument("--hit-s", type=float, default=0.2)
     ap.add_argument("--miss-s", type=float, default=0.6)
     ap.add_argument("--only", help="comma-separated subset of the flag sets (by prefix)")
+    ap.add_argument("--set", action="append", default=[], metavar="POLICY[:FLAGS]",
+                    help="an extra flag set, e.g. 'prefix_hash:--prefix-token-count 64' (repeatable)")
+    ap.add_argument("--prefix-len", type=int, default=600, help="characters of each system prompt")
+    ap.add_argument("--log-dir", help="keep the gateways' logs here (pass --log-level debug in a set)")
     ap.add_argument(
         "--distinct-start",
         action="store_true",
         help="system prompts without the common '[' start (the group tag moved to the end)",
     )
+    ap.add_argument("--shared-preamble", type=int, default=0, metavar="CHARS",
+                    help="the same CHARS characters before every system prompt (one boilerplate preamble)")
     ns = ap.parse_args()
-    sizes = {"groups": ns.groups, "per_group": ns.per_group, "prefix_len": 600, "question_len": 32}
+    global PREAMBLE
+    PREAMBLE = ("You are a careful assistant. " * (ns.shared_preamble // 29 + 1))[: ns.shared_preamble]
+    sizes = {"groups": ns.groups, "per_group": ns.per_group, "prefix_len": ns.prefix_len, "question_len": 32}
     prompts = text_workload(sizes)
     if ns.distinct_start:  # "[gg] rest" -> "rest [gg]": no two groups share a first character... mostly
         prompts = [p[5 : sizes["prefix_len"]] + p[:5] + p[sizes["prefix_len"] :] for p in prompts]
+    prompts = [PREAMBLE + p for p in prompts]
     workers = [SimWorker(ns.capacity, ns.hit_s, ns.miss_s, ns.concurrency) for _ in range(2)]
     for w in workers:
         w.serve_in_thread()
-    urls = [f"http://127.0.0.1:{w.port}" for w in workers]
     rows = []
-    with tempfile.TemporaryDirectory() as td:
-        for name, (policy, flags) in FLAG_SETS.items():
-            if ns.only and not any(name.startswith(o) for o in ns.only.split(",")):
-                continue
-            gw = Gateway("127.0.0.1", free_port(), KEY, policy, Path(td) / f"gw{len(rows)}.log", flags)
-            gw.start()
-            try:
-                for u in urls:
-                    gw.register(u)
-                gw.wait_healthy(set(urls), 60)
-                for w in workers:
-                    w.lru.clear()
-                start = [len(w.log) for w in workers]
-                t0 = time.perf_counter()
-                failures = asyncio.run(drive(gw.base_url, prompts, ns.concurrency))
-                res = summarize(workers, start) | {"wall_s": time.perf_counter() - t0, "failures": failures}
-            finally:
-                gw.stop()
+    with tempfile.TemporaryDirectory() as tmp:
+        td = Path(ns.log_dir or tmp)
+        td.mkdir(parents=True, exist_ok=True)
+        for name, (policy, flags) in chosen_sets(ns).items():
+            if policy == "single":
+                res = run_single(ns, prompts)
+            else:
+                gw = Gateway("127.0.0.1", free_port(), KEY, policy, td / f"gw{len(rows)}.log", flags)
+                res = run_gateway(gw, workers, prompts, ns.concurrency)
             rows.append((name, res))
             print(f"{name}: {res}", flush=True)
     print("\n| gateway | hit rate | affinity | split | wall s |\n|---|---|---|---|---|")

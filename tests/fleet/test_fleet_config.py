@@ -14,6 +14,7 @@ from radixrt.cli import build_parser
 from radixrt.config import ServerArgs
 from radixrt.fleet import Fleet, backoff_s
 from radixrt.fleet_config import FleetConfig, ModelSpec, build_config
+from radixrt.gateway import Gateway
 from tokenizer_proc.gateway_routes import scheduler_load
 
 TOML = """
@@ -57,7 +58,19 @@ def test_file_then_flags(tmp_path: Path) -> None:
 def test_json_file_is_read_too(tmp_path: Path) -> None:
     (tmp_path / "f.json").write_text(json.dumps({"gateway": {"api_key": "k"}, "models": [{"name": "a"}]}))
     cfg = build_config(_ns("--config", str(tmp_path / "f.json")))
-    assert [m.name for m in cfg.models] == ["a"] and cfg.port == 30000 and cfg.policy == "cache_aware"
+    assert [m.name for m in cfg.models] == ["a"] and cfg.port == 30000 and cfg.policy == "prefix_hash"
+
+
+def test_gateway_command_sets_the_prefix_hash_span_and_extra_args_win(tmp_path: Path) -> None:
+    """The fleet's smg hashes 64 tokens' worth (256 characters) of a request for prefix_hash, on every
+    policy (a model's label may pick prefix_hash); a user's --gateway-args come later and win."""
+    cmd = Gateway("127.0.0.1", 1, "k", "prefix_hash", tmp_path / "g.log").command()
+    assert cmd[cmd.index("--policy") + 1] == "prefix_hash"
+    assert cmd[cmd.index("--prefix-token-count") + 1] == "64"
+    cmd = Gateway("127.0.0.1", 1, "k", "cache_aware", tmp_path / "g.log",
+                  ("--prefix-token-count", "512")).command()
+    assert cmd[cmd.index("--prefix-token-count") + 1] == "64"  # the fleet's, before the user's
+    assert cmd[-2:] == ["--prefix-token-count", "512"]
 
 
 @pytest.mark.parametrize("argv, message", [
