@@ -8,9 +8,9 @@ shared by --per-group questions, in shuffled order, at --concurrency), alternati
 
   fleet_default two replicas on one GPU (--mem-fraction-static 0.4 each, --max-total-tokens each)
                 behind the fleet's own gateway (radixrt/fleet.py: smg with radixrt.gateway's
-                DEFAULT_POLICY, prefix_hash over 64 tokens' worth of text)
-  cache_aware   the same two replicas behind a second smg with cache_aware and smg's defaults (the
-                fleet's default before 2026-12-01)
+                DEFAULT_POLICY: cache_aware with smg's defaults)
+  prefix_hash_64 the same two replicas behind a second smg with prefix_hash over 64 tokens' worth
+                of text (--prefix-token-count 64, which the fleet's gateways always pass)
   round_robin   the same two replicas behind a third smg with round_robin (caches flushed between)
   single        one server with the memory and KV pool of both replicas (0.8, 2x the tokens), direct
 
@@ -155,12 +155,12 @@ def fleet_config(ns: argparse.Namespace, sizes: dict[str, int], model_path: str 
 
 def bench_replicas(ns: argparse.Namespace, sizes: dict[str, int], model_path: str | None,
                    prompts: list[str], tmp: Path) -> dict[str, Any]:
-    """The fleet's default gateway, cache_aware and round_robin over the same two replicas, and TTFT
-    with and without the gateway."""
+    """The fleet's default gateway, prefix_hash over 64 tokens and round_robin over the same two
+    replicas, and TTFT with and without the gateway."""
     fleet = Fleet(fleet_config(ns, sizes, model_path, tmp / "fleet", 2, 0.4))
-    # beside the fleet's own gateway, smg's cache_aware with its defaults and round_robin: three
+    # beside the fleet's own gateway, smg's prefix_hash over 64 tokens and round_robin: three
     # gateways over the same two replicas
-    others = {"cache_aware": Gateway("127.0.0.1", free_port(), KEY, "cache_aware", tmp / "ca-gateway.log"),
+    others = {"prefix_hash_64": Gateway("127.0.0.1", free_port(), KEY, "prefix_hash", tmp / "ph-gateway.log"),
               "round_robin": Gateway("127.0.0.1", free_port(), KEY, "round_robin", tmp / "rr-gateway.log")}
     cmd = fleet.gateway.command()[3:]  # what the fleet runs (`smg launch ...`), the key left out
     out: dict[str, Any] = {"fleet_gateway_command": [("***" if a == KEY else a) for a in cmd]}
@@ -214,10 +214,10 @@ def bench_single(ns: argparse.Namespace, sizes: dict[str, int], model_path: str 
 
 def table(res: dict[str, Any]) -> str:
     """The results as a markdown table, and the ratios the issue asks for (the fleet's default and
-    cache_aware against round_robin and the single server)."""
+    prefix_hash_64 against round_robin and the single server)."""
     rows = ["| set-up | hit rate | output tok/s | TTFT p50 ms | TTFT p99 ms | failed | per replica |",
             "|---|---|---|---|---|---|---|"]
-    for name in ("fleet_default", "cache_aware", "round_robin", "single"):
+    for name in ("fleet_default", "prefix_hash_64", "round_robin", "single"):
         r = res[name]
         hit = "-" if r["cache_hit_rate"] is None else f"{r['cache_hit_rate']:.3f}"
         split = " / ".join(f"{p['requests']:.0f}" for p in r.get("per_replica", [])) or "-"
@@ -229,7 +229,7 @@ def table(res: dict[str, Any]) -> str:
         return f"{a / b:.2f}x" if a is not None and b else "-"
 
     rows.append("")
-    for name in ("fleet_default", "cache_aware"):
+    for name in ("fleet_default", "prefix_hash_64"):
         r = res[name]
         rows.append(f"{name} / round_robin: hit rate "
                     f"{ratio(r['cache_hit_rate'], rr['cache_hit_rate'])} (goal >= 2x), output tok/s "

@@ -2,7 +2,7 @@
 
 smg (Shepherd Model Gateway, the SGLang model gateway spun out; `pip install radixrt[fleet]`) routes
 each request by its `model` to a worker serving that name, picks the replica with its policy
-(the fleet's default: prefix_hash over the first 256 characters, see DEFAULT_POLICY), health-checks the
+(the fleet's default: cache_aware, see DEFAULT_POLICY), health-checks the
 workers and checks one API key on the data plane (`--api-key`). In IGW (multi-model) mode
 `--worker-urls` is ignored: workers are added with `POST /workers` and removed with
 `DELETE /workers/{id}`, both under the same key. smg forwards the client's `Authorization` header to
@@ -27,27 +27,25 @@ import httpx
 
 log = logging.getLogger("radixrt.fleet")
 
-# The fleet's default policy for the replicas of a model: smg's prefix_hash over the first
-# PREFIX_HASH_TOKENS tokens' worth of text (smg hashes 4 characters per token of an untokenized request,
-# so 256 characters; for chat, the messages' text joined by spaces, system prompt first). Measured with
-# bench/lab/fleet_routing_sim.py (bench/results/fleet.md, "prefix_hash over 64 tokens"), 32 system
-# prompts x 16 questions at concurrency 64: affinity 0.97-1.00, hit rate 0.94 (= the single server's)
-# in 9 runs of 12 (0.76-0.90 when the hash put 19-22 of the 32 prompts on one worker), requests per
-# worker 34-66%. Why not smg's defaults:
-# - cache_aware (smg's default) places a prefix it has not seen on the least loaded worker by a load
-#   figure that a burst of new prefixes does not move (gate off: 31 of 32 new prefixes arriving
-#   together went to one worker, 17 / 15 when they came one at a time); and once its balance gate
-#   spills a request, the prefix has two holders and is load-balanced between them from then on
-#   (affinity 0.71-0.79). No flag gives both affinity and balance. It is the better choice where every
-#   request starts with the same long text (an agent's system prompt): prefix_hash puts all of those
-#   on one worker (docs/fleet.md).
-# - prefix_hash's own span, 256 tokens = 1,024 characters, reaches past a system prompt shorter than
-#   that into the question, so every request hashes differently and it routes like round_robin.
-# prefix_hash is stateless: a consistent hash ring (150 virtual nodes per worker) splits the prefixes
-# about evenly, and its overload rule (load above 1.25 x the mean and mean + 10 in-flight requests)
-# sends one request elsewhere without moving the prefix. The cost: two different prompts that share
-# their first 256 characters (one boilerplate preamble) share a worker too.
-DEFAULT_POLICY = "prefix_hash"
+# The fleet's default policy for the replicas of a model: smg's cache_aware (an approximate radix
+# tree of the text sent to each worker). prefix_hash over PREFIX_HASH_TOKENS tokens' worth of text
+# (smg hashes 4 characters per token of an untokenized request, so 256 characters; for chat the
+# messages' text joined by spaces, system prompt first) is the alternative for many distinct system
+# prompts; `--prefix-token-count` is always passed so that choosing it needs no other flag. Measured
+# (bench/results/fleet.md):
+# - simulation (bench/lab/fleet_routing_sim.py, 32 system prompts x 16 questions, c64): prefix_hash-64
+#   hit 0.94 (= one server's) in 9 runs of 12, 0.76-0.90 when the hash ring put 19-22 of the 32
+#   prompts on one worker; cache_aware 0.52-0.59 in 5 of 6 (a burst of new prefixes goes to one
+#   worker by a load figure the burst does not move; once its balance gate spills a prefix, two
+#   workers hold it and share its requests);
+# - one H200, two replicas, 2,048-token prompts (2026-12-01): prefix_hash-64 0.63 / 0.67 over two
+#   rounds (162 / 350 requests: the ring's split), cache_aware 0.71 / 0.54, round_robin 0.68 / 0.56;
+# - every request starting with the same long text (one agent's system prompt under every
+#   conversation, this project's users): prefix_hash puts all of them on one replica (sim: hit 0.48,
+#   125 / 387 requests), cache_aware 0.74-0.94, because the shared text matches on both replicas and
+#   each conversation's own text on one.
+# Neither meets the issue's goals on the GPU; cache_aware is kept as the default for the last case.
+DEFAULT_POLICY = "cache_aware"
 PREFIX_HASH_TOKENS = 64
 HEALTH_CHECK_INTERVAL_S = 5  # smg's default is 60 s: a dead worker would keep receiving requests
 SHUTDOWN_GRACE_S = 2  # smg waits this long for in-flight requests on SIGTERM (its default: 180 s)

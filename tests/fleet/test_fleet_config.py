@@ -58,7 +58,7 @@ def test_file_then_flags(tmp_path: Path) -> None:
 def test_json_file_is_read_too(tmp_path: Path) -> None:
     (tmp_path / "f.json").write_text(json.dumps({"gateway": {"api_key": "k"}, "models": [{"name": "a"}]}))
     cfg = build_config(_ns("--config", str(tmp_path / "f.json")))
-    assert [m.name for m in cfg.models] == ["a"] and cfg.port == 30000 and cfg.policy == "prefix_hash"
+    assert [m.name for m in cfg.models] == ["a"] and cfg.port == 30000 and cfg.policy == "cache_aware"
 
 
 def test_gateway_command_sets_the_prefix_hash_span_and_extra_args_win(tmp_path: Path) -> None:
