@@ -7,6 +7,9 @@ STAMP := $(VENV)/.setup-done
 TORCH_PIN ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 30000
+# `make test` runs the CPU suite on 2 pytest-xdist workers, one test file per worker at a time (module-
+# scoped servers and Engines start once, file order kept); `make test XDIST=` runs it in one process.
+XDIST ?= -n 2 --dist loadfile
 
 .PHONY: setup serve test test-gpu lint clean
 
@@ -26,7 +29,7 @@ serve: setup
 
 test: setup
 	$(BIN)/ruff check radixrt kernels tokenizer_proc tests bench
-	$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) tests $(PYTEST_ARGS)
 
 test-gpu:
 	python3 -m pytest -q -m gpu tests $(PYTEST_ARGS)

@@ -67,6 +67,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadfile` (make test): whole files per worker, and one unit for all the files that use
+    a session server, so that each server starts once (tests/xdist_scheduling.py). Other modes: xdist's."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.xdist_scheduling import SessionServerScheduling
+
+    return SessionServerScheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     """The default SmolLM2-135M-Instruct, converted once to a safetensors model directory."""
