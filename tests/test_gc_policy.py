@@ -12,6 +12,7 @@ def test_freeze_startup_heap_freezes_live_objects():
     gc.unfreeze()
     try:
         frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > len(marker)
+        # frozen objects another thread frees meanwhile (pytest-xdist's I/O thread) leave the count
+        assert len(marker) < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()

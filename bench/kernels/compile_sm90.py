@@ -73,7 +73,7 @@ def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
     ext = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64,
                DOT_PRECISION="tf32", USE_TMA=False)
     dec = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128,
-               DOT_PRECISION="tf32")
+               DOT_PRECISION="tf32", KV_F16=False)
     casc = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64,
                 DOT_PRECISION="tf32")
     merge = dict(HEAD_DIM=128, BLOCK_D=128)
