@@ -13,9 +13,10 @@ The checks afterwards (each a line of `problems`; exit 1 if any):
 - once idle: running and waiting requests 0 (/get_server_info and /metrics), the front end tracks
   no sample, the KV invariant holds (`invariants_ok`, checked by the scheduler when idle; start the
   server with RADIXRT_DEBUG_INVARIANTS=1 to have it checked on every idle tick too);
-- radixrt_requests_total: every outcome label's growth is reported; ok + aborted grew by exactly the
-  number of complete + abandoned clients (an abandoned request whose samples had all finished
-  generating counts as ok), aborted by at most the abandoned ones, and no request ended as "error";
+- radixrt_requests_total: every outcome label's growth is reported; ok + aborted + disconnected grew
+  by exactly the number of complete + abandoned clients (an abandoned request whose samples had all
+  finished generating counts as ok, one that left before the server read it as disconnected),
+  aborted + disconnected by at most the abandoned ones, and no request ended as "error";
 - resident memory of the server's processes (launcher + children, when their pid is known) is
   back within RSS_MARGIN of the baseline taken after a warm-up; on a CPU server the KV pool's pages
   are committed as they are first written (calloc, radixrt/worker/kv_pool.py), so the pool's size
@@ -314,13 +315,15 @@ def _check_idle(report: SoakReport, pid: int | None) -> None:
     # A client that leaves after its request finished on the server (a fast server, a late disconnect)
     # leaves an "ok" request, not an aborted one: each abandoned request is one of the two, and every
     # request that was not malformed is recorded exactly once.
+    # A client that leaves before the server read its request leaves a "disconnected" one.
     abandoned, complete = report.counts["abandoned"], report.counts.get("complete", 0)
-    if report.aborted_counter_delta > abandoned:
-        p.append(f"aborted counter grew by {report.aborted_counter_delta:g}, "
+    left = report.aborted_counter_delta + report.outcome_deltas.get("disconnected", 0)
+    if left > abandoned:
+        p.append(f"aborted + disconnected counters grew by {left:g}, "
                  f"only {abandoned} clients abandoned their requests")
-    if report.aborted_counter_delta + report.ok_counter_delta != complete + abandoned:
-        p.append(f"the server recorded {report.ok_counter_delta:g} ok + {report.aborted_counter_delta:g} "
-                 f"aborted requests, {complete} complete + {abandoned} abandoned were sent "
+    if left + report.ok_counter_delta != complete + abandoned:
+        p.append(f"the server recorded {report.ok_counter_delta:g} ok + {left:g} aborted or "
+                 f"disconnected requests, {complete} complete + {abandoned} abandoned were sent "
                  f"(all outcomes: {_fmt_outcomes(report.outcome_deltas)})")
     if report.outcome_deltas.get("error"):
         p.append(f"{report.outcome_deltas['error']:g} requests ended with outcome \"error\" (a 5xx)")

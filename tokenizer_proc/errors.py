@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +115,12 @@ def from_scheduler_error(message: str) -> APIError:
     return bad_request(message)
 
 
-def install_handlers(app: FastAPI) -> None:
-    """Route every error the app can raise to an OpenAI error body."""
+def install_handlers(app: FastAPI, on_unread: Callable[[], None] | None = None) -> None:
+    """Route every error the app can raise to an OpenAI error body.
+
+    `on_unread` is called once per request whose client disconnected before the server had read its
+    body (starlette's ClientDisconnect from http_io.read_json): no RequestHandle exists for it, so
+    the front end's metrics record its outcome ("disconnected") here."""
 
     @app.exception_handler(APIError)
     async def _api_error(_req: Request, exc: APIError) -> Response:
@@ -138,6 +144,15 @@ def install_handlers(app: FastAPI) -> None:
     async def _gone(_req: Request, _exc: ClientGone) -> Response:
         # Not an error: the samples were already aborted; nobody reads this response.
         logger.info("client disconnected before the response; request aborted")
+        return Response(status_code=499)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _unread(_req: Request, _exc: ClientDisconnect) -> Response:
+        # Not an error either: the client left before its request was read, so nothing was submitted
+        # (uvicorn answers http.disconnect once the connection is gone, even for a buffered body).
+        logger.info("client disconnected before its request was read")
+        if on_unread is not None:
+            on_unread()
         return Response(status_code=499)
 
     @app.exception_handler(Exception)

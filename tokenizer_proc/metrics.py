@@ -66,11 +66,13 @@ class Metrics:
         self.scheduler_up = Gauge("radixrt_scheduler_up", "1 if the scheduler answered the last scrape.",
                                   registry=r)
 
-    def on_request_done(self, handle: RequestHandle, outcome: str) -> None:
+    def on_request_done(self, handle: RequestHandle | None, outcome: str) -> None:
+        """Count one finished request by outcome; latency and token figures for "ok" ones. `handle`
+        is None for a request whose client left before it was read (outcome "disconnected")."""
         self.requests.labels(outcome=outcome).inc()
-        t = handle.timing
-        if outcome != "ok":
+        if outcome != "ok" or handle is None:
             return
+        t = handle.timing
         self.e2e.observe(time.perf_counter() - t.start_s)
         if t.first_token_s is not None:
             self.ttft.observe(t.first_token_s - t.start_s)

@@ -81,7 +81,8 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
 
     app = FastAPI(title="radixrt", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")
-    install_handlers(app)
+    on_done = ctx.on_done
+    install_handlers(app, on_unread=None if on_done is None else (lambda: on_done(None, "disconnected")))
     install_openapi(app)
     created = int(time.time())
 

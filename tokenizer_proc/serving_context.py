@@ -17,7 +17,8 @@ from .request_state import RequestHandle
 class ServingContext:
     """Everything a handler needs; built once by create_app's caller (main.build_context).
 
-    `on_done` is called by every RequestHandle when it ends (metrics). `texts` caches token id ->
+    `on_done` is called by every RequestHandle when it ends (metrics), and with handle None and
+    outcome "disconnected" for a request whose client left before it was read. `texts` caches token id ->
     text for logprobs; `vocab_size` bounds every token id a request may name.
     """
 
@@ -26,7 +27,7 @@ class ServingContext:
     args: ServerArgs
     served_model: str
     context_length: int
-    on_done: Callable[[RequestHandle, str], None] | None = None
+    on_done: Callable[[RequestHandle | None, str], None] | None = None
     texts: TokenTexts = field(init=False)
     vocab_size: int = field(init=False)
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from fastapi import FastAPI, Request
+
+from radixrt.tokenizer_proc.errors import install_handlers
+from radixrt.tokenizer_proc.http_io import read_json
 from radixrt.tokenizer_proc.manager import TokenChunk
+from radixrt.tokenizer_proc.metrics import Metrics
 from radixrt.tokenizer_proc.request_state import RequestHandle, SampleEvent, SampleSpec
 from radixrt.tokenizer_proc.respond import respond
 
@@ -103,3 +108,36 @@ def test_disconnect_mid_generation_is_aborted_once() -> None:
     outcomes, manager = asyncio.run(_stream_then_leave(finish_all=False))
     assert outcomes == ["aborted"]
     assert len(manager.aborted) == 1 and manager.inboxes == {}
+
+
+def test_a_client_gone_before_its_request_was_read_is_recorded_as_disconnected(caplog: Any) -> None:
+    """uvicorn answers receive() with http.disconnect once the connection is gone, even when the body
+    was buffered: the request is never submitted, and its outcome is "disconnected", not a logged 500."""
+    metrics = Metrics()
+    app = FastAPI()
+    install_handlers(app, on_unread=lambda: metrics.on_request_done(None, "disconnected"))
+    reached: list[Any] = []
+
+    @app.post("/v1/completions")
+    async def _completions(request: Request) -> Any:
+        reached.append(await read_json(request, 1 << 20))
+        return {}
+
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(msg: dict[str, Any]) -> None:
+        sent.append(msg)
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    with caplog.at_level("INFO"):
+        asyncio.run(app(scope, receive, send))
+    assert reached == []
+    assert sent[0]["status"] == 499, sent
+    assert metrics.requests.labels(outcome="disconnected")._value.get() == 1.0
+    assert not any("internal error" in r.getMessage() for r in caplog.records)
