@@ -15,9 +15,10 @@ the packed-weight path torch's own CPU inductor uses), unless RADIXRT_CPU_PACKED
 sgemm behind F.linear reads a [N, K] weight several times over for a few rows (on this project's AMD
 EPYC CI machine the 49152 x 576 LM head at 4 rows runs at 4.9 GB/s against 12 GB/s at 1 row); the
 packed call keeps the weight read near one pass (docs/kernels.md, "CPU linears"). Single rows and
-prefill-sized calls stay on F.linear, which is as fast or faster there. The packed copy is made at
-the first such call and again whenever the weight changes (its version counter or storage), and
-costs a second copy of the weight in host memory.
+prefill-sized calls stay on F.linear, which is as fast or faster there. The packed copies are made
+when the model is loaded (`prepack_cpu_linears`: ~0.5 s for the default model, which would otherwise
+land on the first request) and again whenever a weight changes (its version counter or storage),
+and cost a second copy of the weights in host memory.
 """
 
 from __future__ import annotations
@@ -114,3 +115,16 @@ class Linear(nn.Linear):
                 counters = max(counters, triton.cdiv(n, cfg.block_n))
             self._workspace = SkinnyWorkspace.allocate(partials, counters, device)
         return self._workspace
+
+
+def prepack_cpu_linears(model: nn.Module) -> int:
+    """Make the oneDNN packed weight of every float32 CPU `Linear` in `model` now (module docstring),
+    so that the first decode pass does not pay for it. Returns how many were packed (0 when the
+    path is off or the model is not a float32 CPU one)."""
+    n = 0
+    for m in model.modules():
+        if (isinstance(m, Linear) and m._cpu_packed and m.weight.device.type == "cpu"
+                and m.weight.dtype == torch.float32):
+            m._packed_weight()
+            n += 1
+    return n

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixrt.config import DEFAULT_MODEL_NAME
+from radixrt.models.linear import prepack_cpu_linears
 from radixrt.models.model_config import ModelConfig, parse_config, read_eos_ids, read_json
 from radixrt.models.quant.checkpoint import CheckpointStream, checkpoint_quantization
 from radixrt.models.quant.fp8 import FP8_DTYPE, Fp8Linear, convert_to_fp8
@@ -298,6 +299,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
 
         fill_from_safetensors(model, model_dir, lambda st: rank_slices(model, st))
     model.init_rope(max(max_positions or 0, cfg.max_position_embeddings), device)
+    prepack_cpu_linears(model)
     return model.eval(), model.config
 
 

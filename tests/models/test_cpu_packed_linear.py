@@ -59,3 +59,23 @@ def test_inference_tensor_weight_and_switch_off() -> None:
         half = _linear().half()  # only float32 takes the packed path
         half(x.half())
         assert half._packed is None
+
+
+def test_prepack_packs_every_float32_cpu_linear_once() -> None:
+    from radixrt.models.linear import prepack_cpu_linears
+
+    model = torch.nn.Sequential(_linear(), torch.nn.ReLU(), _linear(64, 96))
+    for m in model:
+        if isinstance(m, Linear):
+            m._cpu_packed = True
+    assert prepack_cpu_linears(model) == 2
+    packed = [m._packed[1] for m in model if isinstance(m, Linear)]
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        out = model(x)
+    assert [m._packed[1] for m in model if isinstance(m, Linear)] == packed  # not packed again
+    ref = F.linear(torch.relu(F.linear(x, model[0].weight, model[0].bias)), model[2].weight, model[2].bias)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    off = torch.nn.Sequential(_linear())
+    off[0]._cpu_packed = False
+    assert prepack_cpu_linears(off) == 0 and off[0]._packed is None
