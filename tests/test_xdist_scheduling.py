@@ -11,9 +11,11 @@ import pytest
 pytest.importorskip("xdist", reason="pytest-xdist is not installed")
 
 from tests.xdist_scheduling import (  # noqa: E402
+    LONG_FIRST,
     SESSION_SERVER_UNIT,
     SESSION_SERVERS,
     SessionServerScheduling,
+    long_first,
     uses_session_server,
 )
 
@@ -33,3 +35,15 @@ def test_files_using_a_session_server_are_one_unit(pytestconfig: pytest.Config) 
     assert scope("tests/reliability/test_soak_quick.py::test_y") == SESSION_SERVER_UNIT
     assert scope("tests/memory/test_page_allocator.py::test_z") == "tests/memory/test_page_allocator.py"
     assert not uses_session_server(pytestconfig.rootpath / "tests/no_such_file.py")
+
+
+def test_long_units_start_first_in_their_order(pytestconfig: pytest.Config) -> None:
+    from collections import OrderedDict
+
+    for path in LONG_FIRST[1:]:
+        assert (pytestconfig.rootpath / path).is_file(), path  # a renamed file would silently drop out
+    queue = OrderedDict((s, {}) for s in ["tests/a.py", LONG_FIRST[2], "tests/b.py", SESSION_SERVER_UNIT])
+    long_first(queue)
+    assert list(queue) == [SESSION_SERVER_UNIT, LONG_FIRST[2], "tests/a.py", "tests/b.py"]
+    long_first(queue)  # idempotent: called before every assignment
+    assert list(queue) == [SESSION_SERVER_UNIT, LONG_FIRST[2], "tests/a.py", "tests/b.py"]
