@@ -5,7 +5,7 @@ From a TOML or JSON file (`--config`), then overridden by flags. The file:
     [gateway]                      # all optional
     host = "127.0.0.1"
     port = 30000
-    policy = "prefix_hash"         # the default; smg's: cache_aware, power_of_two, round_robin, random
+    policy = "cache_aware"         # the default; also prefix_hash, power_of_two, round_robin, random
     api_key = "sk-..."             # or --api-key (required: one key for clients, gateway, workers)
     args = ["--log-level", "warn"] # extra `smg launch` flags
 
