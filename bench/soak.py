@@ -13,10 +13,13 @@ The checks afterwards (each a line of `problems`; exit 1 if any):
 - once idle: running and waiting requests 0 (/get_server_info and /metrics), the front end tracks
   no sample, the KV invariant holds (`invariants_ok`, checked by the scheduler when idle; start the
   server with RADIXRT_DEBUG_INVARIANTS=1 to have it checked on every idle tick too);
-- radixrt_requests_total: every outcome label's growth is reported; ok + aborted + disconnected grew
-  by exactly the number of complete + abandoned clients (an abandoned request whose samples had all
-  finished generating counts as ok, one that left before the server read it as disconnected),
-  aborted + disconnected by at most the abandoned ones, and no request ended as "error";
+- radixrt_requests_total: every outcome label's growth is reported; ok grew by at least the complete
+  clients and ok + aborted + disconnected by at most complete + abandoned (an abandoned request whose
+  samples had all finished generating counts as ok, one that left before the server read it as
+  disconnected; one abandoned before it reached the server's app has no outcome and is reported as
+  `abandoned_never_seen`); aborted + disconnected by at most the abandoned ones; no request ended as
+  "error"; and no request handle is left without an outcome, live or garbage-collected
+  (radixrt_tokenizer_unfinished_handles, radixrt_tokenizer_collected_unfinished_handles);
 - resident memory of the server's processes (launcher + children, when their pid is known) is
   back within RSS_MARGIN of the baseline taken after a warm-up; on a CPU server the KV pool's pages
   are committed as they are first written (calloc, radixrt/worker/kv_pool.py), so the pool's size
@@ -221,6 +224,8 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1)) if m else 0.0
 
 
+_UNFINISHED_RE = re.compile(r'^radixrt_tokenizer_unfinished_handles\{kind="([^"]*)"\} (\S+)$', re.M)
+_COLLECTED_RE = re.compile(r'^radixrt_tokenizer_collected_unfinished_handles\{kind="([^"]*)"\} (\S+)$', re.M)
 _OUTCOME_RE = re.compile(r'^radixrt_requests_total\{outcome="([^"]*)"\} (\S+)$', re.M)
 
 
@@ -249,6 +254,10 @@ async def wait_idle(client: httpx.AsyncClient, timeout_s: float = IDLE_TIMEOUT_S
         stats["tokenizer_inflight_samples"] = metric(text, "radixrt_tokenizer_inflight_samples")
         stats["metrics_num_running_reqs"] = metric(text, "radixrt_num_running_reqs")
         stats["metrics_num_waiting_reqs"] = metric(text, "radixrt_num_waiting_reqs")
+        # requests without an outcome yet (live) or ever (garbage-collected), by kind
+        stats["unfinished_handles"] = {m.group(1): float(m.group(2)) for m in _UNFINISHED_RE.finditer(text)}
+        stats["collected_unfinished_handles"] = {m.group(1): float(m.group(2))
+                                                 for m in _COLLECTED_RE.finditer(text)}
         if (stats.get("num_running_reqs") == 0 and stats.get("num_waiting_reqs") == 0
                 and stats["tokenizer_inflight_samples"] == 0 and stats.get("invariants_ok") is not None):
             return stats
@@ -321,10 +330,18 @@ def _check_idle(report: SoakReport, pid: int | None) -> None:
     if left > abandoned:
         p.append(f"aborted + disconnected counters grew by {left:g}, "
                  f"only {abandoned} clients abandoned their requests")
-    if left + report.ok_counter_delta != complete + abandoned:
+    # Every complete request is recorded; an abandoned one is recorded unless it never reached the
+    # server's app (no handle: the live and collected unfinished-handle gauges, checked below, show
+    # that every handle recorded its outcome). The difference is reported as never seen.
+    recorded = left + report.ok_counter_delta
+    if report.ok_counter_delta < complete or not complete <= recorded <= complete + abandoned:
         p.append(f"the server recorded {report.ok_counter_delta:g} ok + {left:g} aborted or "
                  f"disconnected requests, {complete} complete + {abandoned} abandoned were sent "
                  f"(all outcomes: {_fmt_outcomes(report.outcome_deltas)})")
+    report.counts["abandoned_never_seen"] = int(complete + abandoned - recorded)
+    for key in ("unfinished_handles", "collected_unfinished_handles"):
+        if any(s.get(key, {}).values()):
+            p.append(f"{key.replace('_', ' ')} after the run: {s[key]}")
     if report.outcome_deltas.get("error"):
         p.append(f"{report.outcome_deltas['error']:g} requests ended with outcome \"error\" (a 5xx)")
     if report.health_failures:
@@ -389,7 +406,9 @@ def format_report(r: SoakReport) -> str:
              f"server outcomes: {_fmt_outcomes(r.outcome_deltas)}; /health failures {r.health_failures}",
              f"idle: running {idle.get('num_running_reqs')}, waiting {idle.get('num_waiting_reqs')},"
              f" front-end samples {idle.get('tokenizer_inflight_samples')}, "
-             f"invariants_ok {idle.get('invariants_ok')}",
+             f"invariants_ok {idle.get('invariants_ok')}, unfinished handles "
+             f"{idle.get('unfinished_handles')}, collected unfinished "
+             f"{idle.get('collected_unfinished_handles')}",
              f"rss: baseline {r.rss_baseline_bytes / 2**20:.0f} MiB, "
              f"after {r.rss_after_bytes / 2**20:.0f} MiB "
              f"(margin max({RSS_MARGIN_FRAC:.0%}, {RSS_MARGIN_BYTES // 2**20} MiB)"

@@ -20,7 +20,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from .request_state import RequestHandle
+from .request_state import COLLECTED_UNFINISHED, RequestHandle, unfinished_handles
 from .serving_context import ServingContext
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -62,6 +62,11 @@ class Metrics:
                              buckets=_LATENCY_BUCKETS_S, registry=r)
         self.inflight = Gauge("radixrt_tokenizer_inflight_samples", "Samples the front end is waiting on.",
                               registry=r)
+        self.unfinished = Gauge("radixrt_tokenizer_unfinished_handles",
+                                "Live requests that have not recorded an outcome yet.", ["kind"], registry=r)
+        self.collected_unfinished = Gauge("radixrt_tokenizer_collected_unfinished_handles",
+                                          "Requests garbage-collected without an outcome (a bug if > 0).",
+                                          ["kind"], registry=r)
         self.sched = {k: Gauge(f"radixrt_{k}", h, registry=r) for k, h in _SCHEDULER_GAUGES.items()}
         self.scheduler_up = Gauge("radixrt_scheduler_up", "1 if the scheduler answered the last scrape.",
                                   registry=r)
@@ -90,6 +95,10 @@ class Metrics:
     async def refresh(self, ctx: ServingContext) -> None:
         """Scheduler gauges from get_server_info (short timeout; a dead scheduler shows as up=0)."""
         self.inflight.set(ctx.manager.num_inflight)
+        for kind, n in unfinished_handles().items():
+            self.unfinished.labels(kind=kind).set(n)
+        for kind, n in COLLECTED_UNFINISHED.items():
+            self.collected_unfinished.labels(kind=kind).set(n)
         try:
             resp = await ctx.manager.control("get_server_info", timeout_s=2.0)
         except TimeoutError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,6 +168,32 @@ class Timing:
     itl_s: list[float] = field(default_factory=list)
 
 
+_LIVE: weakref.WeakSet[RequestHandle] = weakref.WeakSet()  # every RequestHandle not yet collected
+
+
+_KINDS = ("json", "stream_started", "stream_waiting")
+# RequestHandles garbage-collected without an outcome, by kind (incremented in __del__: no locks)
+COLLECTED_UNFINISHED: dict[str, int] = dict.fromkeys(_KINDS, 0)
+
+
+def _kind(h: RequestHandle) -> str:
+    if not h.stream:
+        return "json"
+    return "stream_started" if h.timing.first_token_s is not None else "stream_waiting"
+
+
+def unfinished_handles() -> dict[str, int]:
+    """Live RequestHandles that have not recorded an outcome (finish not called), by kind: "json"
+    (non-streamed), "stream_started" / "stream_waiting" (streamed, first output seen or not). A
+    finished server has none (and COLLECTED_UNFINISHED stays 0); metrics export both
+    (radixrt_tokenizer_unfinished_handles, radixrt_tokenizer_collected_unfinished_handles)."""
+    out = dict.fromkeys(_KINDS, 0)
+    for h in list(_LIVE):
+        if not h._done:
+            out[_kind(h)] += 1
+    return out
+
+
 class RequestHandle:
     """All samples of one HTTP request. Use as `async with handle:` then iterate `handle.events()`."""
 
@@ -191,6 +218,11 @@ class RequestHandle:
         self.outcome = "aborted"
         self.on_done = on_done
         self._done = False
+        _LIVE.add(self)
+
+    def __del__(self) -> None:
+        if not getattr(self, "_done", True):
+            COLLECTED_UNFINISHED[_kind(self)] += 1
 
     async def __aenter__(self) -> RequestHandle:
         for rid, st in self.samples.items():

@@ -141,3 +141,20 @@ def test_a_client_gone_before_its_request_was_read_is_recorded_as_disconnected(c
     assert sent[0]["status"] == 499, sent
     assert metrics.requests.labels(outcome="disconnected")._value.get() == 1.0
     assert not any("internal error" in r.getMessage() for r in caplog.records)
+
+
+def test_handles_without_an_outcome_are_counted_live_and_when_collected() -> None:
+    import gc
+
+    from radixrt.tokenizer_proc import request_state as rs
+
+    spec = SampleSpec(index=0, input_ids=[1, 2], sampling={}, stop=[])
+    before = dict(rs.COLLECTED_UNFINISHED)
+    done = RequestHandle(_Manager(), _Tokenizer(), [spec], stream=True)
+    done.finish(None)
+    dropped = RequestHandle(_Manager(), _Tokenizer(), [spec], stream=False)
+    assert rs.unfinished_handles()["json"] >= 1
+    del dropped, done
+    gc.collect()
+    assert rs.COLLECTED_UNFINISHED["json"] == before["json"] + 1  # the finished one is not counted
+    assert rs.COLLECTED_UNFINISHED["stream_waiting"] == before["stream_waiting"]
