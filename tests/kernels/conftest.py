@@ -93,6 +93,18 @@ def device() -> torch.device:
 
 
 @pytest.fixture
+def no_attention_overrides():
+    """The attention config table without RADIXRT_ATTN_CONFIG / set_overrides entries for the test;
+    what was set before is restored after it."""
+    from radixrt.kernels import attention_configs as ac
+
+    saved = ac.get_overrides()
+    ac.set_overrides(None)
+    yield
+    ac.set_overrides(saved)
+
+
+@pytest.fixture
 def paged_batch():
     """Factory fixture: make_paged_batch(prefix_lens, extend_lens, page_size, Hq, Hkv, D, dtype, seed)."""
     return make_paged_batch

@@ -25,12 +25,7 @@ GPU = torch.device("cuda")  # only the device type is read
 EXT = sys.modules["radixrt.kernels.extend_attention"]
 
 
-@pytest.fixture(autouse=True)
-def _no_overrides():
-    saved = ac.get_overrides()
-    ac.set_overrides(None)
-    yield
-    ac.set_overrides(saved)
+pytestmark = pytest.mark.usefixtures("no_attention_overrides")
 
 
 @pytest.mark.parametrize("block_m, block_n, use_tma, dtype", [

@@ -24,12 +24,7 @@ K_SCALE, V_SCALE = 0.0625, 0.03125
 F16_TOL = 2e-3  # fp16 q / P (10-bit mantissas) against the fp32 reference
 
 
-@pytest.fixture(autouse=True)
-def _no_overrides():
-    saved = ac.get_overrides()
-    ac.set_overrides(None)
-    yield
-    ac.set_overrides(saved)
+pytestmark = pytest.mark.usefixtures("no_attention_overrides")
 
 
 def _fp8_pools(b) -> tuple[torch.Tensor, torch.Tensor]:
