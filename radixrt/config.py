@@ -103,7 +103,7 @@ class ServerArgs:
         "gets 408 (a stream: an SSE error event). Default: none.")
     random_seed: int = _flag("Seed for weights in dummy mode and for unseeded sampling.", default=0)
     cpu_threads: int | None = _flag(
-        "Torch threads of the CPU worker. Default: the cores it may run on minus one (at least 1).")
+        "Torch threads of the CPU worker. Default: RADIXRT_CPU_THREADS, else all the cores it may run on.")
     tp_size: int = _flag(
         "Tensor parallel size: worker processes (one GPU each on cuda), Megatron-style sharding of "
         "heads, MLP and vocab (docs/tensor_parallel.md). Must divide the attention heads and the "
@@ -222,6 +222,9 @@ class Env:
     fp8_skinny_max_rows: int = 16
     # RADIXRT_CPU_PACKED_LINEAR=0: CPU linears always through F.linear (no oneDNN packed weights)
     cpu_packed_linear: bool = True
+    # RADIXRT_CPU_THREADS=N: the CPU worker's torch threads when --cpu-threads is not given (the test
+    # suite sets 1: two pytest workers share the machine); unset: all cores (worker_proc.cpu_threads)
+    cpu_threads: int | None = None
 
     @classmethod
     def read(cls) -> Env:
@@ -232,4 +235,18 @@ class Env:
             skinny_gemm=os.environ.get("RADIXRT_SKINNY_GEMM", "1") not in ("0", "false"),
             fp8_skinny_max_rows=int(os.environ.get("RADIXRT_FP8_SKINNY_MAX_ROWS", "16")),
             cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
+            cpu_threads=_positive_int_or_none(os.environ.get("RADIXRT_CPU_THREADS")),
         )
+
+
+def _positive_int_or_none(text: str | None) -> int | None:
+    """An environment variable that must be a positive integer when set.
+
+    Raises:
+        ValueError: set to something else."""
+    if text is None or text.strip() == "":
+        return None
+    n = int(text)
+    if n < 1:
+        raise ValueError(f"must be >= 1, got {n}")
+    return n

@@ -19,6 +19,10 @@ if not torch.cuda.is_available():
     # beside the session server's worker, and two torch threads on a 2-core machine that also runs a
     # worker made an Engine test 2x slower (42 s vs 21 s against one busy core, 2026-12-01).
     torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
+    # Servers started by the tests likewise run their worker on cores - 1 threads (the product's
+    # default is all cores, worker_proc.cpu_threads): two pytest workers share the machine, and
+    # spinning OpenMP threads that lose their core stall every parallel region.
+    os.environ.setdefault("RADIXRT_CPU_THREADS", str(max(1, (os.cpu_count() or 2) - 1)))
 
 
 def _patch_interpreter_scalar_index() -> None:

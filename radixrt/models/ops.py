@@ -38,11 +38,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return weight * xf.to(x.dtype), new_residual
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 # The last pass's rotary rows: every layer of a pass rotates at the same positions, so the tables are
 # gathered once per pass, not 30 times (index_select + 2 repeats per layer; ~3% of a CPU decode step).
 # Keyed on the tensors' identity (ForwardMeta's tensors stay unchanged through a pass, and each pass
@@ -56,7 +51,8 @@ def _version(t: torch.Tensor) -> int:
 
 def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) [T, 1, D] in `dtype`, each half-table repeated twice (rotate-half layout)."""
+    """(cos, sin_signed) [T, 1, D] in `dtype`: cos = [c, c], sin_signed = [-s, s] (rotate-half's sign
+    folded into the table, so that rotate_half(x) * sin == roll(x, D/2) * sin_signed)."""
     global _cos_sin_memo
     memo = _cos_sin_memo
     key = (_version(positions), _version(cos_sin_cache), dtype)
@@ -65,9 +61,21 @@ def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.
     half = cos_sin_cache.shape[-1] // 2
     cs = cos_sin_cache.index_select(0, positions)  # [T, D]
     cos = cs[:, :half].repeat(1, 2).unsqueeze(1).to(dtype)  # [T, 1, D]
-    sin = cs[:, half:].repeat(1, 2).unsqueeze(1).to(dtype)  # [T, 1, D]
+    sin = torch.cat((-cs[:, half:], cs[:, half:]), dim=-1).unsqueeze(1).to(dtype)  # [T, 1, D]
     _cos_sin_memo = (positions, cos_sin_cache, key, (cos, sin))
     return cos, sin
+
+
+def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """q [T, Hq, D] and k [T, Hkv, D] as one [T, Hq + Hkv, D] view when k's heads follow q's in
+    every row (the q|k|v columns of a fused QKV output), else None."""
+    if (q.dtype != k.dtype or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.stride() != k.stride()
+            or q.stride(2) != 1 or q.stride(1) != q.shape[2]
+            or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()):
+        return None
+    if k.data_ptr() != q.data_ptr() + q.shape[1] * q.shape[2] * q.element_size():
+        return None
+    return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
@@ -91,9 +99,13 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
         fused_rotary(q, k, positions, cos_sin_cache)
         return q, k
     cos, sin = _cos_sin(positions, cos_sin_cache, q.dtype)
-    q_rot = q * cos + _rotate_half(q) * sin
-    k_rot = k * cos + _rotate_half(k) * sin
-    return q_rot, k_rot
+    half = q.shape[-1] // 2
+    qk = _adjacent_heads(q, k)  # one pass over q and k together: 3 ops instead of 10 (CPU decode)
+    if qk is not None:
+        rot = (qk * cos).addcmul_(torch.roll(qk, half, dims=-1), sin)  # [T, Hq + Hkv, D]
+        return rot[:, :q.shape[1]], rot[:, q.shape[1]:]
+    return ((q * cos).addcmul_(torch.roll(q, half, dims=-1), sin),
+            (k * cos).addcmul_(torch.roll(k, half, dims=-1), sin))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -7,12 +7,15 @@ Per layer (`forward`): store the new K/V at out_cache_loc, then attend.
 Decode requests (extend_len == 1) are attended with two batched matmuls over strided views of the
 pool, with the R = Hq / Hkv query heads of a KV head as the R rows of one matmul, so every K/V row
 is read once per layer (torch's fused SDPA kernel reads it once per query head). Their K/V is a
-list of runs of consecutive pool slots, each read as a view, never gathered. Decode requests whose
-page-table rows start with the same pages (a shared system prompt, one conversation's history:
-the radix cache hands out the same physical pages) form a group, and the runs of the shared pages
-are read once for the whole group (cascade inference, FlashInfer, Ye et al. 2024; Hydragen,
-Juravsky et al. 2024): one matmul gives every member's scores over the shared keys, each member's
-own keys follow, one softmax per member over both, and one matmul over the shared values.
+list of runs of consecutive pool slots, each read as a view; a request with more than
+MAX_VIEW_RUNS runs (one per page when decodes interleaved their page allocations) is read with
+one gather of its slots instead. Decode requests whose page-table rows start with the same pages
+(a shared system prompt, one conversation's history: the radix cache hands out the same physical
+pages) form a group, and the runs of the shared pages are read once for the whole group (cascade
+inference, FlashInfer, Ye et al. 2024; Hydragen, Juravsky et al. 2024): one matmul gives every
+member's scores over the shared keys, the members' own keys are one padded gather scored by one
+batched matmul, one softmax per member over both, and one matmul each over the shared and the
+own values.
 
 Extend requests go to `scaled_dot_product_attention` (torch's CPU flash-attention kernel,
 FlashAttention-2-style blocked online softmax, GQA through `enable_gqa`), one call per request:
@@ -38,6 +41,9 @@ from radixrt.attention.base import AttentionBackend, ForwardMeta, KVPool
 # A decode group must share at least this many tokens per extra member; below it the group's
 # extra small ops cost more than the K/V reads they save.
 MIN_SHARED_TOKENS = 64
+# Runs of consecutive slots read as views, one small matmul pair each; past this many (a history
+# written by interleaved decodes: one run per page) one gather of their slots costs less.
+MAX_VIEW_RUNS = 4
 
 Run = tuple[int, int]  # (first pool slot, tokens): K/V rows buf[slot : slot + tokens]
 
@@ -58,11 +64,18 @@ class _ReqPlan:
 @dataclass(slots=True)
 class _DecodeGroup:
     """Decode requests attended together: their rows of q, the runs they share (read once for all
-    of them) and each member's own runs after those (in position order)."""
+    of them) and each member's own runs after those (in position order).
+
+    How the forward reads them (set by `_finish_group`): shared runs as views of the pool, or, when
+    they are more than `MAX_VIEW_RUNS`, as one gather of `shared_slots`; the members' own tokens
+    (groups of two or more) as one padded gather of `own_slots`, `own_mask` hiding the padding."""
 
     q_rows: torch.Tensor  # [G] int64 rows of q, one per member
     shared: list[Run]
     own: list[list[Run]]  # [G] lists; all empty for a group of one (its runs are `shared`)
+    shared_slots: torch.Tensor | None = None  # [S] int64 pool slots of the shared tokens, or None: views
+    own_slots: torch.Tensor | None = None  # [G, N] int64 pool slots of each member's own tokens, padded
+    own_mask: torch.Tensor | None = None  # [G, 1, 1, N] float32 0 / -inf (padding), None when unpadded
 
 
 def runs_of(row: np.ndarray, first_tok: int, end_tok: int, page_size: int) -> list[Run]:
@@ -76,6 +89,29 @@ def runs_of(row: np.ndarray, first_tok: int, end_tok: int, page_size: int) -> li
         tokens = min(j * page_size, end_tok - first_tok) - i * page_size
         out.append((int(pages[i]) * page_size, tokens))
     return out
+
+
+def slots_of(runs: list[Run]) -> np.ndarray:
+    """The pool slots of `runs`, in order: [sum of tokens] int64."""
+    return np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in runs]) if runs else \
+        np.zeros(0, dtype=np.int64)
+
+
+def _finish_group(g: _DecodeGroup) -> _DecodeGroup:
+    """Decide how the forward reads the group's K/V (see `_DecodeGroup`)."""
+    if len(g.shared) > MAX_VIEW_RUNS:
+        g.shared_slots = torch.from_numpy(slots_of(g.shared))
+    if len(g.own) > 1:
+        own = [slots_of(runs) for runs in g.own]
+        n = max(len(x) for x in own)
+        slots = np.zeros((len(own), n), dtype=np.int64)  # padding reads slot 0, masked out
+        for m, x in enumerate(own):
+            slots[m, :len(x)] = x
+        g.own_slots = torch.from_numpy(slots)
+        if any(len(x) < n for x in own):
+            pad = torch.from_numpy(np.arange(n)[None, :] >= np.array([len(x) for x in own])[:, None])
+            g.own_mask = torch.zeros(len(own), 1, 1, n).masked_fill_(pad[:, None, None, :], float("-inf"))
+    return g
 
 
 def _common_pages(a: np.ndarray, b: np.ndarray) -> int:
@@ -107,14 +143,15 @@ def decode_groups(rows: list[int], starts: list[int], seq_lens: list[int], table
         chosen = sorted(b for _, b in common[:best_k])
         if chosen:
             shared_end = best_pages * page_size
-            groups.append(_DecodeGroup(
+            groups.append(_finish_group(_DecodeGroup(
                 q_rows=torch.tensor([starts[b] for b in chosen], dtype=torch.int64),
                 shared=runs_of(table[lead], 0, shared_end, page_size),
-                own=[runs_of(table[b], shared_end, seq_lens[b], page_size) for b in chosen]))
+                own=[runs_of(table[b], shared_end, seq_lens[b], page_size) for b in chosen])))
         for b in members:
             if b not in chosen:
-                groups.append(_DecodeGroup(q_rows=torch.tensor([starts[b]], dtype=torch.int64),
-                                           shared=runs_of(table[b], 0, seq_lens[b], page_size), own=[[]]))
+                groups.append(_finish_group(_DecodeGroup(
+                    q_rows=torch.tensor([starts[b]], dtype=torch.int64),
+                    shared=runs_of(table[b], 0, seq_lens[b], page_size), own=[[]])))
     return groups
 
 
@@ -154,31 +191,55 @@ def _attend_alone(row: int, runs: list[Run], q: torch.Tensor, k_buf: torch.Tenso
 def attend_decode_group(g: _DecodeGroup, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                         scale: float, o: torch.Tensor) -> None:
     """Attention of the group's members: q [T, Hq, D] (rows g.q_rows), pool buffers [slots, Hkv, D];
-    written into o [T, Hq, D] at g.q_rows. Computed in the pool's dtype (float32 for an fp32 pool)."""
+    written into o [T, Hq, D] at g.q_rows. Computed in the pool's dtype (float32 for an fp32 pool).
+
+    Shared keys: one score matmul per run (or one over the gathered `shared_slots`) for all members'
+    query heads at once, [Hkv, G*R, D] x [Hkv, D, n]; own keys: one batched matmul over the padded
+    gather, [G, Hkv, R, D] x [G, Hkv, D, N]; one softmax per member over both; the same two shapes
+    for the values."""
     n_members, hkv, d = len(g.own), k_buf.shape[1], k_buf.shape[2]
-    if n_members == 1:
+    if n_members == 1 and g.shared_slots is None:
         return _attend_alone(int(g.q_rows[0]), g.shared, q, k_buf, v_buf, scale, o)
     hq = q.shape[1]
     rep = hq // hkv
-    qg = (q.index_select(0, g.q_rows) * scale).to(k_buf.dtype)  # [G, Hq, D]
-    qg = qg.view(n_members, hkv, rep, d).transpose(0, 1).reshape(hkv, n_members * rep, d)  # [Hkv, G*R, D]
-    shared_s = [torch.bmm(qg, k_buf[a:a + n].permute(1, 2, 0)) for a, n in g.shared]  # [Hkv, G*R, n]
-    shared_p: list[list[torch.Tensor]] = [[] for _ in g.shared]
-    out = qg.new_zeros(hkv, n_members * rep, d)
-    for m, runs in enumerate(g.own):
-        rows = slice(m * rep, (m + 1) * rep)
-        parts = [s[:, rows] for s in shared_s]
-        parts += [torch.bmm(qg[:, rows], k_buf[a:a + n].permute(1, 2, 0)) for a, n in runs]
-        probs = torch.softmax(torch.cat(parts, -1), dim=-1)  # [Hkv, R, S_m]
-        pieces = probs.split([n for _, n in g.shared] + [n for _, n in runs], dim=-1)
-        for i, piece in enumerate(pieces[:len(g.shared)]):
-            shared_p[i].append(piece)
-        for piece, (a, n) in zip(pieces[len(g.shared):], runs, strict=True):
-            out[:, rows] += torch.bmm(piece, v_buf[a:a + n].transpose(0, 1))
-    for pieces, (a, n) in zip(shared_p, g.shared, strict=True):
-        out.baddbmm_(torch.cat(pieces, dim=1), v_buf[a:a + n].transpose(0, 1))  # [Hkv, G*R, n] @ [Hkv, n, D]
-    o.index_copy_(0, g.q_rows, out.view(hkv, n_members, rep, d).transpose(0, 1).reshape(n_members, hq, d)
-                  .to(o.dtype))
+    qg = (q.index_select(0, g.q_rows) * scale).to(k_buf.dtype).view(n_members, hkv, rep, d)
+    if g.shared_slots is not None:  # many runs: one gather, then a single "run" over it
+        ks, vs = k_buf.index_select(0, g.shared_slots), v_buf.index_select(0, g.shared_slots)
+        shared_kv = [(ks, vs)]
+    else:
+        shared_kv = [(k_buf[a:a + n], v_buf[a:a + n]) for a, n in g.shared]
+    scores = []
+    if shared_kv:
+        qs = qg.transpose(0, 1).reshape(hkv, n_members * rep, d)  # [Hkv, G*R, D]
+        parts = [torch.bmm(qs, kk.permute(1, 2, 0)) for kk, _ in shared_kv]  # [Hkv, G*R, n]
+        s_sh = parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+        scores.append(s_sh.view(hkv, n_members, rep, -1).transpose(0, 1))  # [G, Hkv, R, S]
+    n_shared = sum(kk.shape[0] for kk, _ in shared_kv)
+    if g.own_slots is not None:
+        n_own = g.own_slots.shape[1]
+        flat = g.own_slots.view(-1)
+        ko = k_buf.index_select(0, flat).view(n_members, n_own, hkv, d).permute(0, 2, 3, 1)  # [G, Hkv, D, N]
+        s_own = torch.matmul(qg, ko)  # [G, Hkv, R, N]
+        if g.own_mask is not None:
+            s_own.add_(g.own_mask.to(s_own.dtype))
+        scores.append(s_own)
+    scores_all = scores[0] if len(scores) == 1 else torch.cat(scores, -1)  # [G, Hkv, R, S + N]
+    probs = torch.softmax(scores_all, dim=-1)
+    out = None
+    if shared_kv:
+        p_sh = probs[..., :n_shared].transpose(0, 1).reshape(hkv, n_members * rep, n_shared)
+        off = 0
+        for _, vv in shared_kv:
+            n = vv.shape[0]
+            part = torch.bmm(p_sh[..., off:off + n], vv.transpose(0, 1))  # [Hkv, G*R, D]
+            out = part if out is None else out.add_(part)
+            off += n
+        out = out.view(hkv, n_members, rep, d).transpose(0, 1)  # [G, Hkv, R, D]
+    if g.own_slots is not None:
+        vo = v_buf.index_select(0, flat).view(n_members, n_own, hkv, d).transpose(1, 2)  # [G, Hkv, N, D]
+        o_own = torch.matmul(probs[..., n_shared:], vo)  # [G, Hkv, R, D]
+        out = o_own if out is None else out + o_own
+    o.index_copy_(0, g.q_rows, out.reshape(n_members, hq, d).to(o.dtype))
 
 
 class SdpaAttnBackend(AttentionBackend):

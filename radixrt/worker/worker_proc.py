@@ -21,7 +21,7 @@ import torch
 import zmq
 
 from radixrt import protocol
-from radixrt.config import PROTOCOL_VERSION, ServerArgs
+from radixrt.config import PROTOCOL_VERSION, Env, ServerArgs
 from radixrt.gc_policy import freeze_startup_heap
 from radixrt.ipc import IpcAddresses, Receiver, Sender, worker_name
 from radixrt.models.loader import ModelLoadError
@@ -30,13 +30,22 @@ log = logging.getLogger("radixrt.worker")
 
 
 def cpu_threads(tp_size: int = 1) -> int:
-    """Torch threads on CPU: the cores we may run on, minus one for the scheduler and tokenizer,
-    shared by the tensor-parallel ranks (at least one each)."""
+    """Torch threads on CPU: RADIXRT_CPU_THREADS if set, else every core we may run on, shared by
+    the tensor-parallel ranks (at least one each).
+
+    All cores, not cores - 1: the scheduler and tokenizer processes use under 5% of a core while
+    the worker decodes (measured on 2 cores, docs/kernels.md "CPU threads"), so a core left to them
+    idles, and the worker's decode step is bound by one core's memory bandwidth. On a machine shared
+    with other CPU-heavy work, pass --cpu-threads (spinning OpenMP threads that lose their core stall
+    every parallel region)."""
+    env = Env.read().cpu_threads
+    if env is not None:
+        return env
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, (cores - 1) // tp_size)
+    return max(1, cores // tp_size)
 
 
 class _Dropped:

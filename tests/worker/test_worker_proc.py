@@ -85,3 +85,23 @@ def test_worker_reports_fatal(tmp_path: Path) -> None:
     finally:
         ctx.destroy(linger=0)
         addrs.cleanup()
+
+
+def test_cpu_threads_default_env_and_errors(monkeypatch) -> None:
+    """All the cores we may run on (shared by TP ranks), RADIXRT_CPU_THREADS when set, a clear error
+    for a bad value."""
+    import os
+
+    import pytest
+
+    from radixrt.worker.worker_proc import cpu_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    monkeypatch.delenv("RADIXRT_CPU_THREADS", raising=False)
+    assert (cpu_threads(), cpu_threads(2), cpu_threads(4), cpu_threads(8)) == (6, 3, 1, 1)
+    monkeypatch.setenv("RADIXRT_CPU_THREADS", "2")
+    assert cpu_threads() == 2
+    for bad in ("0", "two"):
+        monkeypatch.setenv("RADIXRT_CPU_THREADS", bad)
+        with pytest.raises(ValueError):
+            cpu_threads()
