@@ -86,6 +86,10 @@ for s in "$@"; do
     serving) stage serving 560 python3 bench/gpu_serving.py --out-dir "$OUT/serving" --budget-s 530 ;;
     # issue 19 part 3: HTTP vs Engine tok/s (random, shared-prefix, multi-turn), TTFT c1 / c16, short
     # p99 TTFT beside 32K prefills, default config; one table of goal ratios (~300 s)
+    # issue 19 part 3: CPU time and py-spy samples of scheduler / tokenizer / worker / load generator per
+    # workload (needs .whl-extra with py-spy; bench/lab/serving_profile.py)
+    serving-profile) PATH=/tmp/site/bin:$PATH stage serving-profile 330 python3 bench/lab/serving_profile.py \
+        --out-dir "$OUT/profile" ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;
