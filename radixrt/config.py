@@ -235,18 +235,22 @@ class Env:
             skinny_gemm=os.environ.get("RADIXRT_SKINNY_GEMM", "1") not in ("0", "false"),
             fp8_skinny_max_rows=int(os.environ.get("RADIXRT_FP8_SKINNY_MAX_ROWS", "16")),
             cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
-            cpu_threads=_positive_int_or_none(os.environ.get("RADIXRT_CPU_THREADS")),
+            cpu_threads=_positive_int_or_none("RADIXRT_CPU_THREADS"),
         )
 
 
-def _positive_int_or_none(text: str | None) -> int | None:
-    """An environment variable that must be a positive integer when set.
+def _positive_int_or_none(name: str) -> int | None:
+    """Environment variable `name`, which must be a positive integer when set (None when unset or empty).
 
     Raises:
-        ValueError: set to something else."""
-    if text is None or text.strip() == "":
+        ValueError: set to something else (the message names the variable)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
         return None
-    n = int(text)
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
     if n < 1:
-        raise ValueError(f"must be >= 1, got {n}")
+        raise ValueError(f"{name} must be a positive integer, got {text!r}")
     return n

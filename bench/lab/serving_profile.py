@@ -8,8 +8,9 @@ One `radixrt launch-server` with serving_goals.py's flags (dummy weights, --max-
 warmed up as there; then per workload (--workloads, serving_goals.py's sizes): the run's wall time,
 output tok/s, and for each process its CPU seconds over the run (/proc/PID/stat utime + stime; this
 process: os.times) and, when py-spy is on PATH, `py-spy record --nonblocking -r 100 -f raw` into
-OUT_DIR/WORKLOAD-PROC.txt (collapsed stacks; idle frames excluded, so samples / (100 x wall) is the
-share of the run that process spent running Python or native code). Prints each process's busy share
+OUT_DIR/WORKLOAD-PROC.txt (collapsed stacks; idle frames excluded, so samples / (100 x (wall + 1 s))
+is the share of the recording, which starts 1 s before the load, that the process spent running
+Python or native code). Prints each process's busy share
 and its top self frames; writes OUT_DIR/profile.json.
 """
 
