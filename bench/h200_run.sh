@@ -90,6 +90,9 @@ for s in "$@"; do
     # workload (needs .whl-extra with py-spy; bench/lab/serving_profile.py)
     serving-profile) PATH=/tmp/site/bin:$PATH stage serving-profile 330 python3 bench/lab/serving_profile.py \
         --out-dir "$OUT/profile" ;;
+    # issue 19 part 3: pass-by-pass traces of the Engine and the server on the three throughput workloads,
+    # side by side (RADIXRT_PASS_TRACE; bench/lab/pass_timeline.py, ~200 s)
+    pass-timeline) stage pass-timeline 330 python3 bench/lab/pass_timeline.py --out-dir "$OUT/timeline" ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;

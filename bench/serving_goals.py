@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -83,10 +84,13 @@ def engine_part(model_dir: str, device: str, small: bool) -> dict[str, Any]:
     for spec in workloads(small, vocab):
         run_workload(engine, _warm_spec(spec).build())
         engine.scheduler.flush_cache()
+        t0 = time.perf_counter()
         r = run_workload(engine, spec.build())
+        window = [t0, time.perf_counter()]  # perf_counter s, for the pass trace (bench/lab/pass_timeline.py)
         engine.scheduler.flush_cache()
         out[spec.name] = {k: r[k] for k in ("wall_s", "output_throughput", "cache_hit_rate",
                                             "token_counts_consistent")}
+        out[spec.name]["window"] = window
         print(f"engine {spec.name}: {r['output_throughput']:.0f} out tok/s", flush=True)
     return out
 
@@ -107,8 +111,10 @@ def _pick(run: dict[str, Any]) -> dict[str, Any]:
     return {k: run.get(k) for k in keys}
 
 
-def http_part(url: str, small: bool, vocab: int, res: dict[str, Any], save: Any) -> None:
-    """Throughput of the three workloads, TTFT at c1 / c16 (burst and ramped), long/short."""
+def http_part(url: str, small: bool, vocab: int, res: dict[str, Any], save: Any,
+              throughput_only: bool = False) -> None:
+    """Throughput of the three workloads, then (unless throughput_only) TTFT at c1 / c16 (burst
+    and ramped) and long/short."""
     from bench import gpu_phases
     from bench.server_stats import wait_idle
 
@@ -116,9 +122,13 @@ def http_part(url: str, small: bool, vocab: int, res: dict[str, Any], save: Any)
     gpu_phases.warmup(url, sizes, vocab, True, res.setdefault("warmup", {}))
     for spec in workloads(small, vocab):
         _bench(url, _warm_spec(spec))
+        t0 = time.perf_counter()
         res[spec.name] = _pick(_bench(url, spec))
+        res[spec.name]["window"] = [t0, time.perf_counter()]  # perf_counter s, for the pass trace
         print(f"http {spec.name}: {res[spec.name]['output_throughput']:.0f} out tok/s", flush=True)
         save()
+    if throughput_only:
+        return
     n_in, n_out = sizes.random_io
     c1_n, c16_n, c16 = (2, 8, 4) if small else (8, 64, 16)
     spec = WorkloadSpec(name="random", input_len=n_in, output_len=n_out, vocab_size=vocab,
@@ -194,6 +204,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="tiny sizes on the CPU (smoke test)")
     p.add_argument("--device", default=None, help="default: cuda (cpu with --small)")
     p.add_argument("--skip-engine", action="store_true")
+    p.add_argument("--throughput-only", action="store_true", help="only the three throughput workloads")
+    p.add_argument("--trace-dir", default=None, help="RADIXRT_PASS_TRACE of the Engine (DIR/engine.jsonl) "
+                                                     "and of the server (DIR/server.jsonl)")
     p.add_argument("--role", choices=["engine"], help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
@@ -204,7 +217,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _run_engine_child(ns: argparse.Namespace, model_dir: Path, out: Path) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--role", "engine", "--model-dir", str(model_dir), "--out", str(out),
            "--device", ns.device, *(["--small"] if ns.small else [])]
-    r = subprocess.run(cmd, cwd=ROOT, timeout=280 if not ns.small else 600)
+    env = dict(os.environ)
+    if ns.trace_dir:
+        Path(ns.trace_dir).mkdir(parents=True, exist_ok=True)
+        env["RADIXRT_PASS_TRACE"] = str(Path(ns.trace_dir) / "engine.jsonl")
+    r = subprocess.run(cmd, cwd=ROOT, timeout=280 if not ns.small else 600, env=env)
     if r.returncode != 0 or not out.exists():
         return {"error": f"engine part exited with {r.returncode}"}
     return json.loads(out.read_text())
@@ -232,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         save()
     flags = ["--model-path", str(model_dir), "--load-format", "dummy", "--device", ns.device,
              "--max-running-requests", "256"]
+    if ns.trace_dir:
+        Path(ns.trace_dir).mkdir(parents=True, exist_ok=True)
+        os.environ["RADIXRT_PASS_TRACE"] = str(Path(ns.trace_dir) / "server.jsonl")  # the server inherits it
     server = ServerProc(flags, server_cwd(tmp), tmp / "server.log")
+    os.environ.pop("RADIXRT_PASS_TRACE", None)
     report["http"] = http = {}
     try:
         server.wait_healthy(120 if ns.small else 300)
@@ -241,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         info = httpx.get(server.url + "/get_server_info", timeout=30, trust_env=False).json()
         vocab = int(info["worker"]["vocab_size"])
         http["chunked_prefill_size"] = info["scheduler"].get("chunked_prefill_size")
-        http_part(server.url, ns.small, vocab, http, save)
+        http_part(server.url, ns.small, vocab, http, save, ns.throughput_only)
     except Exception as e:  # noqa: BLE001 - keep what was measured
         http["error"] = f"{type(e).__name__}: {e}"
         http["server_log_tail"] = server.log_tail()

@@ -225,6 +225,8 @@ class Env:
     # RADIXRT_CPU_THREADS=N: the CPU worker's torch threads when --cpu-threads is not given (the test
     # suite sets 1: two pytest workers share the machine); unset: all cores (worker_proc.cpu_threads)
     cpu_threads: int | None = None
+    # RADIXRT_PASS_TRACE=PATH: one JSON line per pass into PATH (scheduler/pass_trace.py; benchmarks)
+    pass_trace: Path | None = None
 
     @classmethod
     def read(cls) -> Env:
@@ -236,6 +238,7 @@ class Env:
             fp8_skinny_max_rows=int(os.environ.get("RADIXRT_FP8_SKINNY_MAX_ROWS", "16")),
             cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
             cpu_threads=_positive_int_or_none("RADIXRT_CPU_THREADS"),
+            pass_trace=Path(trace) if (trace := os.environ.get("RADIXRT_PASS_TRACE")) else None,
         )
 
 

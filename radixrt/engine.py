@@ -24,6 +24,7 @@ from radixrt.config import Env, ServerArgs
 from radixrt.gc_policy import freeze_startup_heap
 from radixrt.protocol import GenerateReq
 from radixrt.scheduler.factory import build_scheduler
+from radixrt.scheduler.pass_trace import maybe_trace
 from radixrt.scheduler.pipeline import PassLauncher, PassPipeline
 from radixrt.scheduler.scheduler import Scheduler
 
@@ -76,6 +77,7 @@ class Engine:
         grammar_dir = model_dir if tokenizer is not None else None  # constrained decoding needs one
         self.pipeline = PassPipeline(build_scheduler(args, info, grammar_dir), runner,
                                      overlap=not args.disable_overlap_schedule)
+        self.pass_trace = maybe_trace(self.pipeline, Env.read().pass_trace)  # RADIXRT_PASS_TRACE
         self._ids = itertools.count()
 
     @property

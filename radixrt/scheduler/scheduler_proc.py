@@ -38,6 +38,7 @@ from radixrt.protocol import (
     WorkerControl,
 )
 from radixrt.scheduler.factory import build_scheduler
+from radixrt.scheduler.pass_trace import maybe_trace
 from radixrt.scheduler.pipeline import PassPipeline
 from radixrt.scheduler.scheduler import UNCHUNKED
 
@@ -113,6 +114,7 @@ class SchedulerLoop:
         self.last_log_s = time.monotonic()
         link = WorkerLink(self.tx_worker, self.rx_worker, self._serve_while_waiting)
         self.pipeline = PassPipeline(self.sched, link, overlap=not args.disable_overlap_schedule)
+        self.pass_trace = maybe_trace(self.pipeline, Env.read().pass_trace)  # RADIXRT_PASS_TRACE
         self.steps_at_last_log = 0
         # stalled (work queued, none runnable: a grammar compiling): sleep until an arrival or a compile ends
         self.wakeup = Wakeup()
@@ -233,8 +235,11 @@ class SchedulerLoop:
                     self.handle(m)
             busy = pipeline.step()
             self.flush_outputs()
-            if not busy and self.sched.is_idle and pipeline.in_flight is None and self.debug_invariants:
-                self.sched.check_invariants()
+            if not busy and self.sched.is_idle and pipeline.in_flight is None:
+                if self.debug_invariants:
+                    self.sched.check_invariants()
+                if self.pass_trace is not None:
+                    self.pass_trace.idle()
             self.maybe_log()
 
 
