@@ -93,6 +93,8 @@ for s in "$@"; do
     # issue 19 part 3: pass-by-pass traces of the Engine and the server on the three throughput workloads,
     # side by side (RADIXRT_PASS_TRACE; bench/lab/pass_timeline.py, ~200 s)
     pass-timeline) stage pass-timeline 330 python3 bench/lab/pass_timeline.py --out-dir "$OUT/timeline" ;;
+    pass-timeline-httpx) stage pass-timeline-httpx 330 python3 bench/lab/pass_timeline.py --transport httpx \
+        --out-dir "$OUT/timeline-httpx" ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;

@@ -28,9 +28,11 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -72,9 +74,15 @@ except ImportError:  # run as a script: python bench/serving.py
     )
 
 try:  # parsing every SSE event is the client's main cost at high concurrency
+    from orjson import dumps as _dumps
     from orjson import loads as _loads
 except ImportError:
     _loads = json.loads
+
+    def _dumps(obj: object) -> bytes:
+        return json.dumps(obj).encode()
+
+_JSON_HEADERS = {"content-type": "application/json"}
 
 SCHEMA_VERSION = 1
 
@@ -105,6 +113,11 @@ class BenchConfig:
     # TTFT is that of c simultaneous prefills; a ramp of about one request's e2e measures the
     # steady state, where each arrival meets c - 1 decoding requests.
     ramp_up_s: float = 0.0
+    # "raw": the completion streams over a minimal asyncio HTTP/1.1 client (_raw_sse; http:// URLs);
+    # "httpx": over the httpx client. httpx costs ~1 ms of this process's CPU per request before its
+    # bytes leave: a burst of 128 x 2K-token requests reached a no-op server 140-200 ms after the
+    # clock started through httpx, 57-73 ms through the raw client (docs/benchmarks.md, 2026-12-02)
+    transport: str = "raw"
 
     def __post_init__(self) -> None:
         if self.request_rate <= 0:
@@ -119,6 +132,8 @@ class BenchConfig:
             raise ValueError("sweep_num_prompts must be >= 1")
         if self.ramp_up_s < 0:
             raise ValueError("ramp_up_s must be >= 0")
+        if self.transport not in ("raw", "httpx"):
+            raise ValueError(f"transport must be raw or httpx, got {self.transport!r}")
 
 
 # ----------------------------------------------------------------------------- one request
@@ -130,28 +145,100 @@ def _request_body(cfg: BenchConfig, model: str, prompt_ids: list[int], output_le
             **({"return_token_ids": True} if cfg.request_token_ids else {}), **cfg.extra_body}
 
 
+class _HTTPStatus(Exception):
+    """A response other than 200 from the raw client: the status and the body's text."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"HTTP {status}: {text[:300]}")
+
+
+async def _raw_sse(cfg: BenchConfig, body: bytes, path: str = "/v1/completions") -> AsyncIterator[bytes]:
+    """POST `body` (JSON) to cfg.base_url + path over a fresh HTTP/1.1 connection (closed after) and
+    yield the response body's lines (bytes, line ends removed) as they arrive.
+
+    Reads chunked, content-length and close-delimited bodies. Raises _HTTPStatus on a status other
+    than 200 (after reading the body), OSError / EOFError (asyncio.IncompleteReadError) when the
+    connection fails or ends early, ValueError on a malformed response."""
+    url = urlsplit(cfg.base_url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port or 80, limit=1 << 22)
+    try:
+        auth = f"authorization: Bearer {cfg.api_key}\r\n" if cfg.api_key else ""
+        writer.write(f"POST {url.path.rstrip('/')}{path} HTTP/1.1\r\nhost: {url.netloc}\r\n"
+                     f"content-type: application/json\r\naccept: text/event-stream\r\n{auth}"
+                     f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        parts = head[0].split()
+        if len(parts) < 2 or not parts[1].isdigit():
+            raise ValueError(f"bad HTTP status line {head[0][:80]!r}")
+        status = int(parts[1])
+        fields = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
+        chunked = "chunked" in fields.get("transfer-encoding", "").lower()
+        length = None if chunked or "content-length" not in fields else int(fields["content-length"])
+
+        async def pieces() -> AsyncIterator[bytes]:
+            if chunked:
+                while size := int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16):
+                    yield (await reader.readexactly(size + 2))[:-2]
+            elif length is not None:
+                if length:
+                    yield await reader.readexactly(length)
+            else:
+                while data := await reader.read(1 << 16):
+                    yield data
+
+        if status != 200:
+            raise _HTTPStatus(status, b"".join([p async for p in pieces()]).decode(errors="replace"))
+        buf = b""
+        async for piece in pieces():
+            *lines, buf = (buf + piece).split(b"\n")
+            for line in lines:
+                yield line.rstrip(b"\r")
+        if buf:
+            yield buf.rstrip(b"\r")
+    finally:
+        writer.close()
+
+
+async def _httpx_sse(client: httpx.AsyncClient, body: bytes) -> AsyncIterator[bytes]:
+    """The same as _raw_sse over the httpx client (its connection pool); raises _HTTPStatus."""
+    async with client.stream("POST", "/v1/completions", content=body, headers=_JSON_HEADERS) as resp:
+        if resp.status_code != 200:
+            raise _HTTPStatus(resp.status_code, (await resp.aread()).decode(errors="replace"))
+        async for line in resp.aiter_lines():
+            yield line.encode()
+
+
 async def send_request(client: httpx.AsyncClient, cfg: BenchConfig, model: str, out: RequestOutcome,
                        prompt_ids: list[int]) -> RequestOutcome:
-    """Stream one completion into `out` (errors are recorded in out.error, never raised)."""
-    body = _request_body(cfg, model, prompt_ids, out.output_len)
+    """Stream one completion into `out` (errors are recorded in out.error, never raised). The body
+    is encoded with orjson (~10x stdlib json on a 2K-token prompt); cfg.transport picks the client
+    (`client` is used only by the httpx transport and for https URLs)."""
+    body = _dumps(_request_body(cfg, model, prompt_ids, out.output_len))
     last = [0.0]
     out.start_s = time.perf_counter()
+    raw = cfg.transport == "raw" and cfg.base_url.startswith("http://")
+    lines = _raw_sse(cfg, body) if raw else _httpx_sse(client, body)
+
+    async def consume() -> None:
+        async for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            _apply_event(out, _loads(data), time.perf_counter(), last)
+
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                out.error = f"HTTP {resp.status_code}: {text[:300]}"
-                return out
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                _apply_event(out, _loads(data), time.perf_counter(), last)
+        await asyncio.wait_for(consume(), cfg.timeout_s)
         out.e2e_s = time.perf_counter() - out.start_s
-    except (httpx.HTTPError, ValueError, OSError) as e:  # JSON decode errors are ValueErrors
+    except _HTTPStatus as e:
+        out.error = str(e)
+    except asyncio.TimeoutError:
+        out.error = f"TimeoutError: no complete response within {cfg.timeout_s} s"
+    except (httpx.HTTPError, ValueError, OSError, EOFError) as e:  # JSON decode errors are ValueErrors
         out.error = f"{type(e).__name__}: {e}"
+    finally:
+        await lines.aclose()
     return out
 
 
@@ -167,6 +254,7 @@ class _RunState:
     pbar: tqdm
     outcomes: list[RequestOutcome] = field(default_factory=list)
     synthetic_answers: int = 0
+    t_start_s: float = 0.0  # perf_counter when the measured sessions started (the duration's clock)
 
 
 async def _run_session(state: _RunState, session: Session, seed: int) -> None:
@@ -208,7 +296,7 @@ def _arrival_offsets_s(n: int, rate: float, seed: int, ramp: tuple[int, float] =
 async def _run_sessions(state: _RunState, sessions: list[Session], rate: float, seed: int,
                         ramp: tuple[int, float] = (0, 0.0)) -> float:
     """Start every session on its arrival time; returns the duration (s) until the last one ended."""
-    t0 = time.perf_counter()
+    t0 = state.t_start_s = time.perf_counter()
     tasks = []
     offsets = _arrival_offsets_s(len(sessions), rate, seed, ramp)
     if ramp[1] > 0 and np.isinf(rate):  # sessions after the first c queue behind them in order
@@ -273,6 +361,7 @@ async def run_once(cfg: BenchConfig, workload: Workload, max_concurrency: int | 
                                              ramp)
     metrics = summarize(state.outcomes, duration_s)
     metrics["max_concurrency"] = max_concurrency
+    metrics["start_perf_s"] = state.t_start_s  # time.perf_counter() at the duration's start
     metrics["ramp_up_s"] = cfg.ramp_up_s
     metrics["request_rate"] = cfg.request_rate if np.isfinite(cfg.request_rate) else "inf"
     if workload.is_multi_turn:
@@ -369,6 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot-dir", default=None, help="write PNG latency CDFs (and the sweep plot) here")
     p.add_argument("--disable-tqdm", action="store_true")
     p.add_argument("--extra-body", default="{}", help="JSON object merged into every request body")
+    p.add_argument("--transport", choices=["raw", "httpx"], default="raw",
+                   help="the streaming client: a minimal asyncio HTTP/1.1 one (raw) or httpx")
     p.add_argument("--no-request-token-ids", action="store_true",
                    help="do not send return_token_ids (for servers that reject unknown fields)")
     add_workload_args(p)
@@ -386,7 +477,8 @@ def config_from_args(ns: argparse.Namespace) -> BenchConfig:
                        api_key=ns.api_key, flush_cache=ns.flush_cache, output_json=ns.output_json,
                        plot_dir=ns.plot_dir, disable_tqdm=ns.disable_tqdm,
                        extra_body=json.loads(ns.extra_body),
-                       request_token_ids=not ns.no_request_token_ids, ramp_up_s=ns.ramp_up_s)
+                       request_token_ids=not ns.no_request_token_ids, ramp_up_s=ns.ramp_up_s,
+                       transport=ns.transport)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,11 +98,14 @@ def engine_part(model_dir: str, device: str, small: bool) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- part 2: HTTP
 
 
+TRANSPORT = {"name": "raw"}  # bench/serving.py's client for the HTTP part (--transport)
+
+
 def _bench(url: str, spec: WorkloadSpec, **kw: Any) -> dict[str, Any]:
     from bench.serving import BenchConfig, run_benchmark
 
     rep = run_benchmark(BenchConfig(base_url=url, workload=spec, disable_tqdm=True, flush_cache=True,
-                                    timeout_s=300, **kw))
+                                    timeout_s=300, transport=TRANSPORT["name"], **kw))
     return rep["runs"][0]
 
 
@@ -122,9 +125,10 @@ def http_part(url: str, small: bool, vocab: int, res: dict[str, Any], save: Any,
     gpu_phases.warmup(url, sizes, vocab, True, res.setdefault("warmup", {}))
     for spec in workloads(small, vocab):
         _bench(url, _warm_spec(spec))
-        t0 = time.perf_counter()
-        res[spec.name] = _pick(_bench(url, spec))
-        res[spec.name]["window"] = [t0, time.perf_counter()]  # perf_counter s, for the pass trace
+        run = _bench(url, spec)
+        res[spec.name] = _pick(run)
+        t0 = run["start_perf_s"]  # the load generator's clock: after its flush and warm-up request
+        res[spec.name]["window"] = [t0, t0 + run["duration_s"]]  # perf_counter s, for the pass trace
         print(f"http {spec.name}: {res[spec.name]['output_throughput']:.0f} out tok/s", flush=True)
         save()
     if throughput_only:
@@ -205,6 +209,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="default: cuda (cpu with --small)")
     p.add_argument("--skip-engine", action="store_true")
     p.add_argument("--throughput-only", action="store_true", help="only the three throughput workloads")
+    p.add_argument("--transport", choices=["raw", "httpx"], default="raw",
+                   help="the load generator's HTTP client (bench/serving.py BenchConfig.transport)")
     p.add_argument("--trace-dir", default=None, help="RADIXRT_PASS_TRACE of the Engine (DIR/engine.jsonl) "
                                                      "and of the server (DIR/server.jsonl)")
     p.add_argument("--role", choices=["engine"], help=argparse.SUPPRESS)
@@ -236,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="serving_goals_"))
     model_dir = make_dummy_model_dir(ns.config_dir or _default_config_dir(ns.small), tmp / "model")
-    report: dict[str, Any] = {"tool": "bench/serving_goals.py", "small": ns.small, "device": ns.device}
+    TRANSPORT["name"] = ns.transport
+    report: dict[str, Any] = {"tool": "bench/serving_goals.py", "small": ns.small, "device": ns.device,
+                              "transport": ns.transport}
     out = Path(ns.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 

@@ -11,9 +11,10 @@ Three processes, none of them a model:
   "length"` at `max_tokens`;
 - the **client**: `--streams` concurrent streaming `/v1/completions` requests (`stream`,
   `include_usage`, `return_token_ids`, `ignore_eos`), `--output-len` tokens each, `--rounds` requests
-  per stream. `--client httpx` is bench/serving.py's own request code (httpx + orjson, the client of
-  the H200 runs); `--client raw` is a minimal asyncio socket client, cheap enough that the server side
-  is what is measured.
+  per stream. `--client httpx` is bench/serving.py's request code over httpx (its `transport="httpx"`,
+  the client of the H200 runs before 2026-12-02); `--client raw` is a minimal asyncio socket client,
+  cheap enough that the server side is what is measured (bench/serving.py's default transport is
+  now one like it).
 
 Reported: offered rate (streams / pass), delivered output tok/s, tokens per SSE chunk, client-side ITL
 (gap between chunks that carry tokens) p50/p99/max, TPOT, and CPU seconds per 1000 tokens of the
@@ -373,7 +374,7 @@ async def drive(port: int, client_kind: str, streams: int, rounds: int, output_l
     if client_kind == "httpx":
         from bench.serving import BenchConfig, _make_client
 
-        cfg = BenchConfig(base_url=f"http://127.0.0.1:{port}", model=MODEL, timeout_s=120)
+        cfg = BenchConfig(base_url=f"http://127.0.0.1:{port}", model=MODEL, timeout_s=120, transport="httpx")
         client = _make_client(cfg)
 
     async def one(prompt: list[int]) -> StreamResult:

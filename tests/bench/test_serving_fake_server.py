@@ -116,3 +116,61 @@ def test_main_succeeds_and_prints_a_table(capsys: pytest.CaptureFixture) -> None
     out = capsys.readouterr().out
     assert code == 0
     assert "workload shared-prefix: 6 requests" in out and "6/6 ok" in out and "WARNING" not in out
+
+
+@pytest.mark.parametrize("fail", [None, 17])
+def test_raw_and_httpx_transports_record_the_same_outcomes(fail: int | None) -> None:
+    """The raw asyncio client (the default) and httpx see the same streams, counts and errors."""
+    spec = WorkloadSpec(name="random", num_prompts=6, input_len=17, output_len=5, **SMALL)
+    runs = {}
+    for transport in ("raw", "httpx"):
+        with fake_server(FakeOptions(fail_prompt_len=fail)) as url:
+            runs[transport] = run_benchmark(BenchConfig(base_url=url, workload=spec, max_concurrency=3,
+                                                        disable_tqdm=True, transport=transport))["runs"][0]
+    keys = ("completed", "failed", "total_output_tokens_stream", "total_output_tokens_usage",
+            "total_input_tokens")
+    assert {k: runs["raw"][k] for k in keys} == {k: runs["httpx"][k] for k in keys}
+    if fail is None:
+        assert runs["raw"]["completed"] == 6 and runs["raw"]["total_output_tokens_stream"] == 30
+    else:  # every prompt has the failing length: HTTP 400 with the server's body, never an exception
+        assert runs["raw"]["failed"] == 6
+        assert runs["raw"]["errors"] == runs["httpx"]["errors"] and "HTTP 400" in str(runs["raw"]["errors"])
+    with pytest.raises(ValueError, match="transport"):
+        BenchConfig(transport="curl")
+
+
+def test_raw_transport_sends_the_key_and_path_prefix_and_reports_a_refused_connection() -> None:
+    import asyncio
+
+    from bench.serving import RequestOutcome, send_request
+
+    seen: list[bytes] = []
+
+    async def main() -> tuple[RequestOutcome, RequestOutcome]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            seen.append(head)
+            n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(n)
+            ev = (b'data: {"choices":[{"index":0,"text":"a","token_ids":[7]}]}\n\n'
+                  b'data: {"choices":[{"index":0,"text":"b","token_ids":[8],"finish_reason":"length"}],'
+                  b'"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+            # no content-length and no chunking: the body ends when the connection closes
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + ev)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        cfg = BenchConfig(base_url=f"http://127.0.0.1:{port}/prefix", api_key="K", timeout_s=10)
+        ok = await send_request(None, cfg, "m", RequestOutcome(0, 0, 3, 2), [1, 2, 3])  # type: ignore[arg-type]
+        server.close()
+        await server.wait_closed()
+        refused = await send_request(None, cfg, "m", RequestOutcome(0, 1, 3, 2), [1, 2, 3])  # type: ignore[arg-type]
+        return ok, refused
+
+    ok, refused = asyncio.run(main())
+    assert ok.ok and ok.stream_tokens == 2 and ok.usage_completion_tokens == 2 and ok.ttft_s is not None
+    assert seen[0].startswith(b"POST /prefix/v1/completions HTTP/1.1\r\n")
+    assert b"authorization: Bearer K\r\n" in seen[0]
+    assert not refused.ok and "ConnectionRefusedError" in refused.error
