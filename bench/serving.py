@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -86,16 +85,6 @@ except ImportError:
 _JSON_HEADERS = {"content-type": "application/json"}
 
 SCHEMA_VERSION = 1
-
-
-def run_loop(coro: Any) -> Any:
-    """asyncio.run on uvloop's event loop when it is installed (radixrt's own server runs on it;
-    its socket and timer paths cost the load generator less CPU per request), else the default."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 @dataclass(slots=True)
@@ -427,7 +416,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         # prompts from the previous level's run.
         num_prompts = cfg.sweep_num_prompts[i] if cfg.sweep_num_prompts else cfg.workload.num_prompts
         workload = replace(cfg.workload, seed=cfg.workload.seed + i, num_prompts=num_prompts).build()
-        metrics, outcomes, model = run_loop(run_once(cfg, workload, level))
+        metrics, outcomes, model = asyncio.run(run_once(cfg, workload, level))
         metrics["workload_seed"] = workload.spec.seed
         runs.append(metrics)
         samples[f"c={level or 'inf'}"] = outcomes
