@@ -17,6 +17,11 @@ is counted and flagged. A chunk counts len(choice.token_ids) if the server sends
 `return_token_ids`), else len(choice.logprobs.tokens) if present (`--extra-body '{"logprobs": 0}'`), else
 1 if it carries text: a server that holds back text of incomplete UTF-8 needs one of the first two.
 
+Transport: each completion streams over a fresh connection of a minimal asyncio HTTP/1.1 client
+(`--transport raw`, the default for http:// URLs) with orjson-encoded bodies; `--transport httpx`
+(and any https:// URL) goes through httpx, which delayed a burst of 128 2K-token requests by
+100-200 ms before any reached the server (docs/benchmarks.md, "Serving path: pass timelines").
+
 Usage: python bench/serving.py --base-url http://127.0.0.1:30000 --workload random --num-prompts 64
 (run with --help for every flag); from Python: run_benchmark(BenchConfig(...)) -> dict.
 """

@@ -17,7 +17,8 @@ processes of one machine) and prints, per workload and path:
     between passes (sum of gap_ms);
 
 and the first passes (--head-ms of the span) of both paths side by side: offset ms, extend requests /
-tokens, decode rows, device ms, and the waiting / running counts when each result came back.
+tokens, decode rows, device ms, and the waiting / running counts when each result came back. On
+the CPU the Engine's launch computes the pass, so its "host ms per pass" includes the forward.
 Writes OUT_DIR/timeline.json.
 """
 
