@@ -20,7 +20,7 @@ is counted and flagged. A chunk counts len(choice.token_ids) if the server sends
 Transport: each completion streams over a fresh connection of a minimal asyncio HTTP/1.1 client
 (`--transport raw`, the default for http:// URLs) with orjson-encoded bodies; `--transport httpx`
 (and any https:// URL) goes through httpx, which delayed a burst of 128 2K-token requests by
-100-200 ms before any reached the server (docs/benchmarks.md, "Serving path: pass timelines").
+140-240 ms before any reached the server (docs/benchmarks.md, "Serving path: pass timelines").
 
 Usage: python bench/serving.py --base-url http://127.0.0.1:30000 --workload random --num-prompts 64
 (run with --help for every flag); from Python: run_benchmark(BenchConfig(...)) -> dict.
@@ -120,8 +120,8 @@ class BenchConfig:
     ramp_up_s: float = 0.0
     # "raw": the completion streams over a minimal asyncio HTTP/1.1 client (_raw_sse; http:// URLs);
     # "httpx": over the httpx client. httpx costs ~1 ms of this process's CPU per request before its
-    # bytes leave: a burst of 128 x 2K-token requests reached a no-op server 140-200 ms after the
-    # clock started through httpx, 57-73 ms through the raw client (docs/benchmarks.md, 2026-12-02)
+    # bytes leave: a burst of 128 x 2K-token requests reached a no-op server 140-240 ms after the
+    # sends began through httpx, 57-73 ms through the raw client (docs/benchmarks.md, 2026-12-02)
     transport: str = "raw"
 
     def __post_init__(self) -> None:

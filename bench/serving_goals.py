@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,14 +99,11 @@ def engine_part(model_dir: str, device: str, small: bool) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- part 2: HTTP
 
 
-TRANSPORT = {"name": "raw"}  # bench/serving.py's client for the HTTP part (--transport)
-
-
 def _bench(url: str, spec: WorkloadSpec, **kw: Any) -> dict[str, Any]:
     from bench.serving import BenchConfig, run_benchmark
 
     rep = run_benchmark(BenchConfig(base_url=url, workload=spec, disable_tqdm=True, flush_cache=True,
-                                    timeout_s=300, transport=TRANSPORT["name"], **kw))
+                                    timeout_s=300, **kw))
     return rep["runs"][0]
 
 
@@ -115,17 +113,19 @@ def _pick(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def http_part(url: str, small: bool, vocab: int, res: dict[str, Any], save: Any,
-              throughput_only: bool = False) -> None:
+              throughput_only: bool = False, transport: str = "raw") -> None:
     """Throughput of the three workloads, then (unless throughput_only) TTFT at c1 / c16 (burst
-    and ramped) and long/short."""
+    and ramped) and long/short; `transport`: the load generator's client (BenchConfig.transport)."""
     from bench import gpu_phases
     from bench.server_stats import wait_idle
+
+    bench = partial(_bench, transport=transport)
 
     sizes = gpu_phases.SMALL if small else gpu_phases.FULL
     gpu_phases.warmup(url, sizes, vocab, True, res.setdefault("warmup", {}))
     for spec in workloads(small, vocab):
-        _bench(url, _warm_spec(spec))
-        run = _bench(url, spec)
+        bench(url, _warm_spec(spec))
+        run = bench(url, spec)
         res[spec.name] = _pick(run)
         t0 = run["start_perf_s"]  # the load generator's clock: after its flush and warm-up request
         res[spec.name]["window"] = [t0, t0 + run["duration_s"]]  # perf_counter s, for the pass trace
@@ -137,10 +137,10 @@ def http_part(url: str, small: bool, vocab: int, res: dict[str, Any], save: Any,
     c1_n, c16_n, c16 = (2, 8, 4) if small else (8, 64, 16)
     spec = WorkloadSpec(name="random", input_len=n_in, output_len=n_out, vocab_size=vocab,
                         min_token_id=min(1000, vocab // 2), seed=51)
-    res["ttft_c1"] = _pick(_bench(url, replace(spec, num_prompts=c1_n), max_concurrency=1))
+    res["ttft_c1"] = _pick(bench(url, replace(spec, num_prompts=c1_n), max_concurrency=1))
     e2e_c1_s = (res["ttft_c1"]["e2e_ms"] or {}).get("median") or 1000.0
-    res["ttft_c16_burst"] = _pick(_bench(url, replace(spec, num_prompts=c16_n, seed=52), max_concurrency=c16))
-    res["ttft_c16_ramped"] = _pick(_bench(url, replace(spec, num_prompts=c16_n, seed=53), max_concurrency=c16,
+    res["ttft_c16_burst"] = _pick(bench(url, replace(spec, num_prompts=c16_n, seed=52), max_concurrency=c16))
+    res["ttft_c16_ramped"] = _pick(bench(url, replace(spec, num_prompts=c16_n, seed=53), max_concurrency=c16,
                                           ramp_up_s=e2e_c1_s / 1e3))
     res["ttft_c16_ramped"]["ramp_up_s"] = e2e_c1_s / 1e3
     save()
@@ -242,7 +242,6 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="serving_goals_"))
     model_dir = make_dummy_model_dir(ns.config_dir or _default_config_dir(ns.small), tmp / "model")
-    TRANSPORT["name"] = ns.transport
     report: dict[str, Any] = {"tool": "bench/serving_goals.py", "small": ns.small, "device": ns.device,
                               "transport": ns.transport}
     out = Path(ns.out)
@@ -270,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         info = httpx.get(server.url + "/get_server_info", timeout=30, trust_env=False).json()
         vocab = int(info["worker"]["vocab_size"])
         http["chunked_prefill_size"] = info["scheduler"].get("chunked_prefill_size")
-        http_part(server.url, ns.small, vocab, http, save, ns.throughput_only)
+        http_part(server.url, ns.small, vocab, http, save, ns.throughput_only, ns.transport)
     except Exception as e:  # noqa: BLE001 - keep what was measured
         http["error"] = f"{type(e).__name__}: {e}"
         http["server_log_tail"] = server.log_tail()
