@@ -56,7 +56,8 @@ def graph_us(fn: Any, rep: int = 200) -> float:
 
 def bench_decode_attention(batch: int, seq_len: int, hq: int = 28, hkv: int = 4, d: int = 128,
                            page_size: int = 16) -> dict[str, Any]:
-    """decode_attention over a random-page bf16 pool and the same pool in FP8 (scales 1.0)."""
+    """decode_attention over a random-page bf16 pool and the same pool in FP8 (scales 1.0), each with
+    the split count the attention backend gives its pool dtype (choose_num_kv_splits(kv_fp8=))."""
     from radixrt.kernels import choose_num_kv_splits, decode_attention
 
     dev = torch.device("cuda")
@@ -69,13 +70,16 @@ def bench_decode_attention(batch: int, seq_len: int, hq: int = 28, hkv: int = 4,
     v = torch.randn_like(k)
     q = torch.randn(batch, hq, d, device=dev, dtype=torch.bfloat16)
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    splits = choose_num_kv_splits(batch, hkv, seq_len, num_sms)
-    mid_o = torch.empty(batch, hq, splits, d, device=dev)
-    mid_lse = torch.empty(batch, hq, splits, device=dev)
     out = torch.empty_like(q)
-    row: dict[str, Any] = {"batch": batch, "seq_len": seq_len, "splits": splits}
+    row: dict[str, Any] = {"batch": batch, "seq_len": seq_len}
     for name, kb, vb in (("bf16", k, v), ("fp8", k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn))):
-        def run(kb=kb, vb=vb) -> None:
+        # (until 2026-12-02 the FP8 pool ran with the bf16 split count here, not the backend's)
+        splits = choose_num_kv_splits(batch, hkv, seq_len, num_sms, kv_fp8=name == "fp8")
+        row[f"{name}_splits"] = splits
+        mid_o = torch.empty(batch, hq, splits, d, device=dev)
+        mid_lse = torch.empty(batch, hq, splits, device=dev)
+
+        def run(kb=kb, vb=vb, splits=splits, mid_o=mid_o, mid_lse=mid_lse) -> None:
             decode_attention(q, kb, vb, page_table, seq_lens, page_size, None, splits, out=out,
                              mid_o=mid_o, mid_lse=mid_lse)
         run()  # compile outside the graph

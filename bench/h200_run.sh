@@ -53,6 +53,17 @@ for s in "$@"; do
     # (every variant is checked against a reference on the GPU before it is timed)
     fp8-sweep) stage fp8-sweep 235 python3 bench/kernels/sweep_fp8.py --budget-s 165 --out "$OUT/sweep-fp8.json" \
         --best-out "$OUT/fp8-attn-best.json" ;;
+    # issue 19: FP8-KV decode attention only: the FP8-operand forms (kernels/paged_loop_fp8.py) against
+    # the f16 form and bf16 (sweep_fp8.py attention part, each variant checked first), fp8_bench's
+    # attention rows, and the GPU tests of the decode kernels (~6 min)
+    fp8-attn) stage fp8-attn-sweep 260 python3 bench/kernels/sweep_fp8.py --only attention --budget-s 480 \
+        --out "$OUT/sweep-fp8-attn.json" --best-out "$OUT/fp8-attn-best.json"
+      stage fp8-attn-bench 90 python3 bench/fp8_bench.py --only attention --out "$OUT/fp8-attn.json"
+      # the sweep's winner (written when >= 2% faster than the FP8 default) in fp8_bench's harness
+      [ -f "$OUT/fp8-attn-best.json" ] && RADIXRT_ATTN_CONFIG="$OUT/fp8-attn-best.json" stage fp8-attn-bench-best 90 \
+        python3 bench/fp8_bench.py --only attention --out "$OUT/fp8-attn-best-bench.json"
+      stage fp8-attn-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_fp8_gpu.py \
+        tests/kernels/test_kernels_gpu.py tests/worker/test_gpu_model.py ;;
     tests) stage gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     # issue 19 part 2: every attention config variant checked against torch SDPA, then timed beside

@@ -3,11 +3,14 @@
 Kinds (the launcher that reads each):
   decode        split stage of decode_attention (BLOCK_N keys per step, num_warps, num_stages)
   decode_fused  the same stage in the fused cascade form (it also merges the prefix partials)
-  decode_fp8    the split stage over an FP8 (e4m3) pool: blocks as "decode", plus kv_dot, the dtype of
-                its two dots: "f16" (q, K, V and P in fp16: K/V widened by one packed
-                cvt.rn.f16x2.e4m3x2 per two values) or "q" (K/V widened to q's dtype, the form before
-                2026-12-02: e4m3 -> bf16 takes that cvt plus one cvt.bf16.f16 per value); kv_dot
-                also applies to the fused form over an FP8 pool
+  decode_fp8    the split stage over an FP8 (e4m3) pool: blocks as "decode", plus kv_dot, the operands
+                of its two dots: "f16" (q, K, V and P in fp16: K/V widened by one packed
+                cvt.rn.f16x2.e4m3x2 per two values), "q" (K/V widened to q's dtype, the form before
+                2026-12-02: e4m3 -> bf16 takes that cvt plus one cvt.bf16.f16 per value), or the
+                e4m3 tensor-core forms of paged_loop_fp8.py: "fp8" (q and P as e4m3,
+                FlashAttention-3's FP8 operands), "fp8x2" (q and P as two e4m3 terms each), "qk8"
+                (q as two e4m3 terms against K, P V in fp16); kv_dot also applies to the fused form
+                over an FP8 pool
   decode_splits the split-count rule of choose_num_kv_splits (see there): policy "per_sm"
                 (programs_per_sm, min_split_tokens) or "waves" (occupancy, merge_tokens)
   decode_splits_fp8 the same rule for FP8 pools (choose_num_kv_splits(kv_fp8=True))
@@ -42,7 +45,7 @@ ENV_VAR = "RADIXRT_ATTN_CONFIG"
 KINDS = ("decode", "decode_fused", "decode_fp8", "decode_splits", "decode_splits_fp8", "extend",
          "extend_short", "cascade")
 BUCKETS = ("d64", "d128", "d256")
-KV_DOTS = ("f16", "q")  # decode_fp8 kv_dot values
+KV_DOTS = ("f16", "q", "fp8", "fp8x2", "qk8")  # decode_fp8 kv_dot values
 
 _SPLITS = {"policy": "per_sm", "programs_per_sm": 4, "min_split_tokens": 128, "occupancy": 2,
            "merge_tokens": 256}
@@ -64,7 +67,10 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # for 268 M values), not the bandwidth (~67 us). fp16 dots need 0.5 conversions per value.
     # measured (H200, 2026-12-01, bench/kernels/sweep_fp8.py, 11 blocks x 6 split rules): d128 with
     # 3 stages and the "waves" split rule ran 64 x 4,096 in 101.9 us (bf16 pool 144.5, the old "q"
-    # form 136.1, f16 with 2 stages and the per-SM rule 131.5) and 128 x 2,048 in 104.3 us (149.6)
+    # form 136.1, f16 with 2 stages and the per-SM rule 131.5) and 128 x 2,048 in 104.3 us (149.6).
+    # The e4m3 tensor-core forms lost to it (H200, 2026-12-02, same sweep, bf16 144.6 / f16 101.3 us
+    # at 64 x 4,096): "qk8" 109.4 (best of 8 blocks x 4 split counts), "fp8" 210-300, "fp8x2"
+    # 227-350 (the V transpose; paged_loop_fp8.py)
     "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"},
                    "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16"},
                    "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"}},

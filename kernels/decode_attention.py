@@ -28,6 +28,7 @@ import triton.language as tl
 from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
 from .attention_configs import attention_config
 from .paged_loop import paged_attn_loop
+from .paged_loop_fp8 import paged_attn_fp8_operands
 
 LOG2E = 1.4426950408889634
 H200_NUM_SMS = 132
@@ -48,7 +49,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, DIRECT_OUT: tl.constexpr,
-    MERGE_PREFIX: tl.constexpr, PREFIX_SLOTS: tl.constexpr, KV_F16: tl.constexpr,
+    MERGE_PREFIX: tl.constexpr, PREFIX_SLOTS: tl.constexpr, KV_DOT: tl.constexpr,
 ):
     # DIRECT_OUT (num_splits == 1): the program covers the whole range, so it writes the normalised
     # output to o itself and no merge stage runs (H200, 2026-11-30, batch 256 x 768 tokens: 101.7
@@ -78,15 +79,21 @@ def _decode_split_kernel(
     # the group's queries [BLOCK_H, BLOCK_D]; padding rows are zero and never stored
     qg = tl.load(q + b * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
                  mask=mask_h[:, None] & mask_d[None, :], other=0.0)
-    if KV_F16:
-        # FP8 pool, kv_dot "f16": both dots in fp16 (the loop widens K/V and P to qg's dtype). e4m3
-        # -> fp16 is exact and one packed cvt per two values; -> bf16 costs three cvts per two
-        # values, which bounded the kernel below the bandwidth. q is clamped to fp16's range.
-        qg = tl.clamp(qg.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     # stream [start, end) once for the whole group (page ids loaded one step ahead)
-    m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end, qk_scale,
-                                    stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
-                                    BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    if KV_DOT == "fp8" or KV_DOT == "fp8x2" or KV_DOT == "qk8":
+        # FP8 pool with e4m3 MMA operands (paged_loop_fp8.py; not the default, see there)
+        m_i, l_i, acc = paged_attn_fp8_operands(
+            qg, qk_scale, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end, stride_kb_s,
+            stride_kb_h, stride_vb_s, stride_vb_h, BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, KV_DOT)
+    else:
+        if KV_DOT == "f16":
+            # FP8 pool, kv_dot "f16": both dots in fp16 (the loop widens K/V and P to qg's dtype).
+            # e4m3 -> fp16 is exact and one packed cvt per two values; -> bf16 costs three cvts per
+            # two values, which bounded the kernel below the bandwidth. q is clamped to fp16's range.
+            qg = tl.clamp(qg.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end,
+                                        qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                                        BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
     acc = acc * v_scale  # an FP8 pool's per-layer V scale (1.0 otherwise; k_scale is in qk_scale)
 
     if MERGE_PREFIX:
@@ -163,13 +170,14 @@ def _pick_config(head_dim: int, group: int, device: torch.device, merge_prefix: 
                  kv_fp8: bool = False) -> dict:
     """Blocks and warps for stage 1: BLOCK_N / num_warps / num_stages from the config table
     (attention_configs, kind "decode", "decode_fp8" over an FP8 pool, or "decode_fused" for the
-    fused cascade form that also merges the prefix partials), and KV_F16: the pool is FP8 and
-    decode_fp8's kv_dot is "f16". BLOCK_H pads the GQA group to >= 16 rows (tl.dot minimum)."""
+    fused cascade form that also merges the prefix partials), and KV_DOT: the operand form of the
+    two dots, decode_fp8's kv_dot over an FP8 pool ("q" otherwise: the pool's values in q's dtype).
+    BLOCK_H pads the GQA group to >= 16 rows (tl.dot minimum)."""
     on_gpu = device.type == "cuda"
-    cfg = {"BLOCK_D": next_pow2(head_dim), "BLOCK_H": max(16, next_pow2(group)), "KV_F16": False}
+    cfg = {"BLOCK_D": next_pow2(head_dim), "BLOCK_H": max(16, next_pow2(group)), "KV_DOT": "q"}
     if kv_fp8:
         fp8 = attention_config("decode_fp8", head_dim, on_gpu)
-        cfg["KV_F16"] = fp8.pop("kv_dot") == "f16"
+        cfg["KV_DOT"] = fp8.pop("kv_dot")
         if not merge_prefix:
             return {**cfg, **fp8}
     kind = "decode_fused" if merge_prefix else "decode"
@@ -263,9 +271,9 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
         o.stride(0), o.stride(1),
         GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size,
         HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"], BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
-        DOT_PRECISION=dot_precision(torch.float16 if cfg["KV_F16"] else q.dtype),
+        DOT_PRECISION=dot_precision(torch.float16 if cfg["KV_DOT"] == "f16" else q.dtype),
         HAS_KV_START=kv_start is not None, DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix,
-        PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0, KV_F16=cfg["KV_F16"],
+        PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0, KV_DOT=cfg["KV_DOT"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 

@@ -31,6 +31,24 @@ def prefetch_pages(pt_row, n0, end, offs_n, PAGE_SIZE: tl.constexpr):
 
 
 @triton.jit
+def block_slots(pt_row, pages, n0, end, offs_n, mask_d, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pool slots [BLOCK_N] (int64) of positions n0 + offs_n from this block's page ids `pages`, the
+    position mask [BLOCK_N] (pos < end), the K/V row mask [BLOCK_N, BLOCK_D], and the next block's
+    page ids (prefetch_pages: loaded one step ahead)."""
+    pos = n0 + offs_n
+    mask_n = pos < end
+    slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+    pages = prefetch_pages(pt_row, n0 + BLOCK_N, end, offs_n, PAGE_SIZE)
+    return slot, mask_n, mask_n[:, None] & mask_d[None, :], pages
+
+
+@triton.jit
+def load_rows(buf, slot, kvh, stride_s, stride_h, offs_d, kv_mask):
+    """The rows [BLOCK_N, BLOCK_D] of KV head `kvh` at pool slots `slot` (0 where masked)."""
+    return tl.load(buf + slot[:, None] * stride_s + kvh * stride_h + offs_d[None, :], mask=kv_mask, other=0.0)
+
+
+@triton.jit
 def online_softmax_step(s, m_i, l_i, acc):
     """One FlashAttention-2 update for a block of scores `s` [M, N] (log2 units, masked = -inf).
 
@@ -78,18 +96,12 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
     pages = prefetch_pages(pt_row, start, end, offs_n, PAGE_SIZE)
     for n0 in range(start, end, BLOCK_N):
         # slots of this block of positions, from the page ids loaded one step ahead
-        pos = n0 + offs_n
-        mask_n = pos < end
-        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        pages = prefetch_pages(pt_row, n0 + BLOCK_N, end, offs_n, PAGE_SIZE)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
+        slot, mask_n, kv_mask, pages = block_slots(pt_row, pages, n0, end, offs_n, mask_d, PAGE_SIZE, BLOCK_N)
         # scores of every row against BLOCK_N keys: one K/V read serves all rows of the block
-        kb = tl.load(k_buf + slot[:, None] * stride_kb_s + kvh * stride_kb_h + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
+        kb = load_rows(k_buf, slot, kvh, stride_kb_s, stride_kb_h, offs_d, kv_mask)
         s = tl.dot(qb, tl.trans(kb.to(qb.dtype)), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(mask_n[None, :], s, float("-inf"))
         p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
-        vb = tl.load(v_buf + slot[:, None] * stride_vb_s + kvh * stride_vb_h + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
+        vb = load_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d, kv_mask)
         acc += tl.dot(p.to(qb.dtype), vb.to(qb.dtype), input_precision=DOT_PRECISION)
     return m_i, l_i, acc

@@ -45,11 +45,13 @@ FLOATS = {"qk_scale"}
 NOT_DIVISIBLE = {"stride_pt_b", "stride_mo_b", "stride_mo_h", "stride_mo_s", "stride_ml_b", "stride_ml_h"}
 
 
-def compile_variant(module: str, kernel: str, const: dict, num_warps: int, num_stages: int) -> dict:
+def compile_variant(module: str, kernel: str, const: dict, num_warps: int, num_stages: int,
+                    pool: str = "bf16") -> dict:
     fn = getattr(importlib.import_module(module), kernel)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
-        sig[n] = ("constexpr" if n in const else "*bf16" if n in POINTERS_BF16
+        sig[n] = ("constexpr" if n in const else f"*{pool}" if n in ("k_buf", "v_buf")
+                  else "*bf16" if n in POINTERS_BF16
                   else "*i32" if n in POINTERS_I32 else "*fp32" if n in POINTERS_F32
                   else "fp32" if n in FLOATS else "i32")
         if n in ("k_desc", "v_desc") and const.get("USE_TMA"):  # host TMA descriptors of the new K/V
@@ -62,7 +64,28 @@ def compile_variant(module: str, kernel: str, const: dict, num_warps: int, num_s
     t0 = time.perf_counter()
     k = triton_compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
     waits = [int(w) for w in re.findall(r"ttg\.async_wait .*?\{num = (\d+) : i32\}", k.asm["ttgir"])]
-    return {"seconds": time.perf_counter() - t0, "shared_bytes": k.metadata.shared, "async_waits": waits}
+    return {"seconds": time.perf_counter() - t0, "shared_bytes": k.metadata.shared, "async_waits": waits,
+            "ptx": k.asm["ptx"]}
+
+
+def check_fp8_mma() -> bool:
+    """The FP8-operand decode forms (kernels/paged_loop_fp8.py) over an e4m3 pool: "fp8x2" must run
+    both dots as e4m3 wgmma (QGMMA) with no e4m3 -> fp16 conversion left (the "f16" form has one per
+    two K/V values), "qk8" its score dot as e4m3 wgmma and half the f16 form's conversions (V only).
+    Prints one ok / FAIL line."""
+    dec = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128,
+               DOT_PRECISION="tf32", HAS_KV_START=False, DIRECT_OUT=False, MERGE_PREFIX=False, PREFIX_SLOTS=0)
+    forms = {}
+    for kv_dot in ("f16", "fp8x2", "qk8"):
+        ptx = compile_variant("kernels.decode_attention", "_decode_split_kernel", {**dec, "KV_DOT": kv_dot},
+                              4, 3, pool="fp8e4nv")["ptx"]
+        forms[kv_dot] = (len(re.findall(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx)),
+                         ptx.count("cvt.rn.f16x2.e4m3x2"))
+    ok = (forms["fp8x2"][0] > 0 and forms["fp8x2"][1] == 0 and forms["f16"][1] > 0
+          and forms["qk8"][0] > 0 and 2 * forms["qk8"][1] == forms["f16"][1])
+    print(f"{'ok   ' if ok else 'FAIL '} decode FP8 MMA operands         (e4m3 wgmma, e4m3->f16 cvt): "
+          + ", ".join(f"{k} {v}" for k, v in forms.items()), flush=True)
+    return ok
 
 
 def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
@@ -73,7 +96,7 @@ def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
     ext = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64,
                DOT_PRECISION="tf32", USE_TMA=False)
     dec = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128,
-               DOT_PRECISION="tf32", KV_F16=False)
+               DOT_PRECISION="tf32", KV_DOT="q")
     casc = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64,
                 DOT_PRECISION="tf32")
     merge = dict(HEAD_DIM=128, BLOCK_D=128)
@@ -125,6 +148,7 @@ def main() -> int:
         print(f"{status} {name:32s} {r['seconds']:5.1f} s  shared {r['shared_bytes'] / 1024:6.1f} KiB  "
               f"{warps} warps {stages} stages  async waits {r['async_waits']} "
               f"(pipelined loops {pipelined}, want >= {want_pipelined})", flush=True)
+    failed += not check_fp8_mma()
     return 1 if failed else 0
 
 

@@ -7,10 +7,13 @@ Qwen2.5-7B shapes (28 query / 4 KV heads, head dim 128, page 16; the decoder lin
 o 3584 x 3584, gate_up 37888 x 3584, down 3584 x 18944), bf16 activations:
   attention  decode 64 x 4,096 and 128 x 2,048 over a random-page pool: the bf16 pool at its
              default config, then the same K/V as an FP8 pool (k_scale 0.5, v_scale 0.25) for
-             kv_dot "q" (the form before 2026-12-02: K/V widened to bf16) and "f16" (the new
-             default: q, K, V and P in fp16) x blocks / warps / stages x the split counts of a few
-             "decode_splits_fp8" policies. Each FP8 variant is checked against the bf16 kernel on
-             the dequantized pool (rel err <= 1e-2) before it is timed;
+             kv_dot "f16" (q, K, V and P in fp16: K/V widened in registers) and the FP8-operand
+             forms (kernels/paged_loop_fp8.py) "qk8" (q as two e4m3 terms against K as loaded, P V
+             in fp16) x blocks / warps / stages x the split counts of a few "decode_splits_fp8"
+             policies, and one block each of "fp8" (q and P as single e4m3 terms:
+             FlashAttention-3's FP8 operands) and "fp8x2" (q and P split into two e4m3 terms).
+             Each FP8 variant is checked against the bf16 kernel on the dequantized pool before it
+             is timed (relative error within TOL_OF[kv_dot], recorded);
   gemv       M = 1 (then 2, 4, 16): per linear the bf16 default (skinny_linear as models/linear.py
              routes it) and torch F.linear, the FP8 weight through fp8_config_legacy (old) and
              fp8_config (new default), and a grid of f16_dot configs at M = 1; the layer's four
@@ -48,12 +51,17 @@ HQ, HKV, D, PAGE, B = 28, 4, 128, 16, "d128"
 DEV, BF16, FP8 = torch.device("cuda"), torch.bfloat16, torch.float8_e4m3fn
 DECODE_SHAPES = [(64, 4096), (128, 2048)]
 K_SCALE, V_SCALE = 0.5, 0.25
-OLD_FP8 = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "q"}
-# (BLOCK_N, num_warps, num_stages) of the f16 grid; kv_dot "q" gets the first three only
-FP8_BLOCKS = [(128, 4, 2), (128, 4, 3), (256, 8, 2), (128, 4, 4), (128, 8, 2), (128, 8, 3), (256, 4, 2),
-              (256, 8, 3), (64, 4, 2), (64, 4, 3), (256, 4, 3)]
-SPLIT_POLICIES = [{"policy": "per_sm", "programs_per_sm": n} for n in (4, 2, 8, 12)]
-SPLIT_POLICIES += [{"policy": "waves", "occupancy": n, "merge_tokens": 256} for n in (2, 4)]
+OLD_FP8 = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16"}  # the default until 2026-12-02
+# (BLOCK_N, num_warps, num_stages) of the "qk8" grid
+FP8_BLOCKS = [(128, 8, 3), (64, 4, 3), (128, 8, 2), (64, 4, 2), (64, 8, 3), (128, 4, 3), (128, 8, 4),
+              (64, 4, 4)]
+SPLIT_POLICIES = [{"policy": "waves", "occupancy": n, "merge_tokens": 256} for n in (2, 4)]
+SPLIT_POLICIES += [{"policy": "per_sm", "programs_per_sm": n} for n in (4, 8)]
+# the check's bound on ||fp8 - bf16 kernel|| / ||bf16 kernel|| per form: the fp16 forms and the split
+# FP8 operands (<= 2^-7 relative per operand) as the bf16 kernel's own test; single e4m3 terms
+# (2^-4 per operand) measured 2-4% on the CPU at 70-300 keys (tests/kernels/test_fp8_variants.py)
+TOL_OF = {"f16": 1e-2, "q": 1e-2, "fp8x2": 1e-2, "qk8": 1e-2, "fp8": 8e-2}
+ACCURATE = ("f16", "fp8x2", "qk8")  # what attention_best may pick: within the bf16 bound
 LINEARS = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 GEMV_ROWS = (1, 2, 4, 16)
 ROTATE_BYTES = 256 << 20
@@ -65,7 +73,7 @@ def log(msg: str) -> None:
     print(f"[{time.time() - T0:5.1f}s] {msg}", flush=True)
 
 
-def timed(run, check=None, poison: torch.Tensor | None = None) -> dict:
+def timed(run, check=None, poison: torch.Tensor | None = None, tol: float = TOL) -> dict:
     """{"us", "rel_err"} of run() replayed from a CUDA graph, after check() (rel err of the output
     `poison`, filled with NaN before the checked call) passes, or {"error"} (compile failure, out of
     resources, wrong answer)."""
@@ -75,8 +83,8 @@ def timed(run, check=None, poison: torch.Tensor | None = None) -> dict:
         run()
         torch.cuda.synchronize()
         err = check() if check is not None else 0.0
-        if not err <= TOL:
-            return {"error": f"rel err {err:.2e} > {TOL}", "rel_err": err}
+        if not err <= tol:
+            return {"error": f"rel err {err:.2e} > {tol}", "rel_err": err}
         return {"us": graph_ms(run, timer=lambda f: cuda_ms(f, warmup=10, rep=60)) * 1e3, "rel_err": err}
     except Exception as e:  # noqa: BLE001 - a variant that fails is recorded and skipped
         return {"error": f"{type(e).__name__}: {str(e)[:160]}"}
@@ -122,7 +130,10 @@ def decode_shape(batch: int, ctx: int, deadline: float) -> dict:
             splits_of[str(pol)] = K.choose_num_kv_splits(batch, HKV, ctx, num_sms, kv_fp8=True)
     res["splits_of_policy"] = splits_of
     scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
-    variants = [("q", blk) for blk in FP8_BLOCKS[:3]] + [("f16", blk) for blk in FP8_BLOCKS]
+    # 2026-12-02 (H200, f16: 101 us at 64 x 4,096): "fp8" / "fp8x2" ran 210-350 us over 9 blocks (the
+    # V transpose through registers; bench/results/fp8.md), so one block each remains
+    variants = [("f16", (128, 4, 3))] + [("qk8", blk) for blk in FP8_BLOCKS]
+    variants += [("fp8x2", (128, 4, 3)), ("fp8", (64, 4, 3))]
     res["fp8"] = []
     for kv_dot, blk in variants:
         cfg = {**dict(zip(("BLOCK_N", "num_warps", "num_stages"), blk, strict=True)), "kv_dot": kv_dot}
@@ -131,9 +142,13 @@ def decode_shape(batch: int, ctx: int, deadline: float) -> dict:
                 res.setdefault("skipped", []).append([cfg, splits])
                 continue
             with AC.overriding({"decode_fp8": {B: cfg}}):
-                r = timed(runner(k8, v8, splits, scales), lambda: rel_err(out, ref), out)
+                r = timed(runner(k8, v8, splits, scales), lambda: rel_err(out, ref), out, TOL_OF[kv_dot])
             res["fp8"].append({"cfg": cfg, "splits": splits, **r})
-    old = [v for v in res["fp8"] if v["cfg"] == OLD_FP8 and v["splits"] == bf16_splits]
+            log(f"  {cfg} splits {splits}: {r.get('us', float('nan')):.1f} us, rel err "
+                f"{r.get('rel_err', float('nan')):.2e} {r.get('error', '')}")
+    res["bf16_again"] = timed(ref_run)  # the spread of one version between two timings
+    old_splits = splits_of[str(SPLIT_POLICIES[0])]  # the f16 default ran with the "waves" rule
+    old = [v for v in res["fp8"] if v["cfg"] == OLD_FP8 and v["splits"] == old_splits]
     new_cfg = AC.attention_config("decode_fp8", D)
     new_splits = K.choose_num_kv_splits(batch, HKV, ctx, num_sms, kv_fp8=True)
     new = [v for v in res["fp8"] if v["cfg"] == new_cfg and v["splits"] == new_splits]
@@ -141,7 +156,16 @@ def decode_shape(batch: int, ctx: int, deadline: float) -> dict:
     res["fp8_default"] = new[0] if new else None
     ok = [v for v in res["fp8"] if "us" in v]
     res["fp8_best"] = min(ok, key=lambda v: v["us"]) if ok else None
-    log(f"{res['name']}: bf16 {res['bf16'].get('us', float('nan')):.1f} us, fp8 old "
+    for key in ("fp8_default", "fp8_best"):  # timed once more: the spread between two timings
+        if res[key]:
+            with AC.overriding({"decode_fp8": {B: res[key]["cfg"]}}):
+                res[key + "_again"] = timed(runner(k8, v8, res[key]["splits"], scales))
+    res["best_of_kv_dot"] = {kd: min((v for v in ok if v["cfg"]["kv_dot"] == kd), key=lambda v: v["us"])
+                             for kd in {v["cfg"]["kv_dot"] for v in ok}}
+    log(f"{res['name']}: bf16 {res['bf16'].get('us', float('nan')):.1f} us (again "
+        f"{res['bf16_again'].get('us', float('nan')):.1f}); fp8 default again "
+        f"{res.get('fp8_default_again', {}).get('us', float('nan')):.1f}, best again "
+        f"{res.get('fp8_best_again', {}).get('us', float('nan')):.1f}; fp8 old "
         f"{(res['fp8_old'] or {}).get('us', float('nan')):.1f}, default "
         f"{(res['fp8_default'] or {}).get('us', float('nan')):.1f}, best "
         f"{(res['fp8_best'] or {}).get('us', float('nan')):.1f} us")
@@ -157,7 +181,7 @@ def attention_best(shapes: list[dict]) -> dict | None:
 
     best_of = [min((v["us"] for v in s["fp8"] if "us" in v), default=math.inf) for s in shapes]
     scores = {}
-    cfgs = {str(v["cfg"]): v["cfg"] for s in shapes for v in s["fp8"]}
+    cfgs = {str(v["cfg"]): v["cfg"] for s in shapes for v in s["fp8"] if v["cfg"]["kv_dot"] in ACCURATE}
     for key, cfg in cfgs.items():
         for pol in SPLIT_POLICIES:
             rel = [us(s, cfg, s["splits_of_policy"][str(pol)]) / b
@@ -285,6 +309,14 @@ def print_tables(report: dict) -> None:
         best = s["fp8_best"] or {}
         print(f"| {s['name']} | {b:.1f} | {o:.1f} | {d:.1f} | {x:.1f} | {o / b:.3f} | {d / b:.3f} | "
               f"{x / b:.3f} | {best.get('cfg')} splits {best.get('splits')} |")
+    print("\n| decode attention | kv_dot | best us | / bf16 | rel err vs bf16 kernel | config | splits |\n"
+          "|---|---|---|---|---|---|---|")
+    for s in report.get("attention", []):
+        for kd, v in sorted(s.get("best_of_kv_dot", {}).items()):
+            print(f"| {s['name']} | {kd} | {v['us']:.1f} | {v['us'] / _us(s['bf16']):.3f} | "
+                  f"{v['rel_err']:.2e} | {v['cfg']} | {v['splits']} |")
+    if not report.get("gemv"):
+        return
     print("\n| layer linears (sum of 4, us) | bf16 torch | bf16 skinny | fp8 old | fp8 default | fp8 best* | "
           "old / bf16 | default / bf16 | best / bf16 |\n|---|---|---|---|---|---|---|---|---|")
     for res in report.get("gemv", []):

@@ -6,14 +6,19 @@ decode / extend / cascade attention over an FP8 pool against the references. Ski
 Tolerances: the FP8 linear's output within 2e-2 relative norm of the dequantized reference (bf16
 output, different accumulation order, and for _scaled_mm the same FP8 operands); attention as
 test_kernels_gpu.py (2e-2 + 2e-2 |ref| max, 1e-2 relative norm) since both sides read the same FP8
-bytes.
+bytes. The FP8-operand decode forms (kernels/paged_loop_fp8.py) also round q and P to e4m3: "fp8x2"
+(q and P as two e4m3 terms each, within 2^-7 relative) keeps the 1e-2 bound, the single-term forms
+get bounds from their 2^-4 operand rounding (FP8_FORM_TOL, as tests/kernels/test_fp8_variants.py).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from radixrt.kernels import attention_configs as ac
 from radixrt.kernels import (
     cascade_decode_attention,
     choose_num_kv_splits,
@@ -22,6 +27,7 @@ from radixrt.kernels import (
     per_token_quant_fp8,
     store_kv,
 )
+from radixrt.kernels.paged_loop_fp8 import LO_WEIGHT, split_e4m3
 from radixrt.kernels.reference import (
     cascade_decode_attention_ref,
     decode_attention_ref,
@@ -124,6 +130,55 @@ def test_decode_attention_fp8_pool(batch: int, seq_len: int) -> None:
     _attn_close(out, ref)
 
 
+# kv_dot -> bound on ||out - ref|| / ||ref|| over random data: single e4m3 terms measured 1.1-4.1%
+# on the CPU (test_fp8_variants.py), the split form 0.1-0.4%
+FP8_FORM_TOL = {"f16": 1e-2, "fp8x2": 1e-2, "qk8": 1e-2, "fp8": 8e-2}
+
+
+@pytest.mark.parametrize("kv_dot", sorted(FP8_FORM_TOL))
+@pytest.mark.parametrize("batch, seq_len, q_mul", [(64, 4096, 1.0), (7, 333, 4.0), (3, 8192, 2.0)])
+def test_decode_attention_fp8_operand_forms(kv_dot: str, batch: int, seq_len: int, q_mul: float) -> None:
+    """Each kv_dot form against the fp32 reference on the dequantized pool, at the default blocks and
+    splits of head dim 128, and with 64-key blocks and one split (no merge stage)."""
+    b = make_paged_batch([seq_len] * batch, [0] * batch, 16, 28, 4, 128, torch.bfloat16,
+                         device=torch.device("cuda"))
+    kb, vb = quantize_kv_ref(b.k_buffer, 0.02), quantize_kv_ref(b.v_buffer, 0.03)
+    q = torch.randn(batch, 28, 128, device="cuda", dtype=torch.bfloat16) * q_mul
+    ref = decode_attention_ref(q, kb, vb, b.page_table, b.seq_lens, 16, None, k_scale=0.02, v_scale=0.03)
+    for blocks, splits in (({}, choose_num_kv_splits(batch, 4, seq_len, kv_fp8=True)),
+                           ({"BLOCK_N": 64, "num_stages": 2}, 1)):
+        with ac.overriding({"decode_fp8": {"d128": {"kv_dot": kv_dot, **blocks}}}):
+            out = decode_attention(q, kb, vb, b.page_table, b.seq_lens, 16, None, splits, k_scale=0.02,
+                                   v_scale=0.03)
+        assert not torch.isnan(out).any()
+        assert _rel(out, ref) < FP8_FORM_TOL[kv_dot], (blocks, splits, _rel(out, ref))
+
+
+@triton.jit
+def _split_kernel(x_ptr, out_ptr, one_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(x_ptr + offs)
+    hi, lo = split_e4m3(x, True)
+    tl.store(out_ptr + offs, hi.to(tl.float32) + lo.to(tl.float32) * LO_WEIGHT)
+    one, _ = split_e4m3(x, False)
+    tl.store(one_ptr + offs, one.to(tl.float32))
+
+
+def test_split_e4m3_bounds() -> None:
+    """hi + lo / 8 is within 2^-7 |x| of x, plus an absolute 2^-9 below e4m3's normal range (hi and
+    lo round there to steps of 2^-9); one term within 2^-4 |x| (plus 2^-10, half of e4m3's smallest
+    step). The kernels scale q rows to amax 448 and P to 256, so the absolute terms are < 2^-16
+    relative to the largest operand. On the GPU: the interpreter mis-rounds fp32 -> e4m3."""
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.rand(4096, device="cuda", generator=gen) * 2 - 1
+    x = x * torch.logspace(-4, 2.65, 4096, device="cuda")  # |x| up to ~446
+    out, one = torch.empty_like(x), torch.empty_like(x)
+    _split_kernel[(1,)](x, out, one, N=4096)
+    assert ((out - x).abs() <= x.abs() * 2.0**-7 + 2.0**-9).all()
+    assert ((one - x).abs() <= x.abs() * 2.0**-4 + 2.0**-10).all()
+    assert torch.equal(one, x.to(FP8).float())  # the single term is round-to-nearest e4m3
+
+
 def test_extend_attention_fp8_prefix() -> None:
     b = make_paged_batch([0, 2048, 513], [1024, 128, 1], 16, 28, 4, 128, torch.bfloat16,
                          device=torch.device("cuda"))
@@ -135,12 +190,15 @@ def test_extend_attention_fp8_prefix() -> None:
     _attn_close(out, ref)
 
 
+@pytest.mark.parametrize("kv_dot", ["f16", "fp8x2", "qk8"])
 @pytest.mark.parametrize("num_kv_splits", [1, 4])
-def test_cascade_attention_fp8_pool(num_kv_splits: int) -> None:
+def test_cascade_attention_fp8_pool(num_kv_splits: int, kv_dot: str) -> None:
+    """The suffix pass (the fused form with one split) takes decode_fp8's kv_dot."""
     c = make_cascade_batch([(2048, [1, 130, 64] * 6)], [300, 17], 16, 28, 4, 128, torch.bfloat16, seed=2)
     kb, vb = quantize_kv_ref(c.k_buffer, 0.02), quantize_kv_ref(c.v_buffer, 0.03)
     args = (c.q, kb, vb, c.page_table, c.seq_lens, c.kv_start, c.group_members, c.group_starts,
             c.group_prefix_lens, 16, None)
-    out = cascade_decode_attention(*args, num_kv_splits, 4, c.max_group_size, k_scale=0.02,
-                                   v_scale=0.03)
+    with ac.overriding({"decode_fp8": {"d128": {"kv_dot": kv_dot}}}):
+        out = cascade_decode_attention(*args, num_kv_splits, 4, c.max_group_size, k_scale=0.02,
+                                       v_scale=0.03)
     _attn_close(out, cascade_decode_attention_ref(*args, k_scale=0.02, v_scale=0.03))
