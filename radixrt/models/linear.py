@@ -15,7 +15,7 @@ torch's own CPU inductor uses), unless RADIXRT_CPU_PACKED_LINEAR=0. Which rows d
 vendor (`cpu_packed_rows`): MKL, the BLAS behind F.linear, is Intel's and runs its slower code paths
 on other vendors' CPUs. On an Intel Xeon MKL is as fast or faster at 1 row and at prefill sizes, so
 only the decode regime (2..128 rows) is packed there; on an AMD EPYC (Zen 4, AVX-512) oneDNN took
-0.46-0.70x MKL's time at every size measured, 1 to 1,832 rows, so every row count is packed there
+0.40-0.75x MKL's time at every size measured, 1 to 1,832 rows, so every row count is packed there
 (docs/kernels.md, "CPU linears"). MKL's sgemm reads a [N, K] weight several times over for a few
 rows (the 49152 x 576 LM head at 4 rows: 4.9 GB/s against 12 GB/s at 1 row); the packed call keeps
 the weight read near one pass. The packed copies are made
