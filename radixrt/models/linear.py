@@ -9,13 +9,16 @@ instead, unless RADIXRT_SKINNY_GEMM=0; everything else is `torch.nn.functional.l
 the H200 (docs/benchmarks.md): the 7B batch-1 decode step 4.65 -> 4.25 ms with the launcher's
 default configs.
 
-On CPU, float32 calls of CPU_PACKED_ROWS rows (the decode regime: 2..128 rows) go through oneDNN's
-linear with the weight reordered once into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`,
-the packed-weight path torch's own CPU inductor uses), unless RADIXRT_CPU_PACKED_LINEAR=0. MKL's
-sgemm behind F.linear reads a [N, K] weight several times over for a few rows (on this project's AMD
-EPYC CI machine the 49152 x 576 LM head at 4 rows runs at 4.9 GB/s against 12 GB/s at 1 row); the
-packed call keeps the weight read near one pass (docs/kernels.md, "CPU linears"). Single rows and
-prefill-sized calls stay on F.linear, which is as fast or faster there. The packed copies are made
+On CPU, float32 calls of CPU_PACKED_ROWS rows go through oneDNN's linear with the weight reordered
+once into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, the packed-weight path
+torch's own CPU inductor uses), unless RADIXRT_CPU_PACKED_LINEAR=0. Which rows depends on the CPU
+vendor (`cpu_packed_rows`): MKL, the BLAS behind F.linear, is Intel's and runs its slower code paths
+on other vendors' CPUs. On an Intel Xeon MKL is as fast or faster at 1 row and at prefill sizes, so
+only the decode regime (2..128 rows) is packed there; on an AMD EPYC (Zen 4, AVX-512) oneDNN took
+0.40-0.75x MKL's time at every size measured, 1 to 1,832 rows, so every row count is packed there
+(docs/kernels.md, "CPU linears"). MKL's sgemm reads a [N, K] weight several times over for a few
+rows (the 49152 x 576 LM head at 4 rows: 4.9 GB/s against 12 GB/s at 1 row); the packed call keeps
+the weight read near one pass. The packed copies are made
 when the model is loaded (`prepack_cpu_linears`: ~0.5 s for the default model, which would otherwise
 land on the first request) and again whenever a weight changes (its version counter or storage),
 and cost a second copy of the weights in host memory.
@@ -33,8 +36,27 @@ from torch import nn
 # skinny_linear_supported's.
 SKINNY_MAX_ROWS = 256
 
-# Row counts of float32 CPU calls that take oneDNN with a packed weight (module docstring).
-CPU_PACKED_ROWS = range(2, 129)
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...), "" where there is
+    no such file (not Linux) or no vendor_id line."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cpu_packed_rows(vendor: str) -> range:
+    """Row counts of float32 CPU calls that take oneDNN with a packed weight (module docstring): the
+    decode regime 2..128 on Intel CPUs (and where the vendor is unknown), every row count elsewhere."""
+    return range(2, 129) if vendor in ("GenuineIntel", "") else range(1, 1 << 62)
+
+
+CPU_PACKED_ROWS = cpu_packed_rows(cpu_vendor())
 
 
 def skinny_enabled() -> bool:

@@ -1,7 +1,7 @@
 """CPU attention over the paged K/V pool with torch's kernels (the default on CPU).
 
 Per pass (`prepare`, one read of the lengths and page-table rows on the host) the requests are
-planned: where each one's K/V rows [0, seq_len) live in the pool and which mask its queries need.
+planned: where each one's K/V rows [0, seq_len) live in the pool.
 Per layer (`forward`): store the new K/V at out_cache_loc, then attend.
 
 Decode requests (extend_len == 1) are attended with two batched matmuls over strided views of the
@@ -17,13 +17,17 @@ member's scores over the shared keys, the members' own keys are one padded gathe
 batched matmul, one softmax per member over both, and one matmul each over the shared and the
 own values.
 
-Extend requests go to `scaled_dot_product_attention` (torch's CPU flash-attention kernel,
-FlashAttention-2-style blocked online softmax, GQA through `enable_gqa`), one call per request:
-- no cached prefix: the pass's own k/v (strided views of the QKV output), causal;
-- pages consecutive in the pool: one strided view `buf[first_slot : first_slot + seq_len]`;
-- otherwise one `index_select` of whole pages (`page_size` rows per copy), then a view.
-Queries of an extend over a cached prefix see keys up to their own position: an additive float
-mask [extend_len, seq_len] (0 / -inf) aligned to the bottom right, built once per pass.
+Extend requests go to torch's CPU flash-attention kernel (FlashAttention-2-style blocked online
+softmax, GQA native), one call per part of a request's keys:
+- its own new tokens: the pass's own k/v (strided views of the QKV output), causal;
+- its cached prefix (tokens [0, prefix_len) in the pool), no mask (every query sees all of it): the
+  runs of consecutive pool slots as views (at most MAX_VIEW_RUNS), else one `index_select` of the
+  prefix's whole pages (`page_size` rows per copy).
+The parts' outputs are merged by their log-sum-exps (`merge_attention`; the split-KV merge of
+FlashDecoding, Dao et al. 2023, and of cascade inference). Before, an extend over a prefix gathered
+its whole prefix whenever its pages were not one run (a prefix shared through the radix cache is
+followed by a copy-on-write page and the new pages, so almost always) and attended it with an
+additive [extend_len, seq_len] mask.
 
 The plain reference (`attention_torch.TorchAttnBackend`) stays the tests' oracle.
 """
@@ -50,15 +54,19 @@ Run = tuple[int, int]  # (first pool slot, tokens): K/V rows buf[slot : slot + t
 
 @dataclass(slots=True)
 class _ReqPlan:
-    """One extend request's share of a pass: its query rows [start, start + extend_len) of q."""
+    """One extend request's share of a pass: its query rows [start, start + extend_len) of q attend
+    the cached prefix (tokens [0, prefix_len) in the pool) and, causally, its own new tokens."""
 
     start: int
     extend_len: int
-    seq_len: int
-    first_slot: int  # >= 0: K/V rows are pool slots [first_slot, first_slot + seq_len); -1: gather
-    pages: torch.Tensor | None  # [n_pages] int64 pages to gather when first_slot < 0
-    mask: torch.Tensor | None  # [extend_len, seq_len] float 0 / -inf (extend over a prefix), else None
-    from_new: bool  # no cached prefix: attend the pass's own k/v, causal
+    prefix_len: int
+    prefix_runs: list[Run]  # the prefix's runs of consecutive slots, read as views (prefix_pages None)
+    prefix_pages: torch.Tensor | None  # [ceil(prefix_len / page_size)] int64 pages to gather, or None
+
+    @property
+    def from_new(self) -> bool:
+        """No cached prefix: only the pass's own k/v."""
+        return self.prefix_len == 0
 
 
 @dataclass(slots=True)
@@ -158,17 +166,30 @@ def decode_groups(rows: list[int], starts: list[int], seq_lens: list[int], table
 def _plan(start: int, ext: int, seq: int, row: np.ndarray, page_size: int) -> _ReqPlan:
     """Plan of one extend request from its lengths and page-table row (host int32 numpy)."""
     prefix = seq - ext
-    if prefix == 0 and ext > 0:
-        return _ReqPlan(start, ext, seq, -1, None, None, True)
-    n_pages = -(-seq // page_size)
-    pages = row[:n_pages]
-    mask = None
-    if ext > 1:  # key j is visible to query i (at position prefix + i) when j <= prefix + i
-        visible = torch.arange(seq)[None, :] <= (prefix + torch.arange(ext))[:, None]
-        mask = torch.zeros(ext, seq).masked_fill_(~visible, float("-inf"))
-    if n_pages == 1 or bool(np.all(np.diff(pages) == 1)):
-        return _ReqPlan(start, ext, seq, int(pages[0]) * page_size, None, mask, False)
-    return _ReqPlan(start, ext, seq, -1, torch.from_numpy(pages.astype(np.int64)), mask, False)
+    if prefix == 0:
+        return _ReqPlan(start, ext, 0, [], None)
+    runs = runs_of(row, 0, prefix, page_size)
+    if len(runs) <= MAX_VIEW_RUNS:
+        return _ReqPlan(start, ext, prefix, runs, None)
+    pages = torch.from_numpy(row[:-(-prefix // page_size)].astype(np.int64))
+    return _ReqPlan(start, ext, prefix, runs, pages)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CPU flash-attention kernel with its log-sum-exp: q [1, Hq, L, D], k/v [1, Hkv, S, D]
+    (Hq a multiple of Hkv; strided views are fine) -> (o [1, Hq, L, D], lse [1, Hq, L] float32, the
+    natural log of each query's sum of exp(scale * scores)). `causal`: top-left aligned (L == S)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+
+
+def merge_attention(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the union of two disjoint key sets from each set's output and log-sum-exp
+    (o [..., L, D], lse [..., L]): weights exp(lse_i - lse), lse = logaddexp(lse1, lse2)."""
+    lse = torch.logaddexp(lse1, lse2)
+    w1, w2 = (lse1 - lse).exp_().unsqueeze(-1), (lse2 - lse).exp_().unsqueeze(-1)
+    return (o1 * w1.to(o1.dtype)).addcmul_(o2, w2.to(o2.dtype)), lse
 
 
 def _attend_alone(row: int, runs: list[Run], q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
@@ -242,6 +263,11 @@ def attend_decode_group(g: _DecodeGroup, q: torch.Tensor, k_buf: torch.Tensor, v
     o.index_copy_(0, g.q_rows, out.reshape(n_members, hq, d).to(o.dtype))
 
 
+def _bhsd(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[S, H, D] rows -> a [1, H, S, D] view (a copy only when the dtype differs)."""
+    return rows.to(dtype).unsqueeze(0).transpose(1, 2)
+
+
 class SdpaAttnBackend(AttentionBackend):
     """Implements attention.base.AttentionBackend on CPU with batched matmuls (decode) and
     `F.scaled_dot_product_attention` (extend).
@@ -261,7 +287,7 @@ class SdpaAttnBackend(AttentionBackend):
         self.groups: list[_DecodeGroup] = []  # decode requests
 
     def prepare(self, meta: ForwardMeta) -> None:
-        """Plan each request of the pass (where its K/V lives, its mask); see the module docstring."""
+        """Plan each request of the pass (where its K/V lives); see the module docstring."""
         self.meta = meta
         seq_lens = meta.seq_lens.tolist()
         ext_lens = meta.extend_lens.tolist()
@@ -274,17 +300,33 @@ class SdpaAttnBackend(AttentionBackend):
                       for b in range(len(seq_lens)) if b not in is_decode]
         self.groups = decode_groups(decode, starts, seq_lens, table, meta.page_size)
 
-    def _kv(self, buf: torch.Tensor, new: torch.Tensor, p: _ReqPlan) -> torch.Tensor:
-        """K or V of request `p` as [1, Hkv, seq_len, D] (a view where possible), dtype of `new`."""
+    def _prefix_kv(self, k_buf: torch.Tensor, v_buf: torch.Tensor, p: _ReqPlan, dtype: torch.dtype
+                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The cached prefix of request `p` as (K, V) parts [1, Hkv, n, D] in `dtype`: one view per
+        run, or one gather of its whole pages."""
+        if p.prefix_pages is None:
+            return [(_bhsd(k_buf[a:a + n], dtype), _bhsd(v_buf[a:a + n], dtype)) for a, n in p.prefix_runs]
+        ps, hkv, d = self.meta.page_size, k_buf.shape[1], k_buf.shape[2]
+        parts = []
+        for buf in (k_buf, v_buf):
+            rows = buf.view(-1, ps * hkv * d).index_select(0, p.prefix_pages)  # [pages, ps * Hkv * D]
+            parts.append(_bhsd(rows.view(-1, hkv, d)[:p.prefix_len], dtype))
+        return [tuple(parts)]
+
+    def _attend_extend(self, p: _ReqPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       k_buf: torch.Tensor, v_buf: torch.Tensor, scale: float) -> torch.Tensor:
+        """Attention of extend request `p` (module docstring) -> [1, Hq, extend_len, D]."""
+        rows = slice(p.start, p.start + p.extend_len)
+        qb = q[rows].unsqueeze(0).transpose(1, 2)  # [1, Hq, L, D]
+        own_k, own_v = _bhsd(k[rows], q.dtype), _bhsd(v[rows], q.dtype)
+        causal = p.extend_len > 1
         if p.from_new:
-            rows = new[p.start:p.start + p.extend_len]
-        elif p.first_slot >= 0:
-            rows = buf[p.first_slot:p.first_slot + p.seq_len]
-        else:
-            ps = self.meta.page_size
-            by_page = buf.view(-1, ps * buf.shape[1] * buf.shape[2])  # [num_pages, ps * Hkv * D]
-            rows = by_page.index_select(0, p.pages).view(-1, buf.shape[1], buf.shape[2])[:p.seq_len]
-        return rows.to(new.dtype).unsqueeze(0).transpose(1, 2)
+            return F.scaled_dot_product_attention(qb, own_k, own_v, is_causal=causal, scale=scale,
+                                                  enable_gqa=True)
+        ob, lse = flash_attention(qb, own_k, own_v, causal, scale)
+        for kk, vv in self._prefix_kv(k_buf, v_buf, p, q.dtype):
+            ob, lse = merge_attention(ob, lse, *flash_attention(qb, kk, vv, False, scale))
+        return ob
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 scale: float) -> torch.Tensor:
@@ -295,11 +337,7 @@ class SdpaAttnBackend(AttentionBackend):
         v_buf.index_copy_(0, meta.out_cache_loc, v.to(v_buf.dtype))
         o = torch.empty_like(q)
         for p in self.plans:
-            qb = q[p.start:p.start + p.extend_len].unsqueeze(0).transpose(1, 2)  # [1, Hq, L, D]
-            mask = None if p.mask is None else p.mask.to(q.dtype)
-            ob = F.scaled_dot_product_attention(qb, self._kv(k_buf, k, p), self._kv(v_buf, v, p),
-                                                attn_mask=mask, is_causal=p.from_new and p.extend_len > 1,
-                                                scale=scale, enable_gqa=True)  # [1, Hq, L, D]
+            ob = self._attend_extend(p, q, k, v, k_buf, v_buf, scale)  # [1, Hq, L, D]
             o[p.start:p.start + p.extend_len] = ob[0].transpose(0, 1)
         for g in self.groups:
             attend_decode_group(g, q, k_buf, v_buf, scale, o)

@@ -79,3 +79,14 @@ def test_prepack_packs_every_float32_cpu_linear_once() -> None:
     off = torch.nn.Sequential(_linear())
     off[0]._cpu_packed = False
     assert prepack_cpu_linears(off) == 0 and off[0]._packed is None
+
+
+def test_packed_rows_by_vendor() -> None:
+    from radixrt.models.linear import cpu_packed_rows, cpu_vendor
+
+    intel, other = cpu_packed_rows("GenuineIntel"), cpu_packed_rows("AuthenticAMD")
+    unknown = cpu_packed_rows("")
+    assert 1 not in intel and 4 in intel and 128 in intel and 129 not in intel and 2048 not in intel
+    assert unknown == intel
+    assert all(m in other for m in (1, 4, 128, 129, 2048, 65536)) and 0 not in other
+    assert isinstance(cpu_vendor(), str)

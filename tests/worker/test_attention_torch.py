@@ -119,16 +119,24 @@ def test_sdpa_consecutive_pages_read_as_views(page_size: int) -> None:
     prefix_lens, extend_lens = [0, 17, 64, 63, 5, 100, 0, 1], [9, 30, 1, 1, 70, 1, 1, 1]
     backend = run_case(page_size, prefix_lens, extend_lens, 8, 2, seed=page_size + 1, backend_name="sdpa",
                        consecutive=True)
-    kinds = [("new" if p.from_new else "view" if p.first_slot >= 0 else "gather") for p in backend.plans]
+    kinds = [("new" if p.from_new else "view" if p.prefix_pages is None else "gather") for p in backend.plans]
     assert kinds == ["new", "view", "view", "new"]
+    assert [len(p.prefix_runs) for p in backend.plans] == [0, 1, 1, 0]
     assert [(len(g.shared), g.own) for g in backend.groups] == [(1, [[]])] * 4
     assert sorted(n for g in backend.groups for _, n in g.shared) == [2, 64, 65, 101]
 
 
 def test_sdpa_random_pages_are_gathered() -> None:
-    backend = run_case(16, [17, 100, 0], [30, 1, 5], 8, 2, seed=11, backend_name="sdpa")
-    kinds = [("new" if p.from_new else "view" if p.first_slot >= 0 else "gather") for p in backend.plans]
-    assert kinds == ["gather", "new"]
+    """An extend's prefix in a few runs is read as views of them, in more than MAX_VIEW_RUNS runs as
+    one gather of its pages."""
+    from radixrt.worker.attention_sdpa import MAX_VIEW_RUNS
+
+    backend = run_case(16, [17, 100, 0, 200], [30, 1, 5, 9], 8, 2, seed=11, backend_name="sdpa")
+    kinds = [("new" if p.from_new else "view" if p.prefix_pages is None else "gather") for p in backend.plans]
+    assert kinds == ["view", "new", "gather"]
+    assert [len(p.prefix_runs) for p in backend.plans] == [2, 0, len(backend.plans[2].prefix_runs)]
+    assert len(backend.plans[2].prefix_runs) > MAX_VIEW_RUNS
+    assert backend.plans[2].prefix_pages.numel() == 13
     (group,) = backend.groups  # the decode reads its 7 pages as runs of consecutive slots, no copy
     assert sum(n for _, n in group.shared) == 101 and len(group.shared) > 1
 
