@@ -62,16 +62,31 @@ def attention_context_of(model_dir: Path | None) -> int:
 
 
 @functools.lru_cache(maxsize=4)
+def load_grammar_tokenizer(model_dir: Path) -> Any:
+    """The Hugging Face tokenizer of `model_dir` that grammar compilation reads its vocabulary from,
+    loaded once per process (~3.5 s of CPU with the transformers import on a 2-core VM, 2026-12-02):
+    the scheduler process loads it while the worker loads the model (scheduler_proc.run_scheduler).
+
+    Raises:
+        OSError, ValueError: the directory has no loadable tokenizer (a dummy-weights model).
+    """
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+@functools.lru_cache(maxsize=4)
 def grammar_compiler_for(model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> Any:
     """The GrammarCompilerService for a model directory's tokenizer (vocab_size = the LM head's
     width, stop tokens = the EOS ids), or None when the directory has no loadable tokenizer (a
     dummy-weights model) or xgrammar cannot build one (logged). Built once per process and key
     (~0.5-2 s: xgrammar's TokenizerInfo), so Engines over the same model share it and its cache."""
-    from radixrt.constrained import GrammarCompilerService
+    from radixrt.constrained import GrammarCompilerService, build_tokenizer_info
 
     try:
-        return GrammarCompilerService.from_model_dir(model_dir, vocab_size=vocab_size,
-                                                     stop_token_ids=list(eos_token_ids))
+        info = build_tokenizer_info(load_grammar_tokenizer(model_dir), vocab_size=vocab_size,
+                                    stop_token_ids=list(eos_token_ids))
+        return GrammarCompilerService(info)
     except (OSError, ValueError, RuntimeError, TypeError) as e:
         log.warning("no grammar support for %s (%s): constrained requests will be refused", model_dir, e)
         return None

@@ -10,6 +10,7 @@ invariant each tick).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -37,7 +38,7 @@ from radixrt.protocol import (
     Ready,
     WorkerControl,
 )
-from radixrt.scheduler.factory import build_scheduler
+from radixrt.scheduler.factory import build_scheduler, load_grammar_tokenizer
 from radixrt.scheduler.pass_trace import maybe_trace
 from radixrt.scheduler.pipeline import PassPipeline
 from radixrt.scheduler.scheduler import UNCHUNKED
@@ -243,10 +244,15 @@ class SchedulerLoop:
             self.maybe_log()
 
 
-def run_scheduler(args: ServerArgs, addrs: IpcAddresses, worker_info: dict[str, Any],
+def run_scheduler(args: ServerArgs, addrs: IpcAddresses, worker_info: Callable[[], dict[str, Any]],
                   model_dir: Path | None = None) -> None:
-    """Run the scheduler loop until killed; model_dir gives the tokenizer for constrained decoding."""
-    loop = SchedulerLoop(args, addrs, worker_info, model_dir)
+    """Run the scheduler loop until killed; model_dir gives the tokenizer for constrained decoding.
+    `worker_info()` returns the worker's Ready facts and may block until the worker is ready: the
+    tokenizer grammar compilation needs is loaded first, while the worker loads the model."""
+    if model_dir is not None:
+        with contextlib.suppress(OSError, ValueError, RuntimeError, TypeError):  # build_scheduler logs it
+            load_grammar_tokenizer(model_dir)
+    loop = SchedulerLoop(args, addrs, worker_info(), model_dir)
     try:
         loop.run()
     finally:
