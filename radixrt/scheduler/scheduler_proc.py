@@ -10,7 +10,6 @@ invariant once each time it goes idle after a message or a pass).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -38,7 +37,7 @@ from radixrt.protocol import (
     Ready,
     WorkerControl,
 )
-from radixrt.scheduler.factory import build_scheduler, load_grammar_tokenizer
+from radixrt.scheduler.factory import build_scheduler
 from radixrt.scheduler.pass_trace import maybe_trace
 from radixrt.scheduler.pipeline import PassPipeline
 from radixrt.scheduler.scheduler import UNCHUNKED
@@ -252,11 +251,8 @@ class SchedulerLoop:
 def run_scheduler(args: ServerArgs, addrs: IpcAddresses, worker_info: Callable[[], dict[str, Any]],
                   model_dir: Path | None = None) -> None:
     """Run the scheduler loop until killed; model_dir gives the tokenizer for constrained decoding.
-    `worker_info()` returns the worker's Ready facts and may block until the worker is ready: the
-    tokenizer grammar compilation needs is loaded first, while the worker loads the model."""
-    if model_dir is not None:
-        with contextlib.suppress(OSError, ValueError, RuntimeError, TypeError):  # build_scheduler logs it
-            load_grammar_tokenizer(model_dir)
+    `worker_info()` returns the worker's Ready facts and may block until the worker is ready (the
+    modules are imported meanwhile)."""
     loop = SchedulerLoop(args, addrs, worker_info(), model_dir)
     try:
         loop.run()
