@@ -1,7 +1,11 @@
 """Entry point of each child process: `python -m radixrt.child <role>` with a JSON spec on stdin.
 
-The spec is `{"args": ServerArgs dict, "addrs": IpcAddresses dict, "model_dir": str, "extra": {...}}`.
-JSON on stdin (not pickle) keeps the launcher -> child hop free of code execution. The child asks
+The spec is `{"args": ServerArgs dict, "addrs": IpcAddresses dict, "model_dir": str, "extra": {...}}`,
+one line. The scheduler and the tokenizer process need the worker's Ready facts (`worker_info`): the
+spec carries them, or else the launcher starts them beside the worker and writes the facts as a second
+JSON line once every worker rank is Ready; meanwhile they import their modules and load their
+tokenizers (the slow part of their start-up). JSON on stdin (not pickle) keeps the launcher -> child
+hop free of code execution. The child asks
 the kernel to kill it when the launcher dies (PR_SET_PDEATHSIG), so no process outlives the server.
 """
 
@@ -13,7 +17,9 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import zmq
@@ -42,6 +48,23 @@ def _report_fatal(addrs: IpcAddresses, role: str, message: str, exit_code: int) 
     Sender(ctx, addrs.launcher_in).send(Fatal(process=role, message=message, exit_code=exit_code))
 
 
+def worker_info_source(extra: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """How the role gets the worker's Ready facts, when it first needs them: the spec's
+    `extra["worker_info"]` when present, else the next JSON line on stdin (the launcher writes it
+    once every worker rank is Ready). Exits the process (code 0) when stdin closes first: the
+    launcher gave up on the start and stops this child anyway."""
+    if "worker_info" in extra:
+        return lambda: extra["worker_info"]
+
+    def from_stdin() -> dict[str, Any]:
+        line = sys.stdin.buffer.readline()
+        if not line.strip():
+            sys.exit(0)
+        return orjson.loads(line)
+
+    return from_stdin
+
+
 def _run(role: str, args: ServerArgs, addrs: IpcAddresses, model_dir: Path, extra: dict) -> None:
     if role == "worker":
         from radixrt.worker.worker_proc import run_worker
@@ -50,11 +73,11 @@ def _run(role: str, args: ServerArgs, addrs: IpcAddresses, model_dir: Path, extr
     elif role == "scheduler":
         from radixrt.scheduler.scheduler_proc import run_scheduler
 
-        run_scheduler(args, addrs, extra["worker_info"], model_dir)
+        run_scheduler(args, addrs, worker_info_source(extra), model_dir)
     else:
         from radixrt.tokenizer_proc.main import run_tokenizer
 
-        run_tokenizer(args, addrs, model_dir, extra["worker_info"])
+        run_tokenizer(args, addrs, model_dir, worker_info_source(extra))
 
 
 def main() -> None:
@@ -62,7 +85,7 @@ def main() -> None:
     if role not in ROLES:
         sys.exit(f"usage: python -m radixrt.child {{{','.join(ROLES)}}}  (spec on stdin)")
     _die_with_parent()
-    spec = orjson.loads(sys.stdin.buffer.read())
+    spec = orjson.loads(sys.stdin.buffer.readline())  # the first line; worker facts may follow
     args = ServerArgs.from_dict(spec["args"])
     addrs = IpcAddresses.from_dict(spec["addrs"])
     logging.basicConfig(level=args.log_level.upper(),

@@ -101,6 +101,9 @@ class ServerArgs:
     request_timeout: float | None = _flag(
         "Per-request time limit in seconds (from arrival to the last token); a request past it "
         "gets 408 (a stream: an SSE error event). Default: none.")
+    control_timeout: float = _flag(
+        "Seconds the HTTP process waits for the scheduler to answer /health, /get_server_info or "
+        "/flush_cache before it answers 503 (a hung or stopped scheduler).", default=10.0)
     random_seed: int = _flag("Seed for weights in dummy mode and for unseeded sampling.", default=0)
     cpu_threads: int | None = _flag(
         "Torch threads of the CPU worker. Default: RADIXRT_CPU_THREADS, else all the cores it may run on.")
@@ -137,6 +140,7 @@ class ServerArgs:
             (self.cuda_graph_max_bs >= 1, "--cuda-graph-max-bs must be >= 1"),
             (self.graceful_shutdown_timeout >= 0, "--graceful-shutdown-timeout must be >= 0"),
             (self.request_timeout is None or self.request_timeout > 0, "--request-timeout must be > 0"),
+            (self.control_timeout > 0, "--control-timeout must be > 0"),
             (self.tp_size >= 1, "--tp-size must be >= 1"),
             (self.tp_size == 1 or not self.enable_hierarchical_cache,
              "--enable-hierarchical-cache with --tp-size > 1 is not supported yet"),

@@ -1,7 +1,9 @@
 """`radixrt launch-server`: start the three processes, wait for their handshakes, own shutdown.
 
-Start order: the worker first (its Ready carries the KV pool size and model facts), then the
-scheduler and the tokenizer process together (both need the worker's facts). Each child reports
+Start order: all three at once. The worker's Ready carries the KV pool size and model facts that
+the scheduler and the tokenizer process size themselves from; they import their modules and load
+their tokenizers while the worker loads the model, then wait for those facts, which the launcher
+writes to their stdin (radixrt/child.py) once every worker rank is Ready. Each child reports
 `protocol.Ready` (with PROTOCOL_VERSION) or `protocol.Fatal` on the launcher's channel. With
 --tp-size N the worker is N processes ("worker0".."worker<N-1>", docs/tensor_parallel.md), all
 started at once; every rank's Ready is awaited and they must agree on the pool; rank 0's facts are
@@ -43,6 +45,7 @@ READY_TIMEOUT_S = 900.0
 STOP_GRACE_S = 5.0  # after SIGTERM, a child gets this long before SIGKILL
 CRASH_STOP_GRACE_S = 3.0  # the same after a child died (the launcher must be gone within 5 s)
 POLL_S = 0.1
+FRONT_ROLES = ("scheduler", "tokenizer")  # the children that wait for the worker's facts
 
 
 class LaunchError(RuntimeError):
@@ -73,30 +76,57 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def spawn(self, role: str, extra: dict[str, Any], name: str | None = None,
-              env: dict[str, str] | None = None) -> None:
+              env: dict[str, str] | None = None, keep_stdin: bool = False) -> None:
         """Start child `role` (registered as `name`, default the role) with `extra` in its spec;
-        env: its environment (default: the launcher's)."""
+        env: its environment (default: the launcher's); keep_stdin: leave its stdin open for
+        `send_worker_info` (else it is closed after the spec)."""
         spec = {"args": self.args.to_dict(), "addrs": self.addrs.to_dict(),
                 "model_dir": str(self.model_dir), "extra": extra}
         proc = subprocess.Popen([sys.executable, "-m", "radixrt.child", role], stdin=subprocess.PIPE,
                                 start_new_session=True, env=env)
         assert proc.stdin is not None
-        proc.stdin.write(orjson.dumps(spec))
-        proc.stdin.close()
+        proc.stdin.write(orjson.dumps(spec) + b"\n")
+        if keep_stdin:
+            proc.stdin.flush()
+        else:
+            proc.stdin.close()
         self.procs[name or role] = proc
 
-    def start_workers(self) -> dict[str, Any]:
-        """Spawn the worker (one per tensor-parallel rank), wait for every Ready and return the
-        facts the scheduler and tokenizer size themselves from (rank 0's).
+    def send_worker_info(self, roles: tuple[str, ...], worker_info: dict[str, Any]) -> None:
+        """Write the worker's facts as one JSON line to each role's stdin (spawned with keep_stdin),
+        then close it. A child that already died is found by the next check_children."""
+        line = orjson.dumps(worker_info) + b"\n"
+        for role in roles:
+            stdin = self.procs[role].stdin
+            assert stdin is not None
+            try:
+                stdin.write(line)
+                stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def start_all(self) -> dict[str, Any]:
+        """Spawn the worker (one per tensor-parallel rank), the scheduler and the tokenizer process
+        at once; wait for every worker Ready, pass rank 0's facts to the other two (they size
+        themselves from them), wait for their Ready. Returns the worker facts.
 
         Raises:
-            LaunchError: a rank failed, or the ranks disagree on the KV pool or the vocab.
+            LaunchError: a child failed, or the ranks disagree on the KV pool or the vocab.
         """
         tp = self.args.tp_size
         names = [worker_name(r, tp) for r in range(tp)]
         env = worker_env(tp) if tp > 1 else None
         for rank, name in enumerate(names):
             self.spawn("worker", {"tp_rank": rank} if tp > 1 else {}, name, env)
+        for role in FRONT_ROLES:
+            self.spawn(role, {}, keep_stdin=True)
+        worker_info = self.wait_workers(names)
+        self.send_worker_info(FRONT_ROLES, worker_info)
+        self.wait_ready(set(FRONT_ROLES))
+        return worker_info
+
+    def wait_workers(self, names: list[str]) -> dict[str, Any]:
+        """Wait for the Ready of every worker rank in `names`; rank 0's facts (see start_all)."""
         infos = self.wait_ready(set(names))
         first = infos[names[0]]
         for name in names[1:]:
@@ -210,7 +240,7 @@ def check_args_against_model(args: ServerArgs, model_dir: Path) -> None:
         if torch.cuda.device_count() < args.tp_size:
             raise ValueError(f"--tp-size {args.tp_size}: only {torch.cuda.device_count()} CUDA devices")
     if args.tp_size > 1:
-        from radixrt.models.loader import read_model_config
+        from radixrt.models.resolve import read_model_config
         from radixrt.parallel.layout import check_divisible
 
         check_divisible(read_model_config(model_dir), args.tp_size)
@@ -222,7 +252,7 @@ def check_args_against_model(args: ServerArgs, model_dir: Path) -> None:
 
 def launch_server(args: ServerArgs) -> int:
     """Run the server until a signal (exit 0) or a failure (exit 1; 2 for a bad model)."""
-    from radixrt.models.loader import ModelLoadError, resolve_model_dir
+    from radixrt.models.resolve import ModelLoadError, resolve_model_dir
 
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s launcher] %(message)s",
                         datefmt="%H:%M:%S")
@@ -238,10 +268,7 @@ def launch_server(args: ServerArgs) -> int:
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     code, crashed = 0, False
     try:
-        worker_info = launcher.start_workers()
-        launcher.spawn("scheduler", {"worker_info": worker_info})
-        launcher.spawn("tokenizer", {"worker_info": worker_info})
-        launcher.wait_ready({"scheduler", "tokenizer"})
+        worker_info = launcher.start_all()
         log.info("radixrt serving %s on http://%s:%d (KV pool: %s tokens, %s GiB)", model_dir.name,
                  args.host, args.port, worker_info.get("pool_tokens"), worker_info.get("pool_gib"))
         print(f"radixrt: ready on http://{args.host}:{args.port}", file=sys.stderr, flush=True)

@@ -3,14 +3,15 @@
 `--dist loadfile` sends each test file whole to one worker (its module-scoped servers, fleets and
 Engines start once; its tests run in file order). `SessionServerScheduling` keeps that, and makes all
 the files that use a session-scoped server of tests/conftest.py (`SESSION_SERVERS`) one unit, so each
-of those servers starts once per run instead of once per worker (a start is ~24 s of CPU: measured
-2026-12, launcher 2.4 + worker 3.6 + scheduler 8.9 + tokenizer 9.0). The controller does not collect
-tests, so a file's use is read from its source: a `def` (test or fixture) with a parameter of that
-name. Getting it wrong costs only an extra server start, never a test.
+of those servers starts once per run instead of once per worker (a start is ~12 s of CPU: measured
+2026-12-02, launcher 0.3 + worker 4.2-4.7 + scheduler 1.4-1.8 + tokenizer 5.1-5.6). The controller
+does not collect tests, so a file's use is read from its source: a `def` (test or fixture) with a
+parameter of that name. Getting it wrong costs only an extra server start, never a test.
 
 Units start in LONG_FIRST order, then by test count (xdist's own order): the session-server unit,
-then the files that start their own servers or fleets and run long with few tests (by test count
-they would come last and leave one worker running them alone at the end).
+then the files that start their own servers or fleets, or run long on few tests (by test count they
+would come last and leave one worker running them alone at the end). Longest first is the LPT rule:
+what is left for the end are units of under ~25 s.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from xdist.scheduler import LoadScopeScheduling
 
 SESSION_SERVERS = ("server", "keyed_server")  # session-scoped fixtures of tests/conftest.py
 SESSION_SERVER_UNIT = "tests-using-session-servers"
-# the longest units apart from the session-server one (the last full runs, 2026-12-01: 90-200 s each)
-LONG_FIRST = (SESSION_SERVER_UNIT, "tests/reliability/test_faults.py", "tests/fleet/test_fleet_e2e.py",
-              "tests/e2e/test_scheduler_e2e.py", "tests/tp/test_tp_server.py",
-              "tests/e2e/test_server_openai.py")
+# the units of over 25 s, longest first (make test under other load, 2026-12-02: the session-server
+# unit ~650 s, then 104, 76, 76, 58, 38, 33, 30, 29, 28, 25 s)
+LONG_FIRST = (SESSION_SERVER_UNIT, "tests/fleet/test_fleet_e2e.py", "tests/reliability/test_faults.py",
+              "tests/e2e/test_scheduler_e2e.py", "tests/worker/test_model_vs_hf.py",
+              "tests/kernels/test_cascade_attention.py", "tests/kernels/test_attention_triton.py",
+              "tests/e2e/test_hicache_e2e.py", "tests/tokenizer_proc/test_process.py",
+              "tests/kernels/test_attention_configs.py", "tests/tp/test_tp_server.py")
 _DEF_PARAMS = re.compile(r"\bdef \w+\(([^)]*)\)", re.S)
 _NAMES = re.compile(r"\b(?:" + "|".join(SESSION_SERVERS) + r")\b")
 

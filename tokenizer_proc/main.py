@@ -1,6 +1,8 @@
 """Entry point of the tokenizer process: `run_tokenizer(args, addrs, model_dir, worker_info)`.
 
-Start-up order: load the tokenizer; bind the PULL socket (scheduler -> tokenizer) and connect the
+Start-up order: bind the HTTP port; load the tokenizer; get the worker's facts (`worker_info()`: the
+launcher starts this process beside the worker and sends them once the worker is ready, so the two
+loads overlap); bind the PULL socket (scheduler -> tokenizer) and connect the
 PUSH socket; bind the HTTP port ourselves (so a busy port is a clear start-up error, not a uvicorn
 `sys.exit`); start uvicorn on that socket inside a uvloop event loop; once uvicorn reports
 `started` (it is accepting connections), send `protocol.Ready("tokenizer")` to the launcher.
@@ -23,6 +25,7 @@ import os
 import re
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,14 +183,16 @@ async def _drain_then_exit(server: uvicorn.Server, ctx: ServingContext, drain_s:
     server.should_exit = True
 
 
-def run_tokenizer(args: ServerArgs, addrs: IpcAddresses, model_dir: Path, worker_info: dict) -> None:
-    """Process entry point (see module docstring). Raises on a start-up failure (the caller reports it)."""
+def run_tokenizer(args: ServerArgs, addrs: IpcAddresses, model_dir: Path,
+                  worker_info: Callable[[], dict[str, Any]]) -> None:
+    """Process entry point (see module docstring); `worker_info()` returns the worker's Ready facts
+    (it may block until the worker is ready). Raises on a start-up failure (the caller reports it)."""
     from .metrics import Metrics
 
     sock = bind_http(args.host, args.port)  # first: a busy port fails fast, before the slow load
     tokenizer = load_tokenizer(model_dir)
     metrics = Metrics()
-    ctx = build_context(args, addrs, tokenizer, model_dir, worker_info, on_done=metrics.on_request_done)
+    ctx = build_context(args, addrs, tokenizer, model_dir, worker_info(), on_done=metrics.on_request_done)
     zctx = zmq.Context()
     launcher = Sender(zctx, addrs.launcher_in)
 

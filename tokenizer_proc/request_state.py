@@ -236,11 +236,13 @@ class RequestHandle:
         return self
 
     def _expire(self) -> None:
-        """--request-timeout passed: end every unfinished sample with a 408 (the reader raises it;
-        leaving the handle then aborts the samples in the scheduler)."""
+        """--request-timeout passed: abort every unfinished sample in the scheduler (its pages are
+        freed, it decodes no further) and end it with a 408 (the reader raises it). The abort is sent
+        here: the 408 marks the sample finished, and `close` only releases finished samples."""
         error = f"408 the request exceeded the time limit of {self.timeout_s:g} s (--request-timeout)"
         for rid, st in self.samples.items():
             if not st.finished:
+                self.manager.abort(rid, reason="timeout")
                 self.queue.put_nowait(TokenChunk(rid=rid, ids=[], logprobs=None, top_ids=None,
                                                  top_logprobs=None, finish_reason="abort", matched_stop=None,
                                                  prompt_tokens=None, completion_tokens=None,

@@ -30,7 +30,6 @@ from .serving_generate import generate
 ASGIApp = Callable[[dict[str, Any], Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]],
                    Awaitable[None]]
 _OPEN_PATHS = frozenset({"/health"})
-CONTROL_TIMEOUT_S = 10.0
 
 
 class ApiKeyMiddleware:
@@ -155,13 +154,14 @@ def _add_control_routes(app: FastAPI, ctx: ServingContext) -> None:
 
 
 async def _control(ctx: ServingContext, kind: str) -> dict[str, Any]:
-    """Ask the scheduler; 503 when it does not answer in time or says no."""
+    """Ask the scheduler; 503 when it does not answer within --control-timeout s or says no."""
     if ctx.manager.closing:
         raise APIError(503, "server is shutting down")
     try:
-        resp = await ctx.manager.control(kind, timeout_s=CONTROL_TIMEOUT_S)
+        resp = await ctx.manager.control(kind, timeout_s=ctx.args.control_timeout)
     except TimeoutError:
-        raise APIError(503, f"scheduler did not answer {kind} within {CONTROL_TIMEOUT_S:.0f} s") from None
+        raise APIError(503, f"scheduler did not answer {kind} within {ctx.args.control_timeout:g} s "
+                       "(--control-timeout)") from None
     if not resp.ok:
         msg = str(resp.data.get("error") or resp.data.get("message") or f"{kind} failed")
         raise APIError(400 if kind == "flush_cache" else 503, msg)

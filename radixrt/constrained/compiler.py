@@ -1,11 +1,14 @@
 """Grammar compilation off the scheduler's thread, with a compile cache keyed by (kind, text).
 
 Ownership: the scheduler process builds one `GrammarCompilerService` from the model's tokenizer at
-start-up and is its only caller. `submit` never blocks: it returns a `GrammarHandle` at once (the
-cached one when the spec was seen before) and the check + compile run on a thread pool
-(xgrammar releases the GIL while compiling, so the scheduler loop keeps running). The scheduler
-polls `handle.done()` each step and admits the request once it is done: `handle.result()` is then
-the `xgrammar.CompiledGrammar`, shared by every request with the same spec, or raises the
+start-up and is its only caller. The service may be deferred (`load_info`): the TokenizerInfo is then
+built by the first compile, on a pool thread, as vLLM's structured-output manager initialises its
+backend on the first structured request; a server that never sees one never pays for it.
+`submit` never blocks: it returns a `GrammarHandle` at once (the cached one when the spec was seen
+before) and the check + compile run on a thread pool (xgrammar releases the GIL while compiling, so
+the scheduler loop keeps running; a deferred TokenizerInfo build holds it more). The scheduler polls
+`handle.done()` each step and admits the request once it is done: `handle.result()` is then the
+`xgrammar.CompiledGrammar`, shared by every request with the same spec, or raises the
 GrammarError that the request should fail with.
 
 Vocabulary: the TokenizerInfo covers `vocab_size` ids, the width of the model's LM head
@@ -93,21 +96,62 @@ class GrammarCompilerService:
     """Compiles GrammarSpecs for one tokenizer on `num_threads` threads, caching up to
     `cache_entries` results (successes and failures; least recently submitted evicted first)."""
 
-    def __init__(self, tokenizer_info: Any, *, num_threads: int = 2, cache_entries: int = 1024) -> None:
-        import xgrammar as xgr
+    def __init__(self, tokenizer_info: Any = None, *, load_info: Callable[[], Any] | None = None,
+                 vocab_size: int | None = None, stop_token_ids: Sequence[int] = (),
+                 num_threads: int = 2, cache_entries: int = 1024) -> None:
+        """tokenizer_info: the xgrammar TokenizerInfo. Or, deferred: `load_info()` builds it on the
+        first compile (on a pool thread), with `vocab_size` and `stop_token_ids` the ids it will have
+        (the bitmask width is needed before then); when it raises, every compile fails with a
+        GrammarError that names the cause.
 
+        Raises:
+            ValueError: neither or both of tokenizer_info and load_info; load_info without
+                vocab_size; num_threads or cache_entries < 1.
+        """
+        if (tokenizer_info is None) == (load_info is None) or (load_info is not None and vocab_size is None):
+            raise ValueError("give tokenizer_info, or load_info with vocab_size")
         if num_threads < 1 or cache_entries < 1:
             raise ValueError(f"num_threads and cache_entries must be >= 1, "
                              f"got {num_threads}, {cache_entries}")
-        self.tokenizer_info = tokenizer_info
-        # Our cache is the one that counts (it also returns the same object); xgrammar's is off.
-        self._xgr = xgr.GrammarCompiler(tokenizer_info, max_threads=num_threads, cache_enabled=False)
+        self.tokenizer_info = tokenizer_info  # None until a deferred service's first compile
+        self._load_info = load_info
+        self._load_error: str | None = None
+        self._vocab_size = int(vocab_size if vocab_size is not None else tokenizer_info.vocab_size)
+        self._stop_token_ids = (list(tokenizer_info.stop_token_ids) if tokenizer_info is not None
+                                else list(stop_token_ids))
+        self._num_threads = num_threads
+        self._xgr: Any = None  # xgrammar's GrammarCompiler, built with the TokenizerInfo
+        self._xgr_lock = threading.Lock()
+        if tokenizer_info is not None:
+            self._xgr = self._new_xgr(tokenizer_info)
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="grammar-compile")
         self._cache: OrderedDict[tuple[str, str], GrammarHandle] = OrderedDict()
         self._cache_entries = cache_entries
         self._lock = threading.Lock()
         self.num_hits = 0
         self.num_misses = 0
+
+    def _new_xgr(self, tokenizer_info: Any) -> Any:
+        import xgrammar as xgr
+
+        # Our cache is the one that counts (it also returns the same object); xgrammar's is off.
+        return xgr.GrammarCompiler(tokenizer_info, max_threads=self._num_threads, cache_enabled=False)
+
+    def _compiler(self) -> Any:
+        """xgrammar's GrammarCompiler; a deferred service builds it (and its TokenizerInfo) here, once.
+        Runs on pool threads. Raises GrammarError when load_info failed."""
+        with self._xgr_lock:
+            if self._xgr is None and self._load_error is None:
+                assert self._load_info is not None
+                try:
+                    info = self._load_info()
+                    self._xgr = self._new_xgr(info)
+                    self.tokenizer_info = info
+                except Exception as e:  # noqa: BLE001 - any failure means no grammar support
+                    self._load_error = f"no grammar support for this model: {type(e).__name__}: {e}"
+            if self._xgr is None:
+                raise GrammarError(str(self._load_error))
+            return self._xgr
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, *, vocab_size: int | None = None,
@@ -123,11 +167,11 @@ class GrammarCompilerService:
     @property
     def vocab_size(self) -> int:
         """Number of token ids the bitmask describes (columns of a bitmask row, before packing)."""
-        return int(self.tokenizer_info.vocab_size)
+        return self._vocab_size
 
     @property
     def stop_token_ids(self) -> list[int]:
-        return list(self.tokenizer_info.stop_token_ids)
+        return list(self._stop_token_ids)
 
     def submit(self, spec: GrammarSpec) -> GrammarHandle:
         """Start compiling `spec` (or return the cached handle for its key). Never blocks."""
@@ -165,7 +209,7 @@ class GrammarCompilerService:
     def _compile(self, spec: GrammarSpec) -> Any:
         """Runs on a pool thread: check the spec, then compile it for this tokenizer."""
         text = validate_spec(spec)
-        c = self._xgr
+        c = self._compiler()
         try:
             if spec.kind in (GrammarKind.JSON_SCHEMA, GrammarKind.JSON_OBJECT):
                 return c.compile_json_schema(text, any_whitespace=JSON_ANY_WHITESPACE)

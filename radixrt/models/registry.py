@@ -7,9 +7,10 @@ Qwen2/2.5 add biases to the q/k/v projections, Qwen3 adds per-head RMSNorm on q 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+from radixrt.models.resolve import SUPPORTED_ROPE_TYPES  # declared torch-free there
 
 
 def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:

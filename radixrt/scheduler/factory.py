@@ -61,17 +61,46 @@ def attention_context_of(model_dir: Path | None) -> int:
         return DEFAULT_ATTENTION_CONTEXT
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+@functools.lru_cache(maxsize=4)
+def load_grammar_tokenizer(model_dir: Path) -> Any:
+    """The Hugging Face tokenizer of `model_dir` that grammar compilation reads its vocabulary from,
+    loaded once per process.
+
+    Raises:
+        OSError, ValueError: the directory has no loadable tokenizer.
+    """
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
 @functools.lru_cache(maxsize=4)
 def grammar_compiler_for(model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> Any:
     """The GrammarCompilerService for a model directory's tokenizer (vocab_size = the LM head's
-    width, stop tokens = the EOS ids), or None when the directory has no loadable tokenizer (a
-    dummy-weights model) or xgrammar cannot build one (logged). Built once per process and key
-    (~0.5-2 s: xgrammar's TokenizerInfo), so Engines over the same model share it and its cache."""
-    from radixrt.constrained import GrammarCompilerService
+    width, stop tokens = the EOS ids), or None when the directory has no tokenizer files (a
+    dummy-weights model; logged). One per process and key, so Engines over the same model share it
+    and its cache.
 
-    try:
-        return GrammarCompilerService.from_model_dir(model_dir, vocab_size=vocab_size,
-                                                     stop_token_ids=list(eos_token_ids))
-    except (OSError, ValueError, RuntimeError, TypeError) as e:
-        log.warning("no grammar support for %s (%s): constrained requests will be refused", model_dir, e)
+    Deferred: the xgrammar TokenizerInfo is built by the first constrained request's compile, on a
+    compile thread (loading the tokenizer with the transformers import and the TokenizerInfo took
+    ~4.5 s of CPU on a 2-core VM, 2026-12-02, a third of the scheduler's start-up); a tokenizer that
+    then fails to load fails that and every later constrained request with the reason.
+    """
+    from radixrt.constrained import GrammarCompilerService, build_tokenizer_info
+    from radixrt.gc_policy import freeze_startup_heap
+
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        log.warning("no grammar support for %s (no tokenizer files): constrained requests will be refused",
+                    model_dir)
         return None
+
+    def load_info() -> Any:
+        info = build_tokenizer_info(load_grammar_tokenizer(model_dir), vocab_size=vocab_size,
+                                    stop_token_ids=list(eos_token_ids))
+        freeze_startup_heap()  # the tokenizer and transformers join the frozen start-up heap (gc_policy)
+        return info
+
+    return GrammarCompilerService(load_info=load_info, vocab_size=vocab_size, stop_token_ids=eos_token_ids)

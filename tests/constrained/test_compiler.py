@@ -100,3 +100,45 @@ def test_from_model_dir(model_dir: Any, model_vocab_size: int) -> None:
         assert svc.compile_now(GrammarSpec(GrammarKind.REGEX, "x")) is not None
     finally:
         svc.shutdown()
+
+
+def _byte_info() -> Any:
+    import xgrammar as xgr
+
+    return xgr.TokenizerInfo([bytes([i]) for i in range(256)] + [b""], stop_token_ids=[256])
+
+
+def test_deferred_service_builds_its_tokenizer_info_on_the_first_compile() -> None:
+    calls: list[int] = []
+
+    def load_info() -> Any:
+        calls.append(1)
+        return _byte_info()
+
+    svc = GrammarCompilerService(load_info=load_info, vocab_size=257, stop_token_ids=[256])
+    try:
+        assert calls == [] and svc.tokenizer_info is None  # nothing built at construction
+        assert svc.vocab_size == 257 and svc.stop_token_ids == [256]
+        matcher = RequestMatcher(svc.compile_now(GrammarSpec(GrammarKind.REGEX, "[0-9]{2}")))
+        assert matcher.accept_tokens([ord("4"), ord("2")]) == 2
+        svc.compile_now(GrammarSpec(GrammarKind.REGEX, "a+"))
+        assert calls == [1] and svc.tokenizer_info is not None  # built once
+    finally:
+        svc.shutdown()
+
+
+def test_deferred_service_whose_tokenizer_fails_fails_every_compile_with_the_reason() -> None:
+    def load_info() -> Any:
+        raise OSError("no tokenizer.json here")
+
+    svc = GrammarCompilerService(load_info=load_info, vocab_size=257)
+    try:
+        for pattern in ("a", "b"):
+            with pytest.raises(GrammarError, match="no grammar support.*no tokenizer.json here"):
+                svc.compile_now(GrammarSpec(GrammarKind.REGEX, pattern))
+    finally:
+        svc.shutdown()
+    with pytest.raises(ValueError):
+        GrammarCompilerService(load_info=load_info)  # the bitmask width is needed up front
+    with pytest.raises(ValueError):
+        GrammarCompilerService()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from radixrt.config import Env
-from radixrt.models import loader
+from radixrt.models import resolve
 from radixrt.models.loader import ModelLoadError, load_model, resolve_model_dir
 from tests.models.tiny import BASE, write_config
 
@@ -33,7 +33,7 @@ def test_second_resolve_uses_cache(model_dir: Path, monkeypatch: pytest.MonkeyPa
     def no_convert(*a, **kw):
         raise AssertionError("reconverted a cached GGUF")
 
-    monkeypatch.setattr(loader, "_convert_gguf", no_convert)
+    monkeypatch.setattr(resolve, "_convert_gguf", no_convert)
     again = resolve_model_dir(None, Env.read().cache_dir, "auto")
     assert again == model_dir
     assert weights.stat().st_mtime_ns == before

@@ -94,8 +94,9 @@ def test_sigkill_of_a_child_under_load(role: str, model_dir: Path, tmp_path: Pat
 
 
 def test_health_then_sigterm_drains(model_dir: Path, tmp_path: Path) -> None:
+    # a stopped scheduler is reported after --control-timeout (4 s instead of the default 10)
     s = start_server(model_dir, tmp_path, "--max-total-tokens", "8192", "--graceful-shutdown-timeout", "120",
-                     timeout_s=600)
+                     "--control-timeout", "4", timeout_s=600)
     try:
         pids, ipc_dir = _pids(s)
         os.kill(pids["scheduler"], signal.SIGSTOP)  # alive, not answering

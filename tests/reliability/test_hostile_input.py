@@ -5,6 +5,7 @@ cache_salt keeps tenants' prefixes apart."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -117,6 +118,15 @@ def test_request_timeout_ends_a_long_request_with_408(keyed: Server) -> None:
         lines = [ln for ln in s.iter_lines() if ln]
     assert lines[-1] == "data: [DONE]"
     assert orjson.loads(lines[-2].removeprefix("data: "))["error"]["type"] == "timeout_error"
+    # the 408 aborted both in the scheduler: they stop decoding (4,000 tokens each otherwise)
+    deadline = time.monotonic() + 30
+    while (sched := _scheduler_info(keyed))["num_running_reqs"] + sched["num_waiting_reqs"]:
+        assert time.monotonic() < deadline, sched
+        time.sleep(0.2)
+
+
+def _scheduler_info(s: Server) -> dict[str, Any]:
+    return httpx.get(s.base_url + "/get_server_info", headers=AUTH, timeout=30).json()["scheduler"]
 
 
 def test_no_secret_in_info_routes_or_logs(keyed: Server) -> None:
