@@ -269,8 +269,8 @@ def _bhsd(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class SdpaAttnBackend(AttentionBackend):
-    """Implements attention.base.AttentionBackend on CPU with batched matmuls (decode) and
-    `F.scaled_dot_product_attention` (extend).
+    """Implements attention.base.AttentionBackend on CPU with batched matmuls (decode) and torch's
+    CPU flash-attention kernel over the parts of each request's keys, merged by log-sum-exp (extend).
 
     Args:
         pool: the paged K/V pool (k_buffers / v_buffers per layer, `[num_slots, Hkv, D]`).
