@@ -4,7 +4,8 @@ One process, about 6 minutes on an H200 with the Qwen2.5-7B shape and dummy weig
   1. decode attention, batch 64 x 4,096 tokens (and 128 x 2,048): bf16 pool vs FP8 pool, kernel
      time in a CUDA graph (goal: FP8 <= 0.6x bf16);
   2. the decode linears of one layer at M = 1..64 rows: bf16 (as models/linear.py routes it), FP8
-     through the Triton skinny GEMM (W8A16) and FP8 through per-token quantization + _scaled_mm,
+     through fp8_skinny_linear (Fp8Linear's decode path: the int GEMV at M <= 2, the Triton skinny
+     GEMM above, both W8A16) and FP8 through per-token quantization + _scaled_mm,
      so RADIXRT_FP8_SKINNY_MAX_ROWS can be set from the crossover;
   3. an Engine in bf16, then one with --quantization fp8 (then, with --kv-fp8-engine, one with both
      FP8 weights and KV): batch-1 decode step (goal: FP8 <= 0.6x bf16) and the `random` workload's
@@ -90,8 +91,9 @@ def bench_decode_attention(batch: int, seq_len: int, hq: int = 28, hkv: int = 4,
 
 
 def bench_linears(rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[dict[str, Any]]:
-    """One layer's four linears (Qwen2.5-7B) at M rows: bf16 Linear, FP8 skinny (W8A16), FP8 _scaled_mm."""
-    from radixrt.kernels import skinny_linear
+    """One layer's four linears (Qwen2.5-7B) at M rows: bf16 Linear, FP8 fp8_skinny_linear (W8A16; the
+    int GEMV at M <= 2), FP8 _scaled_mm."""
+    from radixrt.kernels import fp8_skinny_linear
     from radixrt.models.linear import Linear
     from radixrt.models.quant.fp8 import Fp8Linear
 
@@ -112,7 +114,7 @@ def bench_linears(rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[dict
 
     def fp8_skinny(x: list[torch.Tensor]) -> None:
         for (_, f8), xi in zip(layers, x, strict=True):
-            skinny_linear(xi, f8.weight, None, workspace=f8._scratch(dev), weight_scale=f8.weight_scale)
+            fp8_skinny_linear(xi, f8.weight, f8.weight_scale, None, workspace=f8._scratch(dev))
 
     def fp8_scaled_mm(x: list[torch.Tensor]) -> None:
         for (_, f8), xi in zip(layers, x, strict=True):
@@ -161,7 +163,8 @@ def print_table(report: dict[str, Any]) -> None:
         rows.append((f"decode attention {a['batch']} x {a['seq_len']} (us)", a["bf16_us"], a["fp8_us"], 0.6))
     for lr in report.get("linears", []):
         best = min(lr.get("fp8_skinny_us", float("inf")), lr["fp8_scaled_mm_us"])
-        rows.append((f"layer linears M={lr['m']} (us; fp8 = best of skinny "
+        int_gemv = " (int GEMV)" if lr["m"] <= 2 else ""
+        rows.append((f"layer linears M={lr['m']} (us; fp8 = best of skinny{int_gemv} "
                      f"{lr.get('fp8_skinny_us', float('nan')):.1f} / scaled_mm {lr['fp8_scaled_mm_us']:.1f})",
                      lr["bf16_us"], best, None))
     eng = report.get("engines", {})

@@ -9,12 +9,14 @@ from .decode_attention import choose_num_kv_splits, decode_attention
 from .extend_attention import extend_attention
 from .fp8_quant import per_token_quant_fp8
 from .gemv import SkinnyConfig, SkinnyWorkspace, skinny_linear, skinny_linear_supported
+from .gemv_fp8_int import Fp8IntConfig, fp8_skinny_linear
 from .norm import rms_norm
 from .rotary import apply_rotary, build_rope_cache
 from .store_kv import store_kv
 
 __all__ = [
     "CascadeTile",
+    "Fp8IntConfig",
     "SkinnyConfig",
     "SkinnyWorkspace",
     "apply_rotary",
@@ -24,6 +26,7 @@ __all__ = [
     "choose_num_prefix_splits",
     "decode_attention",
     "extend_attention",
+    "fp8_skinny_linear",
     "per_token_quant_fp8",
     "rms_norm",
     "silu_and_mul",

@@ -1,9 +1,10 @@
-"""FP8 GEMV lab (issue 19): the cvt-free e4m3 kernel (bench/lab/fp8_int.py) against the current FP8
-path and bf16, M = 1, 2, 4, the four Qwen2.5-7B linears, then the batch-1 decode step of three Engines
-(bf16, FP8 as is, FP8 with the new kernel's best configs patched in). One table at the end; JSON to
-$OUT/fp8_lab.json.
+"""FP8 GEMV lab (issue 19): a config grid of the cvt-free e4m3 kernel (kernels/gemv_fp8_int.py, the FP8
+default at M <= 2 since 2026-12-02) against the skinny FP8 path (the default before; M >= 3 still) and
+bf16, M = 1, 2, 4, the four Qwen2.5-7B linears, then the batch-1 decode step of three Engines (bf16,
+FP8 on the skinny path alone, FP8 as routed with this run's best int configs in FP8_INT_TUNED).
+One table at the end, then FP8_INT_TUNED lines to paste; JSON to $OUT/fp8_lab.json.
 
-    python3 bench/lab/fp8_gemv_lab.py [--budget-s 540] [--no-engines] [--configs FILE]
+    python3 bench/lab/fp8_gemv_lab.py [--budget-s 540] [--no-engines] [--rows 1,2,4]
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench.common import cuda_ms, graph_ms, rel_err, run_header  # noqa: E402
 from bench.kernels_import import import_kernels  # noqa: E402
 
-RK = import_kernels()
-from fp8_int import fp8_int_gemv, int_supported  # noqa: E402
-
+import_kernels()
 from radixrt.kernels import gemv as G  # noqa: E402
+from radixrt.kernels import gemv_fp8_int as G8  # noqa: E402
+from radixrt.kernels.gemv_fp8_int import fp8_int_gemv  # noqa: E402
 from radixrt.models.quant.fp8 import quantize_per_channel  # noqa: E402
 
 T0 = time.time()
@@ -115,7 +116,7 @@ def bench_shapes(rows: tuple[int, ...], deadline: float) -> dict:
             row: dict = {}
             _variant(row, "bf16", [partial(G.skinny_linear, x, w, out=y, config=c16, workspace=sh.ws)
                                    for w in sh.w16], y, ref16)
-            _variant(row, "fp8_default", [partial(G.skinny_linear, x, w, out=y, config=c8, workspace=sh.ws,
+            _variant(row, "fp8_skinny", [partial(G.skinny_linear, x, w, out=y, config=c8, workspace=sh.ws,
                                                   weight_scale=s) for w, s in sh.w8], y, ref8)
             for bn, bk4, warps, split, pf in grid(m):
                 if time.time() > deadline:
@@ -132,7 +133,7 @@ def bench_shapes(rows: tuple[int, ...], deadline: float) -> dict:
             res[f"{name} m{m}"] = row
             errs = [v.get("error") for kk, v in row.items() if isinstance(v, dict) and "error" in v]
             log(f"{name} M={m}: bf16 {row['bf16'].get('us', math.nan):.2f} us, fp8 default "
-                f"{row['fp8_default'].get('us', math.nan):.2f}, int best "
+                f"{row['fp8_skinny'].get('us', math.nan):.2f}, int best "
                 f"{ints[best]['us'] if best else math.nan:.2f} ({best}); errors {errs[:2]}")
             REPORT["shapes"] = res
             save()
@@ -173,35 +174,11 @@ def lm_head_us(n: int = 152064, k: int = 3584) -> float:
     return us
 
 
-def patch_int(best: dict[tuple[int, int, int], tuple[int, int, int, int]]) -> None:
-    """radixrt.kernels.skinny_linear -> the int kernel for FP8 weights at the listed (M, N, K)."""
-    orig = G.skinny_linear
-
-    def patched(x, weight, bias=None, out=None, config=None, workspace=None, weight_scale=None):
-        if weight_scale is not None and config is None:
-            n, k = weight.shape
-            x2 = x.reshape(-1, k)
-            cfg = best.get((x2.shape[0], n, k))
-            if cfg is not None and int_supported(x2, weight):
-                bn, bk4, warps, split, pf = cfg
-                tiles, k4 = triton_cdiv(n, bn), k // 4
-                k4ps = triton_cdiv(triton_cdiv(k4, split), bk4) * bk4
-                splits = triton_cdiv(k4, k4ps)
-                fits = workspace is not None and (workspace.partials.numel() >= splits * x2.shape[0] * n
-                                                  and workspace.counters.numel() >= tiles)
-                if splits == 1 or fits:
-                    y = out if out is not None else x.new_empty((*x.shape[:-1], n))
-                    fp8_int_gemv(x2, weight, weight_scale, bias, y.view(-1, n), bn, bk4, split, warps,
-                                 workspace.partials if workspace is not None else None,
-                                 workspace.counters if workspace is not None else None, pf)
-                    return y
-        return orig(x, weight, bias, out, config, workspace, weight_scale)
-
-    RK.skinny_linear = patched
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def int_table(best: dict[tuple[int, int, int], tuple[int, int, int, int, bool]]) -> None:
+    """FP8_INT_TUNED takes this run's best int config of each (M, N, K) with M <= FP8_INT_MAX_ROWS."""
+    for (m, n, k), (bn, bk4, warps, split, pf) in best.items():
+        if m <= G8.FP8_INT_MAX_ROWS:
+            G8.FP8_INT_TUNED[(m, n, k)] = G8.Fp8IntConfig(bn, bk4, warps, split, pf)
 
 
 def bench_engines(best: dict, model: str = "qwen2.5-7b", device: str = "cuda", steps_n: int = 128) -> dict:
@@ -211,9 +188,10 @@ def bench_engines(best: dict, model: str = "qwen2.5-7b", device: str = "cuda", s
 
     path = model_dir(model)
     out = {}
-    for name, kw in (("bf16", {}), ("fp8", {"quantization": "fp8"}), ("fp8_int", {"quantization": "fp8"})):
-        if name == "fp8_int":
-            patch_int(best)
+    int_rows = G8.FP8_INT_MAX_ROWS
+    int_table(best)
+    for name, kw in (("bf16", {}), ("fp8_skinny", {"quantization": "fp8"}), ("fp8", {"quantization": "fp8"})):
+        G8.FP8_INT_MAX_ROWS = 0 if name == "fp8_skinny" else int_rows  # read at each call (and capture)
         t = time.perf_counter()
         eng = Engine(model_path=str(path), load_format="dummy", device=device, max_running_requests=8,
                      chunked_prefill_size=8192, cuda_graph_max_bs=8, mem_fraction_static=0.45, **kw)
@@ -227,7 +205,39 @@ def bench_engines(best: dict, model: str = "qwen2.5-7b", device: str = "cuda", s
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
+    G8.FP8_INT_MAX_ROWS = int_rows
     return out
+
+
+def print_table(shapes: dict) -> dict:
+    """The per-linear table and layer sums; FP8_INT_TUNED lines for M <= FP8_INT_MAX_ROWS (the best int
+    config of each shape: the routing takes the int kernel there whether or not it beat the skinny
+    path). Returns {(M, N, K): best int config tuple}."""
+    best, lines = {}, []
+    print("\n| linear, M | bf16 us | fp8 skinny us | fp8 int best us (config) | int / skinny | int / bf16 |")
+    print("|---|---|---|---|---|---|")
+    tot: dict = {}
+    for key, row in shapes.items():
+        name, m = key.split(" m")
+        b = row.get("best_int")
+        bi = row[b]["us"] if b else math.nan
+        b16, d8 = row["bf16"].get("us", math.nan), row["fp8_skinny"].get("us", math.nan)
+        if b:
+            best[(int(m), *LINEARS[name])] = cfg = tuple(row[b]["cfg"])
+            if int(m) <= G8.FP8_INT_MAX_ROWS:
+                lines.append(f"    ({m}, {LINEARS[name][0]}, {LINEARS[name][1]}): Fp8IntConfig{cfg},"
+                             f"  # {name} {bi:.2f} / {d8:.2f}")
+        t = tot.setdefault(m, [0.0, 0.0, 0.0, 0.0])
+        for i, v in enumerate((b16, d8, bi, min(bi, d8))):
+            t[i] += v
+        print(f"| {key} | {b16:.2f} | {d8:.2f} | {bi:.2f} ({b}) | {bi / d8:.3f} | {bi / b16:.3f} |")
+    for m, t in tot.items():
+        print(f"| layer (4 linears), M={m} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} "
+              f"(best of both {t[3]:.1f}) | {t[2] / t[1]:.3f} | {t[2] / t[0]:.3f} |")
+    print(f"lm_head bf16 M=1: {REPORT['lm_head_bf16_us']:.1f} us")
+    REPORT["int_best"] = {str(k): v for k, v in best.items()}
+    print("FP8_INT_TUNED (us int / skinny):\n" + "\n".join(lines), flush=True)
+    return best
 
 
 def main() -> int:
@@ -245,35 +255,7 @@ def main() -> int:
     REPORT["lm_head_bf16_us"] = lm_head_us()
     log(f"lm_head bf16 M=1: {REPORT['lm_head_bf16_us']:.1f} us")
     save()
-    best = {}
-    for key, row in shapes.items():
-        name, m = key.split(" m")
-        n, k = LINEARS[name]
-        b = row.get("best_int")
-        if b and row[b]["us"] < row["fp8_default"].get("us", math.inf):
-            best[(int(m), n, k)] = tuple(row[b]["cfg"])
-    REPORT["patched"] = {str(k): v for k, v in best.items()}
-    print("\n| linear, M | bf16 us | fp8 default us | fp8 int best us (config) | int / default "
-          "| int / bf16 |")
-    print("|---|---|---|---|---|---|")
-    tot: dict = {}
-    for key, row in shapes.items():
-        b = row.get("best_int")
-        bi = row[b]["us"] if b else math.nan
-        m = key.split(" m")[1]
-        t = tot.setdefault(m, [0.0, 0.0, 0.0, 0.0])
-        t[0] += row["bf16"].get("us", math.nan)
-        t[1] += row["fp8_default"].get("us", math.nan)
-        t[2] += bi
-        t[3] += min(bi, row["fp8_default"].get("us", math.nan))
-        b16, d8 = row["bf16"].get("us", math.nan), row["fp8_default"].get("us", math.nan)
-        print(f"| {key} | {b16:.2f} | {d8:.2f} | {bi:.2f} ({b}) | {bi / d8:.3f} | {bi / b16:.3f} |")
-    for m, t in tot.items():
-        print(f"| layer (4 linears), M={m} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} "
-              f"(best of both {t[3]:.1f}) | "
-              f"{t[2] / t[1]:.3f} | {t[2] / t[0]:.3f} |")
-    print(f"lm_head bf16 M=1: {REPORT['lm_head_bf16_us']:.1f} us")
-    print("patched:", REPORT["patched"], flush=True)
+    best = print_table(shapes)
     save()
     if not ns.no_engines:
         try:

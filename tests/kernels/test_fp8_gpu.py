@@ -1,7 +1,9 @@
 """FP8 on a CUDA device (Hopper for _scaled_mm's row-wise form) at Qwen2.5-7B shapes: the FP8 linear
-(Triton skinny W8A16 and per-token quantization + torch._scaled_mm) against the dequantized fp32
-reference, the per-token quantization kernel against torch, store_kv's rounding into an FP8 pool, and
-decode / extend / cascade attention over an FP8 pool against the references. Skipped without CUDA.
+(the int GEMV at M <= 2, Triton skinny W8A16 above, per-token quantization + torch._scaled_mm) against
+the dequantized reference (the int GEMV routed through Fp8Linear, eagerly and in a CUDA graph, and at
+the other configs the lab sweeps), the per-token quantization kernel against torch, store_kv's
+rounding into an FP8 pool, and decode / extend / cascade attention over an FP8 pool against the
+references. Skipped without CUDA.
 
 Tolerances: the FP8 linear's output within 2e-2 relative norm of the dequantized reference (bf16
 output, different accumulation order, and for _scaled_mm the same FP8 operands); attention as
@@ -27,6 +29,7 @@ from radixrt.kernels import (
     per_token_quant_fp8,
     store_kv,
 )
+from radixrt.kernels import gemv_fp8_int as G8
 from radixrt.kernels.paged_loop_fp8 import LO_WEIGHT, split_e4m3
 from radixrt.kernels.reference import (
     cascade_decode_attention_ref,
@@ -74,18 +77,85 @@ def test_fp8_linear_matches_dequantized_reference(n: int, k: int, m: int) -> Non
     assert _rel(scaled, fp8_linear_ref(x, layer.weight, layer.weight_scale, layer.bias)) < 2e-2
 
 
+def _replay_matches_eager(layer: Fp8Linear, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) captured in a CUDA graph after a warm-up call (compiles, allocates the workspace), x
+    refilled, the graph replayed: its output must equal the eager call's bit for bit. Returns it."""
+    layer(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer(x)
+    x.copy_(torch.randn_like(x))
+    want = layer(x)
+    graph.replay()
+    torch.testing.assert_close(y, want, atol=0, rtol=0)
+    return y
+
+
 def test_fp8_linear_captures_in_a_cuda_graph() -> None:
     layer = _layer(3584, 3584, bias=False)
     for m in (1, 64):
-        x = torch.randn(m, 3584, device="cuda", dtype=torch.bfloat16)
-        want = layer(x)  # warm-up: compiles, allocates the workspace
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = layer(x)
-        x.copy_(torch.randn_like(x))
-        want = layer(x)
-        graph.replay()
-        torch.testing.assert_close(y, want, atol=0, rtol=0)
+        _replay_matches_eager(layer, torch.randn(m, 3584, device="cuda", dtype=torch.bfloat16))
+
+
+def _int_ref(x: torch.Tensor, layer: Fp8Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 reference, sum |x| |w|) of the FP8 linear on the same bf16 x and FP8 bytes."""
+    wf = layer.weight.double() * layer.weight_scale.double()[:, None]
+    ref = x.double() @ wf.t() + (layer.bias.double() if layer.bias is not None else 0.0)
+    return ref, x.double().abs() @ wf.abs().t()
+
+
+def _assert_int_close(out: torch.Tensor, x: torch.Tensor, layer: Fp8Linear) -> None:
+    """bf16 output: one bf16 ulp (2^-7 relative; round-to-nearest needs half, a truncating conversion
+    such as the CPU interpreter's a whole one) plus 2e-6 of sum |x||w| for the fp32 sums."""
+    ref, bound = _int_ref(x, layer)
+    assert not torch.isnan(out).any()
+    assert ((out.double() - ref).abs() <= 2.0**-7 * ref.abs() + 2e-6 * bound + 1e-30).all()
+
+
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 2])
+def test_fp8_linear_routes_decode_rows_to_the_int_gemv(n: int, k: int, m: int) -> None:
+    """Fp8Linear at M = 1, 2 runs the int kernel with FP8_INT_TUNED's config (bit-equal to launching it
+    directly) and matches the float64 reference on the same bytes."""
+    layer = _layer(n, k, bias=(n == 4608))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    cfg = G8.int_routed(m, n, k, "cuda")
+    assert cfg == G8.FP8_INT_TUNED[(m, n, k)] and G8.int_supported(x, layer.weight)
+    out = layer(x)
+    direct = torch.empty_like(out)
+    G8.fp8_int_gemv(x, layer.weight, layer.weight_scale, layer.bias, direct, cfg.block_n, cfg.block_k4,
+                    cfg.split_k, cfg.num_warps, prefetch=cfg.prefetch)
+    assert torch.equal(out, direct)
+    _assert_int_close(out, x, layer)
+
+
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_fp8_int_gemv_in_a_cuda_graph(n: int, k: int) -> None:
+    """The routed Fp8Linear at M = 1, 2 captured in a CUDA graph: a replay with new x equals the eager
+    call and the reference."""
+    layer = _layer(n, k, bias=False)
+    for m in (1, 2):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        _assert_int_close(_replay_matches_eager(layer, x), x, layer)
+
+
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_int_gemv_lab_configs(n: int, k: int, m: int) -> None:
+    """Configs the lab sweeps (split-K, prefetch, M = 4): within 1e-6 of sum |x||w| (fp32 output),
+    deterministic."""
+    layer = _layer(n, k, bias=False)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ref, bound = _int_ref(x, layer)
+    ws = G8.SkinnyWorkspace.allocate(2 * m * n, n, "cuda")
+    for cfg in [(8, 256, 4, 1, False), (16, 128, 4, 1, True), (8, 128, 4, 2, False)]:
+        bn, bk4, warps, split, pf = cfg
+        ys = [torch.full((m, n), float("nan"), device="cuda") for _ in range(2)]
+        for y in ys:
+            G8.fp8_int_gemv(x, layer.weight, layer.weight_scale, None, y, bn, bk4, split, warps,
+                            ws.partials, ws.counters, pf)
+        assert ((ys[0].double() - ref).abs() <= 1e-6 * bound + 1e-30).all(), cfg
+        assert torch.equal(ys[0], ys[1]), cfg  # deterministic, split-K included
 
 
 def test_per_token_quant_kernel_matches_torch() -> None:

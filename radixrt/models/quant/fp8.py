@@ -7,9 +7,11 @@ SGLang's / vLLM's dynamic FP8). Checkpoints in bf16 are quantized at load, row b
 parameter (q|k|v, gate|up) gets the scales its source tensors would have had alone; FP8 checkpoints
 are copied as they are (quant/checkpoint.py). A linear call routes by its row count M:
 
-  M <= Fp8Linear.skinny_max_rows on CUDA -> `radixrt.kernels.skinny_linear` with the FP8 weight
+  M <= Fp8Linear.skinny_max_rows on CUDA -> `radixrt.kernels.fp8_skinny_linear` with the FP8 weight
       (W8A16: x stays in bf16, the weight is widened in registers; decode is a weight read, and the
-      activation quantization would be one more launch per linear)
+      activation quantization would be one more launch per linear): at M <= 2 the int GEMV
+      (kernels/gemv_fp8_int.py: e4m3 bytes to fp32 bits by integer ops, no conversion
+      instructions), at M of 3..16 `skinny_linear(..., weight_scale=)`
   otherwise -> dynamic per-token FP8 activations (`per_token_quant_fp8`, scale = amax(row) / 448)
       and `torch._scaled_mm` with row-wise scales ([M, 1] and [1, N] float32), which runs on CPU
       too (torch >= 2.6), so the tests run this same call.
@@ -100,7 +102,7 @@ class Fp8Linear(Linear):
     Build with `from_linear` (on the meta device, before `to_empty`), then fill with `set_weight`
     (quantizes a float weight) or by copying FP8 rows and scales (checkpoint loading)."""
 
-    skinny_max_rows = _fp8_skinny_rows()  # M up to this goes to the Triton skinny GEMM on CUDA
+    skinny_max_rows = _fp8_skinny_rows()  # M up to this: fp8_skinny_linear on CUDA (int GEMV at M <= 2)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
@@ -130,10 +132,10 @@ class Fp8Linear(Linear):
         x2 = x.reshape(-1, k)
         m = x2.shape[0]
         if x.is_cuda and self._skinny and 0 < m <= self.skinny_max_rows and k % 16 == 0:
-            from radixrt.kernels import skinny_linear
+            from radixrt.kernels import fp8_skinny_linear
 
-            y = skinny_linear(x2, self.weight, self.bias, workspace=self._scratch(x.device),
-                              weight_scale=self.weight_scale)
+            y = fp8_skinny_linear(x2, self.weight, self.weight_scale, self.bias,
+                                  workspace=self._scratch(x.device))
         else:
             y = self._scaled_mm(x2)
         return y.view(*x.shape[:-1], self.weight.shape[0])
