@@ -17,8 +17,9 @@ Three processes, none of them a model:
   now one like it).
 
 Reported: offered rate (streams / pass), delivered output tok/s, tokens per SSE chunk, client-side ITL
-(gap between chunks that carry tokens) p50/p99/max, TPOT, and CPU seconds per 1000 tokens of the
-tokenizer process, the client and the fake scheduler (from /proc, over the measured window).
+(gap between chunks that carry tokens) p50/p99/max, TPOT, and CPU seconds per 1000 tokens (and ms
+per request) of the tokenizer process, the client and the fake scheduler (from /proc, over the
+measured window: the client run after its warm-up request).
 
 `--client-only` measures the client by itself: the same client against a trivial SSE server (this
 file, `--role sse-server`, raw asyncio) that sends the same kind of events in lockstep every pass.
@@ -32,6 +33,10 @@ and the client and the fake scheduler to the others (`--no-pin` turns this off).
     .venv/bin/python bench/tokenizer_throughput.py --client-only --client httpx --streams 32 --pass-ms 2
     .venv/bin/python bench/tokenizer_throughput.py --sweep-pass-ms 8,4,2,1 --streams 32 --client raw
     .venv/bin/python bench/tokenizer_throughput.py --profile /tmp/tok.prof   # cProfile of the front end
+
+`--profile` profiles the tokenizer process over the measured window only (the client run after the
+warm-up request; start-up and imports are left out): a sitecustomize probe enables cProfile on
+SIGUSR1 and writes the stats on SIGUSR2.
 """
 
 from __future__ import annotations
@@ -75,6 +80,22 @@ def _dump():
     with open(os.environ["GC_PROBE_OUT"], "w") as f:
         f.writelines(f"{t:.6f} {g} {ms:.3f}\\n" for t, g, ms in _rows)
 atexit.register(_dump)
+"""
+
+
+# sitecustomize for --profile: cProfile of the tokenizer process between SIGUSR1 and SIGUSR2 (stats
+# written to PROFILE_PROBE_OUT on SIGUSR2)
+_PROFILE_PROBE = """
+import cProfile, os, signal
+_prof = cProfile.Profile()
+def _on(*_):
+    _prof.enable()
+def _off(*_):
+    _prof.disable()
+    _prof.dump_stats(os.environ["PROFILE_PROBE_OUT"] + ".tmp")
+    os.replace(os.environ["PROFILE_PROBE_OUT"] + ".tmp", os.environ["PROFILE_PROBE_OUT"])
+signal.signal(signal.SIGUSR1, _on)
+signal.signal(signal.SIGUSR2, _off)
 """
 
 
@@ -366,8 +387,10 @@ async def _httpx_request(client: Any, cfg: Any, prompt: list[int], output_len: i
 
 
 async def drive(port: int, client_kind: str, streams: int, rounds: int, output_len: int,
-                prompt_len: int) -> tuple[list[StreamResult], float]:
-    """`streams` workers, each sending `rounds` requests one after the other; (results, duration_s)."""
+                prompt_len: int, on_start: Any = None) -> tuple[list[StreamResult], float]:
+    """`streams` workers, each sending `rounds` requests one after the other; (results, duration_s).
+
+    `on_start()` runs after the warm-up request, just before the measured requests start."""
     rng = np.random.default_rng(1)
     results: list[StreamResult] = []
     client = cfg = None
@@ -391,6 +414,8 @@ async def drive(port: int, client_kind: str, streams: int, rounds: int, output_l
             results.append(await one(prompt))
 
     await one([1, 2, 3])  # warm-up (connection, first-request imports)
+    if on_start is not None:
+        on_start()
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(streams)))
     duration = time.perf_counter() - t0
@@ -427,6 +452,7 @@ def summarize(results: list[StreamResult], duration_s: float, streams: int, pass
         out[f"cpu_{name}_s"] = sec
         out[f"cpu_{name}_ms_per_1k_tok"] = sec / tokens * 1e6 if tokens else None
         out[f"cpu_{name}_util"] = sec / duration_s if duration_s else None
+        out[f"cpu_{name}_ms_per_req"] = sec / len(results) * 1000 if results else None
     return out
 
 
@@ -457,20 +483,20 @@ def _stop(proc: subprocess.Popen, timeout: float = 20) -> str:
 
 def _spawn_tokenizer(args: argparse.Namespace, sargs: Any, addrs: Any, model_dir: Path, gc_out: Path,
                      log: Path) -> subprocess.Popen:
-    """The real tokenizer process (radixrt.child), optionally under cProfile or with the GC probe."""
-    cmd = [sys.executable]
-    if args.profile:
-        cmd += ["-m", "cProfile", "-o", args.profile]
-    cmd += ["-m", "radixrt.child", "tokenizer"]
+    """The real tokenizer process (radixrt.child), optionally with the cProfile or GC probe."""
+    cmd = [sys.executable, "-m", "radixrt.child", "tokenizer"]
     spec = {"args": sargs.to_dict(), "addrs": addrs.to_dict(), "model_dir": str(model_dir),
             "extra": {"worker_info": {"context_length": 8192}}}
     env = {**os.environ, **dict(kv.split("=", 1) for kv in args.server_env)}
-    if args.gc_stats:
-        probe_dir = Path(addrs.dir) / "gcprobe"
+    probes = ([_GC_PROBE] if args.gc_stats else []) + ([_PROFILE_PROBE] if args.profile else [])
+    if probes:
+        probe_dir = Path(addrs.dir) / "probe"
         probe_dir.mkdir()
-        (probe_dir / "sitecustomize.py").write_text(_GC_PROBE)
+        (probe_dir / "sitecustomize.py").write_text("\n".join(probes))
         env["PYTHONPATH"] = os.pathsep.join(x for x in (str(probe_dir), env.get("PYTHONPATH")) if x)
         env["GC_PROBE_OUT"] = str(gc_out)
+        if args.profile:
+            env["PROFILE_PROBE_OUT"] = str(Path(args.profile).resolve())
     tok = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log.open("ab"), stderr=subprocess.STDOUT,
                            env=env)
     assert tok.stdin is not None
@@ -490,15 +516,30 @@ def _measure(args: argparse.Namespace, port: int, tok: subprocess.Popen,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)
     pids = {"tokenizer": tok.pid, "client": os.getpid(), "fake_scheduler": sched.pid}
-    cpu0 = {k: proc_cpu_s(pid) for k, pid in pids.items()}
-    t_start = time.time()
+    cpu0: dict[str, float] = {}
+    t_start = [0.0]
+
+    def start() -> None:  # after the warm-up request: the window leaves first-request costs out
+        if args.profile:
+            tok.send_signal(signal.SIGUSR1)
+        cpu0.update({k: proc_cpu_s(pid) for k, pid in pids.items()})
+        t_start[0] = time.time()
+
     results, duration = asyncio.run(drive(port, args.client, args.streams, args.rounds, args.output_len,
-                                          args.prompt_len))
+                                          args.prompt_len, on_start=start))
     t_end = time.time()
+    cpu = {k: proc_cpu_s(pid) - cpu0[k] for k, pid in pids.items()}
+    if args.profile:
+        out = Path(args.profile)
+        out.unlink(missing_ok=True)
+        tok.send_signal(signal.SIGUSR2)
+        deadline = time.time() + 60
+        while not out.exists() and time.time() < deadline:
+            time.sleep(0.05)
     if spy is not None:
         spy.send_signal(signal.SIGINT)
         spy.wait(30)
-    return results, duration, {k: proc_cpu_s(pid) - cpu0[k] for k, pid in pids.items()}, (t_start, t_end)
+    return results, duration, cpu, (t_start[0], t_end)
 
 
 def run_server_case(args: argparse.Namespace, pass_ms: float, model_dir: Path, tokenizer: Any) -> dict:
@@ -586,6 +627,8 @@ def format_row(r: dict) -> str:
             f"ITL p50={f(r['itl_p50_ms'], '.2f')} p99={f(r['itl_p99_ms'], '.1f')} "
             f"max={f(r['itl_max_ms'], '.0f')} ms "
             f"TPOT={f(r['tpot_mean_ms'], '.2f')}ms failed={r['failed']}{extra}"
+            + (f" tokenizer_cpu={r['cpu_tokenizer_ms_per_req']:.3f}ms/req" if "cpu_tokenizer_ms_per_req" in r
+               else "")
             + (f" late_passes={r['late_passes']}" if "late_passes" in r else "")
             + "".join(f" {k}={r[k]}" for k in ("gc0", "gc1", "gc2") if k in r))
 

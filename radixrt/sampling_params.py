@@ -53,9 +53,16 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field by name; the lists and the dict are copies (their items are immutable)."""
+        d = {name: getattr(self, name) for name in _FIELD_NAMES}
+        d["stop"] = list(self.stop)
+        d["stop_token_ids"] = list(self.stop_token_ids)
+        d["logit_bias"] = dict(self.logit_bias)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in d.items() if k in _FIELD_NAMES})
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(SamplingParams))

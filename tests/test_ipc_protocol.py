@@ -86,3 +86,37 @@ def test_stale_dirs_of_dead_launchers_are_removed(tmp_path) -> None:
         d.mkdir()
     assert remove_stale_dirs(str(tmp_path)) == [str(dead)]
     assert not dead.exists() and alive.exists() and other.exists()
+
+
+@pytest.mark.parametrize("num_ids", [2176, 40_000])  # 8.7 KB: a copied frame; 160 KB: a zero-copy view
+def test_sender_delivers_array_frames_intact(tmp_path, num_ids: int) -> None:
+    import zmq
+
+    from radixrt.ipc import Receiver, Sender
+
+    ctx = zmq.Context()
+    addr = f"ipc://{tmp_path}/ch"
+    rx = Receiver(ctx, addr, protocol.TOKENIZER_TO_SCHEDULER)
+    tx = Sender(ctx, addr)
+    try:
+        ids = np.arange(num_ids, dtype=np.int32)
+        tx.send(protocol.GenerateReq(rid="r", input_ids=ids, sampling={"max_new_tokens": 3}))
+        got = rx.recv(timeout_ms=5000)
+        assert isinstance(got, protocol.GenerateReq) and got.sampling == {"max_new_tokens": 3}
+        assert got.input_ids.dtype == np.int32 and np.array_equal(got.input_ids, ids)
+    finally:
+        rx.sock.close(linger=0)
+        tx.sock.close(linger=0)
+        ctx.term()
+
+
+def test_sampling_params_to_dict_is_asdict_with_copied_containers() -> None:
+    from radixrt.sampling_params import SamplingParams
+
+    sp = SamplingParams(temperature=0.5, stop=["\n"], stop_token_ids=[7], logit_bias={"3": -1.0}, seed=9)
+    d = sp.to_dict()
+    assert d == dataclasses.asdict(sp) and list(d) == [f.name for f in dataclasses.fields(sp)]
+    d["stop"].append("x")
+    d["logit_bias"]["4"] = 1.0
+    assert sp.stop == ["\n"] and sp.logit_bias == {"3": -1.0}
+    assert SamplingParams.from_dict({**d, "unknown": 1}).stop == ["\n", "x"]

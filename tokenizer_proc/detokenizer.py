@@ -17,6 +17,7 @@ retried with the next token; `flush` emits whatever is left at the end of the re
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,14 +36,20 @@ def _backend_decode_is_equivalent(tokenizer: Any) -> bool:
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is None or not callable(getattr(backend, "decode", None)):
         return False
+    return _is_plain_fast_class(type(tokenizer))
+
+
+@functools.cache
+def _is_plain_fast_class(cls: type) -> bool:
+    """`cls` is transformers' Rust-backed tokenizer class, or a subclass keeping its decode and _decode
+    (answered once per class: make_decoder runs once per sample)."""
     try:
         from transformers import tokenization_utils_base as base
         from transformers import tokenization_utils_tokenizers as fast
     except ImportError:
         return False
     fast_cls = getattr(fast, "TokenizersBackend", None) or getattr(fast, "PreTrainedTokenizerFast", None)
-    cls = type(tokenizer)
-    return (fast_cls is not None and isinstance(tokenizer, fast_cls)
+    return (fast_cls is not None and issubclass(cls, fast_cls)
             and getattr(cls, "_decode", None) is getattr(fast_cls, "_decode", None)
             and getattr(cls, "decode", None) is getattr(base.PreTrainedTokenizerBase, "decode", None))
 

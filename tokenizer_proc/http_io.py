@@ -1,19 +1,46 @@
-"""HTTP plumbing of the handlers: the body read with a size cap, JSON replies, client disconnects."""
+"""HTTP plumbing of the handlers: their routes, the body read with a size cap, JSON replies, client
+disconnects."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from .errors import APIError, ClientGone, bad_request
 
 T = TypeVar("T")
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class RequestRoute(APIRoute):
+    """A route whose endpoint is called with the Request alone and returns the Response itself.
+
+    The handlers of the generation routes read and validate their own bodies (read_json, a strict
+    pydantic model) and build their own responses, so FastAPI's per-request work around an endpoint
+    (solving its dependencies, reading the body, serializing a return value) would find nothing to
+    do; this route skips it. It is still an APIRoute: it stays in the OpenAPI document (openapi_doc.py
+    adds the request body), and errors reach the app's exception handlers as before.
+    """
+
+    def get_route_handler(self) -> Endpoint:
+        return self.endpoint
+
+
+def post_route(app: FastAPI, path: str) -> Callable[[Endpoint], Endpoint]:
+    """`@post_route(app, path)`: like `@app.post(path)`, for an endpoint `async (Request) -> Response`
+    (a RequestRoute)."""
+    def register(endpoint: Endpoint) -> Endpoint:
+        app.router.add_api_route(path, endpoint, methods=["POST"], route_class_override=RequestRoute)
+        return endpoint
+    return register
 
 
 DRAIN_MAX_BYTES = 256 * 1024 * 1024  # an oversized body is read and dropped up to this, then cut
@@ -77,28 +104,53 @@ def json_response(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
+class CancelOnDisconnect:
+    """`async with CancelOnDisconnect(receive) as watch:` cancels the body when the client disconnects.
+
+    While the block runs, one task waits for the ASGI `http.disconnect` and then cancels the task that
+    entered the block; the block's exit takes that cancellation back (the task goes on, not
+    cancelled) and sets `watch.client_gone`. A cancellation from anywhere else propagates as usual.
+    Reading the request body must be over before the block starts (the watcher consumes `receive`).
+    """
+
+    __slots__ = ("_receive", "_task", "_watcher", "_cancelling", "client_gone")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._cancelling = 0
+        self.client_gone = False
+
+    async def __aenter__(self) -> CancelOnDisconnect:
+        self._task = asyncio.current_task()
+        assert self._task is not None, "CancelOnDisconnect needs a running task"
+        self._cancelling = self._task.cancelling()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self.client_gone = True
+        assert self._task is not None
+        self._task.cancel()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        assert self._watcher is not None and self._task is not None
+        self._watcher.cancel()  # before the next suspension: it cannot cancel the task after this
+        if self.client_gone and self._task.uncancel() <= self._cancelling:
+            return exc_type is asyncio.CancelledError  # our own cancellation: swallowed
+        return False
+
+
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it (which aborts its samples) if the client disconnects.
 
     Raises:
         ClientGone: the client went away first.
     """
-    task = asyncio.ensure_future(work)
-
-    async def wait_disconnect() -> None:
-        while True:
-            msg = await request.receive()
-            if msg["type"] == "http.disconnect":
-                return
-
-    watcher = asyncio.ensure_future(wait_disconnect())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
+    async with CancelOnDisconnect(request.receive) as watch:
+        return await work
+    assert watch.client_gone
+    raise ClientGone()

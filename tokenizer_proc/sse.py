@@ -1,13 +1,10 @@
-"""Server-sent-event framing: one event, the [DONE] marker, a fast chunk encoder, the mid-stream guard."""
+"""Server-sent-event framing: one event, the [DONE] marker, a fast chunk encoder."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
-
-from .errors import APIError
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -39,22 +36,3 @@ class ChunkEncoder:
 
     def __call__(self, choice: dict[str, Any]) -> bytes:
         return self.head + orjson.dumps(choice) + self.tail
-
-
-async def guard_stream(gen: AsyncIterator[bytes],
-                       on_error: Callable[[APIError], list[bytes]] | None = None) -> AsyncIterator[bytes]:
-    """Turn an APIError raised mid-stream into an SSE error event followed by [DONE], or into the
-    events `on_error` gives (a protocol's own error framing)."""
-    try:
-        async for item in gen:
-            yield item
-    except APIError as e:
-        if on_error is not None:
-            yield b"".join(on_error(e))
-            return
-        yield sse(e.body())
-        yield SSE_DONE
-    finally:
-        aclose = getattr(gen, "aclose", None)
-        if aclose is not None:  # run `gen`'s own cleanup now, not when it is garbage-collected
-            await aclose()

@@ -158,3 +158,31 @@ def test_handles_without_an_outcome_are_counted_live_and_when_collected() -> Non
     gc.collect()
     assert rs.COLLECTED_UNFINISHED["json"] == before["json"] + 1  # the finished one is not counted
     assert rs.COLLECTED_UNFINISHED["stream_waiting"] == before["stream_waiting"]
+
+
+def test_a_non_streamed_request_whose_client_leaves_is_aborted_once() -> None:
+    """Not streamed: the disconnect cancels the collection (CancelOnDisconnect), respond raises
+    ClientGone (the app answers 499), the unfinished sample is aborted and recorded once."""
+    from radixrt.tokenizer_proc.errors import ClientGone
+
+    manager, outcomes = _Manager(), []
+    spec = SampleSpec(index=0, input_ids=[1, 2, 3], sampling={"max_new_tokens": 4}, stop=[])
+    handle = RequestHandle(manager, _Tokenizer(), [spec], stream=False,  # type: ignore[arg-type]
+                           on_done=lambda h, outcome: outcomes.append(outcome))
+
+    class _Request:
+        async def receive(self) -> dict[str, Any]:
+            await asyncio.sleep(0.01)
+            return {"type": "http.disconnect"}
+
+    async def run() -> BaseException | None:
+        handle.queue.put_nowait(_chunk(handle.id, [7], None))  # some output, never the end
+        try:
+            await asyncio.wait_for(respond(_Request(), handle, _Writer()), 10)  # type: ignore[arg-type]
+        except BaseException as e:
+            return e
+        return None
+
+    err = asyncio.run(run())
+    assert isinstance(err, ClientGone)
+    assert outcomes == ["aborted"] and manager.aborted == [handle.id] and manager.inboxes == {}

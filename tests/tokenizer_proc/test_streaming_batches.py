@@ -11,7 +11,7 @@ import pytest
 
 from radixrt.tokenizer_proc.manager import SHUTDOWN_ERROR, Inbox, TokenChunk
 from radixrt.tokenizer_proc.request_state import RequestHandle, SampleEvent, SampleSpec
-from radixrt.tokenizer_proc.respond import Collected, open_stream, stream_events
+from radixrt.tokenizer_proc.respond import Collected, HandleStreamingResponse, open_stream
 from radixrt.tokenizer_proc.sse import ChunkEncoder, sse
 
 from .conftest import Scripts
@@ -104,7 +104,7 @@ def test_shutdown_error_reaches_the_reader(tokenizer: Any) -> None:
 
 
 class _RecordingWriter:
-    """A ResponseWriter whose chunks name what stream_events handed it."""
+    """A ResponseWriter whose chunks name what the response handed it."""
 
     def body(self, choices: dict[int, Collected]) -> Any:
         raise AssertionError("a stream has no body")
@@ -119,27 +119,75 @@ class _RecordingWriter:
         return [f"tail{sorted(last)};".encode()]
 
 
-def test_stream_events_writes_once_per_wake_up_and_the_last_write_carries_the_tail(tokenizer: Any) -> None:
+async def _run_response(h: RequestHandle, writer: Any, feed: Any) -> list[dict[str, Any]]:
+    """Open `h`'s stream and run its response over ASGI; `feed()` runs after the first body write.
+    Returns the messages sent."""
+    response = HandleStreamingResponse(h, await open_stream(h), writer)
+    sent: list[dict[str, Any]] = []
+
+    async def send(msg: dict[str, Any]) -> None:
+        sent.append(msg)
+        if msg["type"] == "http.response.body" and len(sent) == 2:
+            feed()
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()  # the client never leaves
+        raise AssertionError
+
+    await asyncio.wait_for(response({"type": "http"}, receive, send), 5)
+    return sent
+
+
+def test_stream_writes_once_per_wake_up_and_the_last_write_carries_the_tail(tokenizer: Any) -> None:
+    """The head goes out with the first events; the batch that finishes every sample goes out with
+    the tail as the body's last message (more_body false: one write that also ends the body)."""
     hi = list(tokenizer.encode("Hello world", add_special_tokens=False))
     specs = [SampleSpec(index=i, input_ids=[1, 2, 3], sampling={}, stop=[]) for i in range(2)]
     manager = _Manager()
 
-    async def run() -> tuple[list[bytes], RequestHandle]:
+    async def run() -> tuple[list[dict[str, Any]], RequestHandle]:
         h = RequestHandle(manager, tokenizer, specs, stream=True)  # type: ignore[arg-type]
         r0, r1 = list(h.samples)
         h.queue.put_nowait(_chunk(r0, hi[:1]))
-        gen = stream_events(h, await open_stream(h), _RecordingWriter())
-        writes = [await anext(gen), await anext(gen)]
-        h.queue.put_nowait(_chunk(r0, [], "length"))
-        h.queue.put_nowait(_chunk(r1, hi, "stop"))
-        writes += [w async for w in gen]
-        return writes, h
 
-    writes, h = asyncio.run(run())
+        def feed() -> None:
+            h.queue.put_nowait(_chunk(r0, [], "length"))
+            h.queue.put_nowait(_chunk(r1, hi, "stop"))
+
+        return await _run_response(h, _RecordingWriter(), feed), h
+
+    sent, h = asyncio.run(run())
     first = tokenizer.decode(hi[:1])
-    assert writes == [b"head;", f"0:{first}:None;".encode(),
-                      b"0::length;1:Hello world:stop;tail[0, 1];"]
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert (b"content-type", b"text/event-stream; charset=utf-8") in sent[0]["headers"]
+    assert [(m["body"], m["more_body"]) for m in sent[1:]] == [
+        (f"head;0:{first}:None;".encode(), True),
+        (b"0::length;1:Hello world:stop;tail[0, 1];", False)]
     assert h.outcome == "ok" and set(manager.released) == set(h.samples) and not manager.aborted
+
+
+def test_a_rejection_after_the_first_output_ends_the_stream_with_an_error_event(tokenizer: Any) -> None:
+    """A sample rejected mid-stream: the OpenAI error event and [DONE] end the body; the request is
+    recorded "error" (a 5xx) and its other sample aborted."""
+    hi = list(tokenizer.encode("Hello", add_special_tokens=False))
+    specs = [SampleSpec(index=i, input_ids=[1, 2, 3], sampling={}, stop=[]) for i in range(2)]
+    manager = _Manager()
+
+    async def run() -> tuple[list[dict[str, Any]], RequestHandle]:
+        h = RequestHandle(manager, tokenizer, specs, stream=True)  # type: ignore[arg-type]
+        r0, r1 = list(h.samples)
+        h.queue.put_nowait(_chunk(r0, hi))
+        return await _run_response(h, _RecordingWriter(),
+                                   lambda: h.queue.put_nowait(_chunk(r0, [], "abort", SHUTDOWN_ERROR))), h
+
+    sent, h = asyncio.run(run())
+    assert sent[1] == {"type": "http.response.body", "body": b"head;0:Hello:None;", "more_body": True}
+    last = sent[-1]
+    assert last["more_body"] is False and last["body"].endswith(b"data: [DONE]\n\n")
+    event = orjson.loads(last["body"].split(b"\n\n")[0].removeprefix(b"data: "))
+    assert event == {"error": {"message": "server is shutting down", "type": "service_unavailable",
+                               "param": None, "code": None}}
+    assert h.outcome == "error" and manager.aborted == [list(h.samples)[1]]
 
 
 def test_collected_joins_text_and_keeps_the_last_counts() -> None:
