@@ -1,8 +1,9 @@
 """vLLM's CPU engine as a same-run peer of radixrt: one command builds vLLM's venv (once, cached),
 starts each server in turn, runs the same workloads against it, stops it, and prints the table.
 
-Workloads (default model = make serve's SmolLM2-135M-Instruct directory, fp32 in both, greedy, EOS
-ignored, one server at a time; token-id prompts below the model's vocabulary):
+Workloads (default model = make serve's SmolLM2-135M-Instruct directory, fp32 in both (`--dtype
+bfloat16`: bf16 in both), greedy, EOS ignored, one server at a time; token-id prompts below the
+model's vocabulary):
   cold TTFT    a fresh `system_len`-token system prompt + `question_len`-token question, 8 output
                tokens; `reps` times, each with a new system prompt (median)
   cached TTFT  the same system prompt right after, a new question (median over the reps)
@@ -141,13 +142,14 @@ def all_cores_env() -> dict[str, str]:
 
 
 def start_vllm(python: Path, model_dir: Path, log_dir: Path, timeout_s: float,
-               extra_env: dict[str, str] | None = None, name: str = "vllm") -> PeerServer:
-    """vLLM's OpenAI server on a free port, fp32, 8K context, 4 GiB of KV cache (`extra_env` on top
-    of VLLM_ENV)."""
+               extra_env: dict[str, str] | None = None, name: str = "vllm",
+               dtype: str = "float32") -> PeerServer:
+    """vLLM's OpenAI server on a free port, `dtype` (float32 or bfloat16), 8K context, 4 GiB of KV
+    cache (`extra_env` on top of VLLM_ENV)."""
     port = free_port()
     log = log_dir / f"vllm-{port}.log"
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--dtype", "float32", "--max-model-len", "8192", "--host", "127.0.0.1", "--port", str(port)]
+           "--dtype", dtype, "--max-model-len", "8192", "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                 env={**os.environ, **VLLM_ENV, **(extra_env or {})})
@@ -349,14 +351,15 @@ def run(ns: argparse.Namespace) -> dict:
     report = {"tool": "radixrt bench cpu-peers",
               "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "model_dir": str(model_dir), "sizes": asdict(sizes), "vllm": VLLM_REQUIREMENT,
-              "cpu_count": os.cpu_count(), "logs": str(out_dir), "results": {}}
+              "cpu_count": os.cpu_count(), "dtype": ns.dtype, "logs": str(out_dir), "results": {}}
     for name in servers:
         t0 = time.perf_counter()
         if name == "radixrt":
-            srv = start_radixrt(model_dir, out_dir, ns.radixrt_args.split(), ns.start_timeout)
+            srv = start_radixrt(model_dir, out_dir, ["--dtype", ns.dtype, *ns.radixrt_args.split()],
+                                ns.start_timeout)
         else:
             srv = start_vllm(python, model_dir, out_dir, ns.start_timeout,
-                             all_cores_env() if name == "vllm-allcores" else None, name)
+                             all_cores_env() if name == "vllm-allcores" else None, name, ns.dtype)
         start_s = time.perf_counter() - t0
         print(f"cpu-peers: {name} ready in {start_s:.0f} s at {srv.base_url}", file=sys.stderr)
         try:
@@ -378,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--servers", default=",".join(SERVERS), help="comma list, run in this order")
     p.add_argument("--vllm-venv", default=str(DEFAULT_VENV), help="vLLM CPU's venv (built if missing)")
     p.add_argument("--no-vllm-bench", action="store_true", help="skip the `vllm bench serve` runs")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="both servers' dtype (bfloat16: where the CPU has AVX512-BF16 or AMX)")
     p.add_argument("--radixrt-args", default="", help="extra radixrt launch-server flags")
     p.add_argument("--quick", action="store_true", help="small sizes, to check the pipeline")
     p.add_argument("--sizes", default=None, help='JSON overrides of the sizes, e.g. \'{"reps": 5}\'')

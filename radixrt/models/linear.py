@@ -9,19 +9,22 @@ instead, unless RADIXRT_SKINNY_GEMM=0; everything else is `torch.nn.functional.l
 the H200 (docs/benchmarks.md): the 7B batch-1 decode step 4.65 -> 4.25 ms with the launcher's
 default configs.
 
-On CPU, float32 calls of CPU_PACKED_ROWS rows go through oneDNN's linear with the weight reordered
-once into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, the packed-weight path
-torch's own CPU inductor uses), unless RADIXRT_CPU_PACKED_LINEAR=0. Which rows depends on the CPU
-vendor (`cpu_packed_rows`): MKL, the BLAS behind F.linear, is Intel's and runs its slower code paths
-on other vendors' CPUs. On an Intel Xeon MKL is as fast or faster at 1 row and at prefill sizes, so
-only the decode regime (2..128 rows) is packed there; on an AMD EPYC (Zen 4, AVX-512) oneDNN took
-0.40-0.75x MKL's time at every size measured, 1 to 1,832 rows, so every row count is packed there
-(docs/kernels.md, "CPU linears"). MKL's sgemm reads a [N, K] weight several times over for a few
-rows (the 49152 x 576 LM head at 4 rows: 4.9 GB/s against 12 GB/s at 1 row); the packed call keeps
-the weight read near one pass. The packed copies are made
-when the model is loaded (`prepack_cpu_linears`: ~0.5 s for the default model, which would otherwise
-land on the first request) and again whenever a weight changes (its version counter or storage),
-and cost a second copy of the weights in host memory.
+On CPU, bfloat16 calls (every row count) and float32 calls of CPU_PACKED_ROWS rows go through
+oneDNN's linear with the weight reordered once into its blocked layout
+(`torch.ops.mkldnn._reorder_linear_weight`, the packed-weight path torch's own CPU inductor uses),
+unless RADIXRT_CPU_PACKED_LINEAR=0. Which rows depends on the CPU vendor (`cpu_packed_rows`): MKL,
+the BLAS behind F.linear, is Intel's and runs its slower code paths on other vendors' CPUs. On an
+Intel Xeon MKL is as fast or faster at 1 row and at prefill sizes, so only the decode regime (2..128
+rows) is packed there; on an AMD EPYC (Zen 4, AVX-512) oneDNN took 0.40-0.75x MKL's time at every
+size measured, 1 to 1,832 rows, so every row count is packed there (docs/kernels.md, "CPU linears").
+bf16 has no MKL path to prefer (F.linear's bf16 calls re-read an unpacked weight: a 4-request decode
+step of the default model took 0.57x the float32 step's linear time packed, and more than the
+float32 step unpacked, on an AMD EPYC with AVX512-BF16). MKL's sgemm reads a [N, K] weight several
+times over for a few rows (the 49152 x 576 LM head at 4 rows: 4.9 GB/s against 12 GB/s at 1 row);
+the packed call keeps the weight read near one pass. The packed copies are made when the model is
+loaded (`prepack_cpu_linears`: ~0.5 s for the default model, which would otherwise land on the first
+request) and again whenever a weight changes (its version counter or storage), and cost a second
+copy of the weights in host memory.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class Linear(nn.Linear):
     _max_rows = None  # largest M routed to skinny_linear for this weight shape (from TUNED; cached)
     _skinny = skinny_enabled()
     _cpu_packed = cpu_packed_enabled()
-    _packed = None  # (weight key, oneDNN packed weight) for float32 CPU calls (module docstring)
+    _packed = None  # (weight key, oneDNN packed weight) for float32 and bf16 CPU calls (module docstring)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the per-shape bound keeps calls of 17..256 rows, routed nowhere unless TUNED lists the shape,
@@ -89,8 +92,9 @@ class Linear(nn.Linear):
 
             if skinny_linear_supported(x, self.weight):
                 return skinny_linear(x, self.weight, self.bias, workspace=self._scratch(x.device))
-        elif (self._cpu_packed and x.device.type == "cpu" and x.dtype == self.weight.dtype == torch.float32
-              and x.dim() == 2 and x.shape[0] in CPU_PACKED_ROWS):
+        elif (self._cpu_packed and x.device.type == "cpu" and x.dim() == 2 and x.dtype == self.weight.dtype
+              and (x.dtype == torch.bfloat16
+                   or (x.dtype == torch.float32 and x.shape[0] in CPU_PACKED_ROWS))):
             return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
@@ -140,13 +144,13 @@ class Linear(nn.Linear):
 
 
 def prepack_cpu_linears(model: nn.Module) -> int:
-    """Make the oneDNN packed weight of every float32 CPU `Linear` in `model` now (module docstring),
+    """Make the oneDNN packed weight of every float32 or bf16 CPU `Linear` in `model` now (module docstring),
     so that the first decode pass does not pay for it. Returns how many were packed (0 when the
-    path is off or the model is not a float32 CPU one)."""
+    path is off or the model is not a float32 or bf16 CPU one)."""
     n = 0
     for m in model.modules():
         if (isinstance(m, Linear) and m._cpu_packed and m.weight.device.type == "cpu"
-                and m.weight.dtype == torch.float32):
+                and m.weight.dtype in (torch.float32, torch.bfloat16)):
             m._packed_weight()
             n += 1
     return n

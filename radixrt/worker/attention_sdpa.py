@@ -107,7 +107,7 @@ def slots_of(runs: list[Run]) -> np.ndarray:
 
 def _finish_group(g: _DecodeGroup) -> _DecodeGroup:
     """Decide how the forward reads the group's K/V (see `_DecodeGroup`)."""
-    if len(g.shared) > MAX_VIEW_RUNS:
+    if len(g.shared) > (MAX_VIEW_RUNS if len(g.own) > 1 else 1):  # a lone request: one view or one gather
         g.shared_slots = torch.from_numpy(slots_of(g.shared))
     if len(g.own) > 1:
         own = [slots_of(runs) for runs in g.own]
@@ -192,21 +192,22 @@ def merge_attention(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2
     return (o1 * w1.to(o1.dtype)).addcmul_(o2, w2.to(o2.dtype)), lse
 
 
-def _attend_alone(row: int, runs: list[Run], q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+def _attend_alone(row: int, g: _DecodeGroup, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                   scale: float, o: torch.Tensor) -> None:
-    """One decode request (q row `row` of q [T, Hq, D]) over its runs, written into o[row]."""
+    """One decode request (q row `row` of q [T, Hq, D], K/V the runs `g.shared`) through torch's CPU
+    flash kernel, written into o[row]. The R = Hq / Hkv query heads of each KV head are given as R
+    query rows of one head ([1, Hkv, R, D], no mask), so every K/V row is read once per KV head, not
+    once per query head; one run is a strided view of the pool, more runs one gather of their slots
+    (`g.shared_slots`)."""
     hkv, d = k_buf.shape[1], k_buf.shape[2]
-    qr = q[row].view(hkv, -1, d).to(k_buf.dtype)  # [Hkv, R, D]
-    parts = [torch.bmm(qr, k_buf[a:a + n].permute(1, 2, 0)) for a, n in runs]  # [Hkv, R, n]
-    probs = torch.softmax((parts[0] if len(parts) == 1 else torch.cat(parts, -1)).mul_(scale), dim=-1)
-    if len(runs) == 1 and o.dtype == k_buf.dtype:  # straight into o's row
-        (a, n), = runs
-        torch.bmm(probs, v_buf[a:a + n].transpose(0, 1), out=o[row].view(hkv, -1, d))
-        return
-    out = qr.new_zeros(qr.shape)
-    for piece, (a, n) in zip(probs.split([n for _, n in runs], dim=-1), runs, strict=True):
-        out.baddbmm_(piece, v_buf[a:a + n].transpose(0, 1))
-    o[row] = out.view(-1, d)
+    qr = q[row].view(1, hkv, -1, d).to(k_buf.dtype)  # [1, Hkv, R, D]
+    if g.shared_slots is None:
+        (a, n), = g.shared
+        kk, vv = k_buf[a:a + n], v_buf[a:a + n]
+    else:
+        kk, vv = k_buf.index_select(0, g.shared_slots), v_buf.index_select(0, g.shared_slots)
+    ob, _ = flash_attention(qr, _bhsd(kk, kk.dtype), _bhsd(vv, vv.dtype), False, scale)
+    o[row] = ob.view(-1, d)
 
 
 def attend_decode_group(g: _DecodeGroup, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
@@ -219,8 +220,8 @@ def attend_decode_group(g: _DecodeGroup, q: torch.Tensor, k_buf: torch.Tensor, v
     gather, [G, Hkv, R, D] x [G, Hkv, D, N]; one softmax per member over both; the same two shapes
     for the values."""
     n_members, hkv, d = len(g.own), k_buf.shape[1], k_buf.shape[2]
-    if n_members == 1 and g.shared_slots is None:
-        return _attend_alone(int(g.q_rows[0]), g.shared, q, k_buf, v_buf, scale, o)
+    if n_members == 1:
+        return _attend_alone(int(g.q_rows[0]), g, q, k_buf, v_buf, scale, o)
     hq = q.shape[1]
     rep = hq // hkv
     qg = (q.index_select(0, g.q_rows) * scale).to(k_buf.dtype).view(n_members, hkv, rep, d)

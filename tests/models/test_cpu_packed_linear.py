@@ -90,3 +90,16 @@ def test_packed_rows_by_vendor() -> None:
     assert unknown == intel
     assert all(m in other for m in (1, 4, 128, 129, 2048, 65536)) and 0 not in other
     assert isinstance(cpu_vendor(), str)
+
+
+@pytest.mark.parametrize("m", [1, 4, 300])
+def test_bfloat16_calls_are_packed_at_every_row_count(m: int) -> None:
+    """bf16 CPU calls take oneDNN with a packed bf16 weight whatever the vendor (F.linear's bf16 path
+    re-reads an unpacked weight); same result as a float32 matmul of the same bf16 values, rounded."""
+    lin = _linear().to(torch.bfloat16)
+    x = torch.randn(m, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        out = lin(x)
+    assert lin._packed is not None and out.dtype == torch.bfloat16
+    ref = F.linear(x.float(), lin.weight.float(), lin.bias.float())
+    torch.testing.assert_close(out.float(), ref, rtol=1.6e-2, atol=1e-2)
