@@ -4,12 +4,11 @@ Per pass (`prepare`, one read of the lengths and page-table rows on the host) th
 planned: where each one's K/V rows [0, seq_len) live in the pool.
 Per layer (`forward`): store the new K/V at out_cache_loc, then attend.
 
-Decode requests (extend_len == 1) are attended with two batched matmuls over strided views of the
-pool, with the R = Hq / Hkv query heads of a KV head as the R rows of one matmul, so every K/V row
-is read once per layer (torch's fused SDPA kernel reads it once per query head). Their K/V is a
-list of runs of consecutive pool slots, each read as a view; a request with more than
-MAX_VIEW_RUNS runs (one per page when decodes interleaved their page allocations) is read with
-one gather of its slots instead. Decode requests whose page-table rows start with the same pages
+Decode requests (extend_len == 1) attended alone go through torch's CPU flash kernel, their R =
+Hq / Hkv query heads of each KV head given as R query rows of one head, so every K/V row is read
+once per KV head (with one query row per query head it would be read R times); their K/V is one
+strided view of the pool when their slots are one run of consecutive slots, else one gather.
+Decode requests whose page-table rows start with the same pages
 (a shared system prompt, one conversation's history: the radix cache hands out the same physical
 pages) form a group, and the runs of the shared pages are read once for the whole group (cascade
 inference, FlashInfer, Ye et al. 2024; Hydragen, Juravsky et al. 2024): one matmul gives every
