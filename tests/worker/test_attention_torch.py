@@ -32,17 +32,19 @@ def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_le
 
 def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq: int, hkv: int,
              seed: int, max_score_elems: int = 1 << 24, backend_name: str = "torch",
-             consecutive: bool = False, shared_pages: int = 0) -> TorchAttnBackend | SdpaAttnBackend:
+             consecutive: bool = False, shared_pages: int = 0, dtype: torch.dtype = torch.float32
+             ) -> TorchAttnBackend | SdpaAttnBackend:
     """Random K/V for each request, prefix already in the pool; pages in random order, or in
     consecutive runs per request (`consecutive`), never page 0. With `shared_pages`, every request
     after the first starts with the first request's first `shared_pages` pages (and their K/V), as
-    the radix cache hands out a shared prefix; their prefixes must cover those pages."""
+    the radix cache hands out a shared prefix; their prefixes must cover those pages. `dtype`: the
+    pool's and q/k/v's (the reference computes in float64 from the same rounded values)."""
     g = torch.Generator().manual_seed(seed)
     d, layers = 16, 2
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
     pages_needed = [math.ceil(s / page_size) for s in seq_lens]
     num_pages = sum(pages_needed) + 5
-    pool = PagedKVPool(num_pages, page_size, layers, hkv, d, torch.float32, "cpu")
+    pool = PagedKVPool(num_pages, page_size, layers, hkv, d, dtype, "cpu")
     perm = (torch.randperm(num_pages - 1, generator=g) + 1).tolist()  # never page 0
     if consecutive:
         perm = list(range(num_pages - 1, 0, -1))  # popped from the end: 1, 2, 3, ...
@@ -55,8 +57,8 @@ def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq:
         table[b, own:n] = torch.tensor([perm.pop() for _ in range(n - own)], dtype=torch.int32)
         slots = table[b, torch.arange(seq_lens[b]) // page_size].long() * page_size \
             + torch.arange(seq_lens[b]) % page_size
-        kk = torch.randn(layers, seq_lens[b], hkv, d, generator=g)
-        vv = torch.randn(layers, seq_lens[b], hkv, d, generator=g)
+        kk = torch.randn(layers, seq_lens[b], hkv, d, generator=g).to(dtype)
+        vv = torch.randn(layers, seq_lens[b], hkv, d, generator=g).to(dtype)
         if b > 0 and shared_pages:
             assert prefix_lens[b] >= shared_pages * page_size <= prefix_lens[0]
             kk[:, :shared_pages * page_size] = full_k[0][:, :shared_pages * page_size]
@@ -84,7 +86,7 @@ def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq:
     backend.prepare(meta)
     scale = d ** -0.5
     for layer in range(layers):
-        q = torch.randn(t, hq, d, generator=g)
+        q = torch.randn(t, hq, d, generator=g).to(dtype)
         k = torch.cat([full_k[b][layer, prefix_lens[b]:] for b in range(len(seq_lens))])
         v = torch.cat([full_v[b][layer, prefix_lens[b]:] for b in range(len(seq_lens))])
         out = backend.forward(q, k, v, layer, scale)
@@ -92,7 +94,8 @@ def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq:
             s = int(starts[b])
             ref = dense_reference(q[s:s + extend_lens[b]], full_k[b][layer], full_v[b][layer],
                                   prefix_lens[b], scale)
-            torch.testing.assert_close(out[s:s + extend_lens[b]].double(), ref, atol=1e-5, rtol=1e-5)
+            tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: P and the output rounded to 8 bits
+            torch.testing.assert_close(out[s:s + extend_lens[b]].double(), ref, atol=tol, rtol=tol)
         # The new K/V landed in the pool at out_cache_loc.
         torch.testing.assert_close(pool.k_buffers[layer][meta.out_cache_loc], k)
     return backend
@@ -110,6 +113,18 @@ def test_mixed_batch_matches_dense(page_size: int, hq: int, hkv: int, backend_na
     extend_lens = [9, 30, 1, 1, 70, 1, 1]
     run_case(page_size, prefix_lens, extend_lens, hq, hkv, seed=page_size * 100 + hq,
              backend_name=backend_name)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sdpa_bfloat16_pool(page_size: int) -> None:
+    """A bf16 pool (`--dtype bfloat16` on CPU): lone decodes in one run and in scattered pages,
+    decodes sharing a prefix, extends over a prefix and from nothing, within bf16's rounding."""
+    backend = run_case(page_size, [64, 70, 100, 80], [1, 1, 1, 9], 6, 2, seed=7, backend_name="sdpa",
+                       shared_pages=64 // page_size, dtype=torch.bfloat16)
+    assert any(len(g.own) > 1 for g in backend.groups)  # a group reading its shared pages once
+    backend = run_case(page_size, [0, 40, 90, 3, 33], [5, 1, 1, 20, 1], 8, 2, seed=8, backend_name="sdpa",
+                       dtype=torch.bfloat16)
+    assert all(len(g.own) == 1 for g in backend.groups) and len(backend.groups) == 3  # lone decodes
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
