@@ -286,9 +286,11 @@ def fp8_skinny_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     skinny_linear. Arguments as skinny_linear's (x [..., K], out [..., N] in x's dtype, workspace for
     split-K; one is allocated for a split-K call without). Raises ValueError as skinny_linear, and
     for an Fp8IntConfig with operands int_supported refuses."""
+    routed = False  # int_supported already accepted the operands
     if config is None and weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1]:
         config = int_routed(x.numel() // max(1, x.shape[-1]), weight.shape[0], weight.shape[1], x.device.type)
-        if config is not None and not int_supported(x.reshape(-1, weight.shape[1]), weight):
+        routed = config is not None and int_supported(x.reshape(-1, weight.shape[1]), weight)
+        if not routed:
             config = None
     if not isinstance(config, Fp8IntConfig):
         return skinny_linear(x, weight, bias, out=out, config=config, workspace=workspace,
@@ -296,7 +298,8 @@ def fp8_skinny_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     _check_args(x, weight, bias, weight_scale)
     n, k = weight.shape
     x2 = x.reshape(-1, k)
-    check(int_supported(x2, weight), "the int FP8 GEMV takes 1-4 bf16 rows, K % 4 == 0, aligned rows")
+    check(routed or int_supported(x2, weight),
+          "the int FP8 GEMV takes 1-4 bf16 rows, K % 4 == 0, aligned rows")
     out_shape = (*x.shape[:-1], n)
     if out is None:
         out = torch.empty(out_shape, dtype=x.dtype, device=x.device)

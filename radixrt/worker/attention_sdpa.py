@@ -44,8 +44,9 @@ from radixrt.attention.base import AttentionBackend, ForwardMeta, KVPool
 # A decode group must share at least this many tokens per extra member; below it the group's
 # extra small ops cost more than the K/V reads they save.
 MIN_SHARED_TOKENS = 64
-# Runs of consecutive slots read as views, one small matmul pair each; past this many (a history
-# written by interleaved decodes: one run per page) one gather of their slots costs less.
+# A decode group's shared runs and an extend's prefix runs are read as views, a few small ops each;
+# past this many (a history written by interleaved decodes: one run per page) one gather costs less.
+# A lone decode is read as a view only when it is one run (one flash-kernel call), else gathered.
 MAX_VIEW_RUNS = 4
 
 Run = tuple[int, int]  # (first pool slot, tokens): K/V rows buf[slot : slot + tokens]
@@ -74,7 +75,8 @@ class _DecodeGroup:
     of them) and each member's own runs after those (in position order).
 
     How the forward reads them (set by `_finish_group`): shared runs as views of the pool, or, when
-    they are more than `MAX_VIEW_RUNS`, as one gather of `shared_slots`; the members' own tokens
+    they are more than `MAX_VIEW_RUNS` (more than one for a group of one), as one gather of
+    `shared_slots`; the members' own tokens
     (groups of two or more) as one padded gather of `own_slots`, `own_mask` hiding the padding."""
 
     q_rows: torch.Tensor  # [G] int64 rows of q, one per member
@@ -106,7 +108,7 @@ def slots_of(runs: list[Run]) -> np.ndarray:
 
 def _finish_group(g: _DecodeGroup) -> _DecodeGroup:
     """Decide how the forward reads the group's K/V (see `_DecodeGroup`)."""
-    if len(g.shared) > (MAX_VIEW_RUNS if len(g.own) > 1 else 1):  # a lone request: one view or one gather
+    if len(g.shared) > (MAX_VIEW_RUNS if len(g.own) > 1 else 1):
         g.shared_slots = torch.from_numpy(slots_of(g.shared))
     if len(g.own) > 1:
         own = [slots_of(runs) for runs in g.own]
