@@ -64,6 +64,13 @@ for s in "$@"; do
         python3 bench/fp8_bench.py --only attention --out "$OUT/fp8-attn-best-bench.json"
       stage fp8-attn-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_fp8_gpu.py \
         tests/kernels/test_kernels_gpu.py tests/worker/test_gpu_model.py ;;
+    # issue 19 round 4: where FP8 `random` spends its time (prefill vs decode passes, bf16 / FP8 / FP8 +
+    # FP8 KV), the layer linears at decode and prefill rows, the Triton FP8 GEMM grid (then engines with
+    # its winners); the FP8 GPU tests first (~8 min)
+    fp8-profile) stage fp8-gemm-tests 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_fp8_gemm.py \
+        tests/kernels/test_fp8_gpu.py -k "gemm or linear"
+      stage fp8-profile 420 python3 bench/lab/fp8_random_profile.py --budget-s 360 \
+        --out "$OUT/fp8-random-profile.json" --tuned-out "$OUT/fp8-gemm-tuned.txt" ;;
     tests) stage gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     # issue 19 part 2: every attention config variant checked against torch SDPA, then timed beside

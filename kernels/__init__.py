@@ -8,6 +8,7 @@ from .cascade_attention import CascadeTile, cascade_decode_attention, choose_num
 from .decode_attention import choose_num_kv_splits, decode_attention
 from .extend_attention import extend_attention
 from .fp8_quant import per_token_quant_fp8
+from .gemm_fp8 import Fp8GemmConfig, fp8_gemm
 from .gemv import SkinnyConfig, SkinnyWorkspace, skinny_linear, skinny_linear_supported
 from .gemv_fp8_int import Fp8IntConfig, fp8_skinny_linear
 from .norm import rms_norm
@@ -16,6 +17,7 @@ from .store_kv import store_kv
 
 __all__ = [
     "CascadeTile",
+    "Fp8GemmConfig",
     "Fp8IntConfig",
     "SkinnyConfig",
     "SkinnyWorkspace",
@@ -26,6 +28,7 @@ __all__ = [
     "choose_num_prefix_splits",
     "decode_attention",
     "extend_attention",
+    "fp8_gemm",
     "fp8_skinny_linear",
     "per_token_quant_fp8",
     "rms_norm",

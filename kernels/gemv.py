@@ -289,6 +289,21 @@ def _sum_splits(partials, bias, y, offs_m, offs_n, M, N, num_splits, stride_ym,
 
 
 @triton.jit
+def _last_split_sums(partials, counter, bias, y, offs_m, offs_n, M, N, num_splits, stride_ym,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Serial split-K fix-up, after a program stored its partial tile: count the program in at
+    `counter` (the tile's); the last of the tile's num_splits programs sums every split into y
+    (_sum_splits) and resets the counter to zero for the next call."""
+    tl.debug_barrier()  # every thread's partial stores precede the release below
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+    if arrived == num_splits - 1:
+        tl.debug_barrier()
+        _sum_splits(partials, bias, y, offs_m, offs_n, M, N, num_splits, stride_ym,
+                    BLOCK_M, BLOCK_N, HAS_BIAS)
+        tl.atomic_xchg(counter, 0)  # ready for the next call
+
+
+@triton.jit
 def _skinny_kernel(
     x, w, w_scale, bias, y, partials, counters,
     M, N, K, k_per_split, num_splits,
@@ -352,13 +367,8 @@ def _skinny_kernel(
         # this split's partial sums, then (serial) the last program of the row block sums all splits
         tl.store(partials + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
         if SERIAL_REDUCE:
-            tl.debug_barrier()  # every thread's partial stores precede the release below
-            arrived = tl.atomic_add(counters + pid_n, 1, sem="acq_rel")
-            if arrived == num_splits - 1:
-                tl.debug_barrier()
-                _sum_splits(partials, bias, y, offs_m, offs_n, M, N, num_splits, stride_ym,
-                            BLOCK_M, BLOCK_N, HAS_BIAS)
-                tl.atomic_xchg(counters + pid_n, 0)  # ready for the next call
+            _last_split_sums(partials, counters + pid_n, bias, y, offs_m, offs_n, M, N, num_splits, stride_ym,
+                             BLOCK_M, BLOCK_N, HAS_BIAS)
     else:
         if HAS_BIAS:
             acc += tl.load(bias + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]

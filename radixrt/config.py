@@ -224,6 +224,9 @@ class Env:
     # RADIXRT_FP8_SKINNY_MAX_ROWS: FP8 linear calls of at most this many rows take the Triton skinny
     # GEMM (W8A16), the others torch._scaled_mm; 0 sends all to _scaled_mm (models/quant/fp8.py)
     fp8_skinny_max_rows: int = 16
+    # RADIXRT_FP8_TRITON_GEMM=0: FP8 linear calls above the skinny rows always on torch._scaled_mm, not
+    # the Triton FP8 GEMM where its tuned table routes them (kernels/gemm_fp8.py; models/quant/fp8.py)
+    fp8_triton_gemm: bool = True
     # RADIXRT_CPU_PACKED_LINEAR=0: CPU linears always through F.linear (no oneDNN packed weights)
     cpu_packed_linear: bool = True
     # RADIXRT_CPU_THREADS=N: the CPU worker's torch threads when --cpu-threads is not given (the test
@@ -240,6 +243,7 @@ class Env:
             debug_invariants=os.environ.get("RADIXRT_DEBUG_INVARIANTS", "0") not in ("", "0", "false"),
             skinny_gemm=os.environ.get("RADIXRT_SKINNY_GEMM", "1") not in ("0", "false"),
             fp8_skinny_max_rows=int(os.environ.get("RADIXRT_FP8_SKINNY_MAX_ROWS", "16")),
+            fp8_triton_gemm=os.environ.get("RADIXRT_FP8_TRITON_GEMM", "1") not in ("0", "false"),
             cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
             cpu_threads=_positive_int_or_none("RADIXRT_CPU_THREADS"),
             pass_trace=Path(trace) if (trace := os.environ.get("RADIXRT_PASS_TRACE")) else None,

@@ -97,6 +97,39 @@ def test_fp8_linear_captures_in_a_cuda_graph() -> None:
         _replay_matches_eager(layer, torch.randn(m, 3584, device="cuda", dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize("n, k", SHAPES + [(152064, 3584)])
+@pytest.mark.parametrize("m", [17, 32, 64, 100, 256, 512, 3000])
+def test_fp8_gemm_rule_matches_scaled_mm(n: int, k: int, m: int) -> None:
+    """kernels/gemm_fp8.py at fp8_gemm_config's rule (and the tuned entry where listed) against
+    _scaled_mm on the same e4m3 operands: the same sums in another order, one bf16 rounding each."""
+    from radixrt.kernels.gemm_fp8 import fp8_gemm
+
+    layer = _layer(n, k, bias=False)
+    xq, xs = per_token_quant_fp8(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+    ref = torch._scaled_mm(xq, layer.weight.t(), scale_a=xs, scale_b=layer.weight_scale.view(1, n),
+                           out_dtype=torch.float32)
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fp8_gemm(xq, xs, layer.weight, layer.weight_scale, out=y)
+    assert _rel(y, ref) < 4e-3
+
+
+def test_fp8_linear_triton_gemm_routed_and_in_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a tuned entry for the bucket, Fp8Linear takes fp8_gemm (bias in its epilogue, split-K
+    workspace sized at the first call) and replays it from a CUDA graph bit for bit."""
+    from radixrt.kernels import gemm_fp8 as GF
+
+    n, k = 4608, 3584
+    monkeypatch.setattr(GF, "FP8_GEMM_TUNED", {(64, n, k): GF.Fp8GemmConfig(64, 64, 128, swap_ab=True,
+                                                                             split_k=2)})
+    monkeypatch.setattr(Fp8Linear, "triton_gemm", True)
+    layer = _layer(n, k, bias=True)
+    x = torch.randn(48, k, device="cuda", dtype=torch.bfloat16)
+    assert layer._gemm_routed(48) and not layer._gemm_routed(65)
+    y = _replay_matches_eager(layer, x)
+    assert _rel(y, fp8_linear_ref(x, layer.weight, layer.weight_scale, layer.bias)) < 2e-2
+    assert int(layer._gemm_workspace.counters.abs().sum()) == 0
+
+
 def _int_ref(x: torch.Tensor, layer: Fp8Linear) -> tuple[torch.Tensor, torch.Tensor]:
     """(float64 reference, sum |x| |w|) of the FP8 linear on the same bf16 x and FP8 bytes."""
     wf = layer.weight.double() * layer.weight_scale.double()[:, None]

@@ -12,12 +12,16 @@ are copied as they are (quant/checkpoint.py). A linear call routes by its row co
       activation quantization would be one more launch per linear): at M <= 2 the int GEMV
       (kernels/gemv_fp8_int.py: e4m3 bytes to fp32 bits by integer ops, no conversion
       instructions), at M of 3..16 `skinny_linear(..., weight_scale=)`
-  otherwise -> dynamic per-token FP8 activations (`per_token_quant_fp8`, scale = amax(row) / 448)
-      and `torch._scaled_mm` with row-wise scales ([M, 1] and [1, N] float32), which runs on CPU
-      too (torch >= 2.6), so the tests run this same call.
+  otherwise -> dynamic per-token FP8 activations (`per_token_quant_fp8`, scale = amax(row) / 448),
+      then on CUDA where `radixrt.kernels.gemm_fp8.gemm_routed(M, N, K)` (the shape and row bucket
+      are in its H200-tuned table, i.e. measured faster there) the Triton FP8 GEMM `fp8_gemm` (e4m3
+      operands on the tensor cores, the scales and bias in its epilogue), else `torch._scaled_mm`
+      with row-wise scales ([M, 1] and [1, N] float32), which runs on CPU too (torch >= 2.6), so
+      the tests run this same call. Both W8A8 with the same quantized operands.
 
-`skinny_max_rows` comes from RADIXRT_FP8_SKINNY_MAX_ROWS (default 16; 0 sends every call to
-_scaled_mm), read once in radixrt.config.Env.
+`skinny_max_rows` comes from RADIXRT_FP8_SKINNY_MAX_ROWS (default 16; 0 sends every call to the
+W8A8 path), and RADIXRT_FP8_TRITON_GEMM=0 keeps every W8A8 call on _scaled_mm; both read once in
+radixrt.config.Env.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ def _fp8_skinny_rows() -> int:
     from radixrt.config import Env
 
     return Env.read().fp8_skinny_max_rows
+
+
+def _fp8_triton_gemm() -> bool:
+    from radixrt.config import Env
+
+    return Env.read().fp8_triton_gemm
 
 
 def _scales(amax: torch.Tensor) -> torch.Tensor:
@@ -103,6 +113,8 @@ class Fp8Linear(Linear):
     (quantizes a float weight) or by copying FP8 rows and scales (checkpoint loading)."""
 
     skinny_max_rows = _fp8_skinny_rows()  # M up to this: fp8_skinny_linear on CUDA (int GEMV at M <= 2)
+    triton_gemm = _fp8_triton_gemm()  # W8A8 calls through kernels.gemm_fp8 where gemm_routed says so
+    _gemm_workspace = None  # split-K scratch of the routed fp8_gemm calls (allocated at the first one)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
@@ -136,9 +148,30 @@ class Fp8Linear(Linear):
 
             y = fp8_skinny_linear(x2, self.weight, self.weight_scale, self.bias,
                                   workspace=self._scratch(x.device))
+        elif x.is_cuda and self.triton_gemm and self._gemm_routed(m):
+            y = self._triton_gemm(x2)
         else:
             y = self._scaled_mm(x2)
         return y.view(*x.shape[:-1], self.weight.shape[0])
+
+    def _gemm_routed(self, m: int) -> bool:
+        from radixrt.kernels.gemm_fp8 import gemm_routed
+
+        return gemm_routed(m, *self.weight.shape)
+
+    def _triton_gemm(self, x2: torch.Tensor) -> torch.Tensor:
+        """Per-token FP8 x [M, K] @ FP8 weight^T through kernels.gemm_fp8 (bias in its epilogue), in
+        x's dtype. The split-K workspace is sized for every tuned bucket of this shape at the first
+        call (a graph warm-up call, outside capture)."""
+        from radixrt.kernels.gemm_fp8 import fp8_gemm, gemm_workspace_need
+        from radixrt.kernels.gemv import SkinnyWorkspace
+
+        if self._gemm_workspace is None:
+            partials, counters = gemm_workspace_need(*self.weight.shape)
+            self._gemm_workspace = SkinnyWorkspace.allocate(max(partials, 1), max(counters, 1), x2.device)
+        xq, xs = quantize_per_token(x2)
+        return fp8_gemm(xq, xs, self.weight, self.weight_scale, self.bias, out_dtype=x2.dtype,
+                        workspace=self._gemm_workspace)
 
     def _scaled_mm(self, x2: torch.Tensor) -> torch.Tensor:
         """Per-token FP8 x [M, K] @ FP8 weight^T with row-wise scales. On CUDA the row-wise form

@@ -1,0 +1,384 @@
+"""Where FP8 weights spend `random`'s time, and the Triton FP8 GEMM's configs (issue 19, H200).
+
+One process (~7 minutes on an H200, Qwen2.5-7B shape, dummy weights):
+  1. linears: one layer's four linears (qkv, o, gate_up, down) and the LM head at the decode rows
+     of `random` (M = 32..256) and prefill rows (512..8192): bf16 (models/linear.py's routing),
+     FP8 through per-token quantization + torch._scaled_mm (Fp8Linear's path until now), the
+     quantization alone, _scaled_mm alone, and kernels/gemm_fp8.py's Triton FP8 GEMM over a config
+     grid (each config checked against _scaled_mm's output first, then timed; best per shape and M,
+     with and without the quantization). CUDA-graph replay over rotating weight copies (>= 256 MB
+     per timed graph, several times the 50 MB L2), median;
+  2. the LM head at M = 1 (batch-1 decode): bf16 against the FP8 int GEMV's configs;
+  3. Engines (bf16; --quantization fp8; FP8 + --kv-cache-dtype fp8_e4m3; then both FP8 ones again
+     with the grid's winners installed in gemm_fp8.FP8_GEMM_TUNED where they beat _scaled_mm): batch-1
+     decode step, then `random` (256 x 512 in / 256 out) twice, cold (fresh radix tree) and warm
+     (the same prompts again: bench/fp8_bench.py's best-of-2 takes this one), each traced pass by
+     pass: device busy time in prefill/extend passes vs decode passes, passes, decode batch sizes.
+Prints the tables; JSON to --out after each stage; the winners as a Python table (--tuned-out).
+
+    python3 bench/lab/fp8_random_profile.py --out $OUT/fp8-random-profile.json --budget-s 420
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from bench.common import run_header, write_json  # noqa: E402
+from bench.kernels_import import import_kernels  # noqa: E402
+
+SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+LM_HEAD = (152064, 3584)
+DECODE_M = (32, 64, 128, 256)
+PREFILL_M = (512, 8192)
+ROTATE_BYTES = 256 << 20
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
+
+
+def graph_us(fn: Any, calls: int) -> float:
+    """Median device time (us) of one of `calls` calls that fn() makes, from a CUDA graph."""
+    import triton.testing
+
+    fn()
+    return float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")) * 1e3 / calls
+
+
+def grid(m: int) -> list[Any]:
+    """The Triton FP8 GEMM configs tried at M rows."""
+    from radixrt.kernels.gemm_fp8 import Fp8GemmConfig as C
+
+    if m <= 64:
+        return [C(m, 64, 128, 4, 4, swap_ab=True, split_k=s) for s in (1, 2, 4)] + [
+            C(m, 128, 128, 4, 4, swap_ab=True, split_k=s) for s in (1, 2)
+        ]
+    if m <= 256:
+        return [
+            C(64, 64, 128, 4, 4),
+            C(64, 128, 128, 4, 4),
+            C(128, 128, 128, 4, 4),
+            C(128, 128, 128, 8, 3),
+            C(64, 64, 128, 4, 4, split_k=2),
+            C(m, 64, 128, 4, 3, swap_ab=True),
+        ]
+    return [C(128, 128, 128, 4, 4), C(128, 128, 128, 8, 4), C(128, 256, 128, 8, 3), C(128, 256, 64, 8, 4)]
+
+
+class Shape:
+    """Weight copies of one [N, K] linear in bf16 and FP8 (enough to rotate past L2)."""
+
+    def __init__(self, n: int, k: int) -> None:
+        from radixrt.models.quant.fp8 import quantize_per_channel
+
+        dev = torch.device("cuda")
+        self.n, self.k = n, k
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+        c16 = max(1, -(-ROTATE_BYTES // (2 * n * k)))
+        c8 = max(1, -(-ROTATE_BYTES // (n * k)))
+        self.w16 = [w.clone() for _ in range(c16)]
+        q, s = quantize_per_channel(w)
+        self.w8 = [(q.clone(), s.clone()) for _ in range(c8)]
+
+
+def bench_shape(name: str, sh: Shape, m: int, row: dict[str, Any], deadline: float) -> None:
+    """Fill row with this shape's times at M rows (us per call) and the grid's best."""
+    from radixrt.kernels import fp8_gemm, per_token_quant_fp8
+    from radixrt.kernels.gemv import SkinnyWorkspace
+    from radixrt.models.linear import Linear
+
+    dev = torch.device("cuda")
+    x = torch.randn(m, sh.k, device=dev, dtype=torch.bfloat16)
+    xq, xs = per_token_quant_fp8(x)
+    lins = []
+    for w in sh.w16:
+        lin = Linear(sh.k, sh.n, bias=False, device="meta", dtype=torch.bfloat16)
+        lin.weight = torch.nn.Parameter(w, requires_grad=False)
+        lins.append(lin)
+
+    def scaled_mm(q: torch.Tensor, s: torch.Tensor, w: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(q, w.t(), scale_a=s, scale_b=ws.view(1, -1), out_dtype=torch.bfloat16)
+
+    r: dict[str, Any] = {}
+    r["bf16_us"] = graph_us(lambda: [lin(x) for lin in lins], len(lins))
+    c8 = len(sh.w8)
+    r["quant_us"] = graph_us(lambda: [per_token_quant_fp8(x) for _ in range(8)], 8)
+    r["scaled_mm_only_us"] = graph_us(lambda: [scaled_mm(xq, xs, w, s) for w, s in sh.w8], c8)
+    r["scaled_mm_us"] = graph_us(lambda: [scaled_mm(*per_token_quant_fp8(x), w, s) for w, s in sh.w8], c8)
+    ref = scaled_mm(xq, xs, *sh.w8[0]).float()
+    best = None
+    r["grid"] = []
+    for cfg in grid(m):
+        if time.perf_counter() > deadline:
+            r["grid_cut"] = True
+            break
+        p, c = cfg.workspace_need(m, sh.n, sh.k)
+        ws = SkinnyWorkspace.allocate(max(p, 1), max(c, 1), dev)
+        try:
+            y = fp8_gemm(xq, xs, *sh.w8[0], config=cfg, workspace=ws).float()
+            err = float((y - ref).norm() / ref.norm())
+            if not err < 1e-2 or not torch.isfinite(y).all():
+                r["grid"].append({"cfg": repr(cfg), "error": f"rel err {err:.3g}"})
+                continue
+            us = graph_us(
+                lambda cfg=cfg, ws=ws: [fp8_gemm(xq, xs, w, s, config=cfg, workspace=ws) for w, s in sh.w8],
+                c8,
+            )
+        except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped and reported
+            r["grid"].append({"cfg": repr(cfg), "error": repr(e)[:200]})
+            continue
+        r["grid"].append({"cfg": repr(cfg), "us": us, "rel_err": err})
+        if best is None or us < best[1]:
+            best = (cfg, us, ws)
+    if best is not None:
+        cfg, us, ws = best
+        r["triton_only_us"], r["triton_cfg"] = us, cfg
+        r["triton_us"] = graph_us(
+            lambda: [fp8_gemm(*per_token_quant_fp8(x), w, s, config=cfg, workspace=ws) for w, s in sh.w8], c8
+        )
+    row[name] = r
+
+
+def bench_linears(deadline: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    shapes = {name: Shape(*nk) for name, nk in SHAPES.items()}
+    shapes["lm_head"] = Shape(*LM_HEAD)
+    for m in DECODE_M + PREFILL_M:
+        row: dict[str, Any] = {}
+        for name, sh in shapes.items():
+            if name == "lm_head" and m > 256:
+                continue  # logits are computed for the last token of each request only
+            bench_shape(name, sh, m, row, deadline)
+        out[m] = row
+        log(
+            f"linears M={m}: "
+            + ", ".join(
+                f"{n} bf16 {r['bf16_us']:.1f} smm {r['scaled_mm_us']:.1f} "
+                f"tri {r.get('triton_us', float('nan')):.1f}"
+                for n, r in row.items()
+            )
+        )
+    del shapes
+    torch.cuda.empty_cache()
+    return out
+
+
+def bench_lm_head_b1() -> dict[str, Any]:
+    """The LM head at M = 1: bf16 (skinny / cuBLAS as routed) and the FP8 int GEMV's configs."""
+    from radixrt.kernels.gemv_fp8_int import Fp8IntConfig, fp8_int_config, fp8_skinny_linear
+    from radixrt.models.linear import Linear
+
+    dev = torch.device("cuda")
+    sh = Shape(*LM_HEAD)
+    x = torch.randn(1, sh.k, device=dev, dtype=torch.bfloat16)
+    lins = []
+    for w in sh.w16:
+        lin = Linear(sh.k, sh.n, bias=False, device="meta", dtype=torch.bfloat16)
+        lin.weight = torch.nn.Parameter(w, requires_grad=False)
+        lins.append(lin)
+    res: dict[str, Any] = {"bf16_us": graph_us(lambda: [lin(x) for lin in lins], len(lins)), "fp8": {}}
+    rule = fp8_int_config(1, *LM_HEAD)
+    for cfg in {
+        rule,
+        Fp8IntConfig(4, 256),
+        Fp8IntConfig(8, 128),
+        Fp8IntConfig(16, 128),
+        Fp8IntConfig(4, 512),
+        Fp8IntConfig(8, 256),
+        Fp8IntConfig(16, 256),
+    }:
+        us = graph_us(lambda cfg=cfg: [fp8_skinny_linear(x, w, s, config=cfg) for w, s in sh.w8], len(sh.w8))
+        res["fp8"][repr(cfg)] = us
+    res["rule"] = repr(rule)
+    log(
+        f"LM head M=1: bf16 {res['bf16_us']:.1f} us, fp8 int "
+        + ", ".join(f"{k} {v:.1f}" for k, v in res["fp8"].items())
+    )
+    return res
+
+
+def split_trace(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Busy time (ms) and passes of the prefill/extend passes (EXTEND, MIXED) and the DECODE passes."""
+    out: dict[str, Any] = {}
+    for label, modes in (("extend", (1, 3)), ("decode", (2,))):
+        rs = [r for r in rows if r["mode"] in modes]
+        out[f"{label}_passes"] = len(rs)
+        out[f"{label}_busy_ms"] = sum(r["busy_ms"] for r in rs)
+        out[f"{label}_tokens"] = sum(r["num_tokens"] for r in rs)
+    dec = sorted(r["busy_ms"] for r in rows if r["mode"] == 2 and r["batch_size"] >= 240)
+    out["decode_bs240plus_median_ms"] = dec[len(dec) // 2] if dec else None
+    out["gap_ms"] = sum(r["gap_ms"] for r in rows if r["gap_ms"] > 0)
+    sizes = [r["batch_size"] for r in rows if r["mode"] == 2]
+    out["decode_batch_mean"] = sum(sizes) / len(sizes) if sizes else None
+    return out
+
+
+def bench_engine(name: str, path: Path, **kw: Any) -> dict[str, Any]:
+    from bench.gpu_engine import decode_step_ms, traced, workloads
+    from bench.offline import run_workload
+    from radixrt.engine import Engine
+    from radixrt.scheduler.factory import build_scheduler
+
+    t = time.perf_counter()
+    engine = Engine(
+        model_path=str(path),
+        load_format="dummy",
+        device="cuda",
+        max_running_requests=256,
+        chunked_prefill_size=8192,
+        cuda_graph_max_bs=256,
+        mem_fraction_static=0.45,
+        **kw,
+    )
+    res: dict[str, Any] = {"flags": kw, "start_s": time.perf_counter() - t}
+    res["decode_b1_ms"] = decode_step_ms(engine, 128, 128)
+    spec = workloads(False, int(engine.info["vocab_size"]))[0]
+    engine.scheduler = build_scheduler(engine.args, engine.info)  # fresh tree: a cold run
+    for run in ("cold", "warm"):
+        r, rows = traced(engine, lambda: run_workload(engine, spec.build()))
+        res[run] = {
+            "output_tok_per_s": r["output_throughput"],
+            "wall_s": r["wall_s"],
+            "cache_hit_rate": r["cache_hit_rate"],
+            **split_trace(rows),
+        }
+        c = res[run]
+        log(
+            f"{name} {run}: {c['output_tok_per_s']:.0f} tok/s, wall {c['wall_s']:.3f} s, "
+            f"hit {c['cache_hit_rate']:.2f}, "
+            f"extend {c['extend_passes']} passes {c['extend_busy_ms']:.0f} ms, decode {c['decode_passes']} "
+            f"passes {c['decode_busy_ms']:.0f} ms (bs>=240 median {c['decode_bs240plus_median_ms']}), "
+            f"gaps {c['gap_ms']:.0f} ms"
+        )
+    log(f"{name}: start {res['start_s']:.0f} s, batch-1 {res['decode_b1_ms']:.3f} ms")
+    return res
+
+
+def winners(lin: dict[Any, Any]) -> dict[tuple[int, int, int], Any]:
+    """(M, N, K) -> best Triton config where it beat _scaled_mm with the quantization counted in both."""
+    out = {}
+    for m, row in lin.items():
+        for name, r in row.items():
+            nk = LM_HEAD if name == "lm_head" else SHAPES[name]
+            if "triton_us" in r and r["triton_us"] < r["scaled_mm_us"]:
+                out[(int(m), *nk)] = r["triton_cfg"]
+    return out
+
+
+def print_tables(rep: dict[str, Any]) -> None:
+    lin = rep.get("linears", {})
+    if lin:
+        print(
+            "\n| M | linear | bf16 us | quant us | _scaled_mm only | _scaled_mm + quant | triton only | "
+            "triton + quant | best triton config | fp8 best / bf16 |\n|---|---|---|---|---|---|---|---|---|---|"
+        )
+        for m, row in lin.items():
+            layer = {"bf16": 0.0, "smm": 0.0, "best": 0.0}
+            for name, r in row.items():
+                t = r.get("triton_us", float("inf"))
+                best = min(t, r["scaled_mm_us"])
+                if name != "lm_head":
+                    layer["bf16"] += r["bf16_us"]
+                    layer["smm"] += r["scaled_mm_us"]
+                    layer["best"] += best
+                print(
+                    f"| {m} | {name} | {r['bf16_us']:.1f} | {r['quant_us']:.1f} | {r['scaled_mm_only_us']:.1f} | "
+                    f"{r['scaled_mm_us']:.1f} | {r.get('triton_only_us', float('nan')):.1f} | "
+                    f"{t:.1f} | "
+                    f"{r.get('triton_cfg', '')} | {best / r['bf16_us']:.3f} |"
+                )
+            print(
+                f"| {m} | **layer** | {layer['bf16']:.1f} | | | {layer['smm']:.1f} ({layer['smm'] / layer['bf16']:.3f}) "
+                f"| | {layer['best']:.1f} | | "
+                f"{layer['best'] / layer['bf16']:.3f} |"
+            )
+    eng = rep.get("engines", {})
+    if eng:
+        base = eng.get("bf16")
+        print(
+            "\n| engine | batch-1 ms | run | out tok/s | / bf16 | wall s | hit | extend passes / busy ms | "
+            "decode passes / busy ms | decode bs>=240 median ms | gaps ms |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        )
+        for name, e in eng.items():
+            for run in ("cold", "warm"):
+                c = e[run]
+                ratio = c["output_tok_per_s"] / base[run]["output_tok_per_s"] if base else float("nan")
+                print(
+                    f"| {name} | {e['decode_b1_ms']:.3f} | {run} | {c['output_tok_per_s']:.0f} | {ratio:.3f} | "
+                    f"{c['wall_s']:.3f} | {c['cache_hit_rate']:.2f} | {c['extend_passes']} / {c['extend_busy_ms']:.0f} | "
+                    f"{c['decode_passes']} / {c['decode_busy_ms']:.0f} | {c['decode_bs240plus_median_ms']} | "
+                    f"{c['gap_ms']:.0f} |"
+                )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-config", default="qwen2.5-7b")
+    p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new stages after this")
+    p.add_argument("--only", default="linears,lm_head,engines")
+    p.add_argument("--out", default="fp8-random-profile.json")
+    p.add_argument("--tuned-out", default=None, help="write the grid's winners as FP8_GEMM_TUNED lines")
+    ns = p.parse_args(argv)
+    import_kernels()
+    from bench.fp8_bench import model_dir
+    from radixrt.kernels import gemm_fp8
+
+    stages = ns.only.split(",")
+    end = T0 + ns.budget_s
+    rep: dict[str, Any] = {**run_header("cuda"), "command": " ".join(sys.argv)}
+    if "linears" in stages:
+        rep["linears"] = bench_linears(deadline=T0 + 0.45 * ns.budget_s)
+    lin_json = {
+        m: {n: {**r, "triton_cfg": repr(r.get("triton_cfg"))} for n, r in row.items()}
+        for m, row in rep.get("linears", {}).items()
+    }
+    write_json(ns.out, {**rep, "linears": lin_json})
+    if "lm_head" in stages:
+        rep["lm_head_b1"] = bench_lm_head_b1()
+        write_json(ns.out, {**rep, "linears": lin_json})
+    best = winners(rep.get("linears", {}))
+    tuned_lines = [f"    ({m}, {n}, {k}): {cfg!r}," for (m, n, k), cfg in sorted(best.items())]
+    print(
+        "\nFP8_GEMM_TUNED winners (beat _scaled_mm, quantization counted):\n" + "\n".join(tuned_lines),
+        flush=True,
+    )
+    if ns.tuned_out:
+        Path(ns.tuned_out).write_text("\n".join(tuned_lines) + "\n")
+    if "engines" in stages:
+        path = model_dir(ns.model_config)
+        rep["engines"] = {}
+        kv8 = {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}
+        plan = [
+            ("bf16", {}, False),
+            ("fp8", {"quantization": "fp8"}, False),
+            ("fp8_triton", {"quantization": "fp8"}, True),
+            ("fp8_kv8", kv8, False),
+            ("fp8_triton_kv8", kv8, True),
+        ]
+        for name, kw, tri in plan:
+            if time.perf_counter() > end:
+                log(f"budget spent: {name} not run")
+                break
+            gemm_fp8.FP8_GEMM_TUNED.clear()
+            if tri:
+                gemm_fp8.FP8_GEMM_TUNED.update(best)
+            rep["engines"][name] = bench_engine(name, path, **kw)
+            gc.collect()
+            torch.cuda.empty_cache()
+            write_json(ns.out, {**rep, "linears": lin_json})
+    print_tables(rep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
