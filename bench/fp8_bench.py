@@ -172,6 +172,12 @@ def print_table(report: dict[str, Any]) -> None:
         b, f = eng["bf16"], eng["fp8"]
         rows.append(("batch-1 decode step (ms)", b["decode_b1_ms"], f["decode_b1_ms"], 0.6))
         rows.append(("random output tok/s", b["random_output_tok_per_s"], f["random_output_tok_per_s"], 1.5))
+        if "fp8_head_bf16" in eng:
+            h = eng["fp8_head_bf16"]
+            rows.append(("batch-1 decode step (ms), FP8 weights, bf16 LM head", b["decode_b1_ms"],
+                         h["decode_b1_ms"], 0.6))
+            rows.append(("random output tok/s, FP8 weights, bf16 LM head", b["random_output_tok_per_s"],
+                         h["random_output_tok_per_s"], 1.5))
         if "fp8_kv8" in eng:
             rows.append(("random output tok/s, FP8 weights + FP8 KV", b["random_output_tok_per_s"],
                          eng["fp8_kv8"]["random_output_tok_per_s"], 1.5))
@@ -187,6 +193,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--only", default="attention,linears,engines", help="comma-separated stages")
     p.add_argument("--kv-fp8-engine", action="store_true", help="also an Engine with FP8 weights and KV")
+    p.add_argument("--head-bf16-engine", action="store_true",
+                   help="also an Engine with FP8 weights and a bf16 LM head (--lm-head-quantization none)")
     p.add_argument("--small", action="store_true", help="short workloads (a quick check)")
     p.add_argument("--out", default="fp8.json")
     return p.parse_args(argv)
@@ -206,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         write_json(ns.out, report)
     if "engines" in stages:
         flags = {"bf16": {}, "fp8": {"quantization": "fp8"}}
+        if ns.head_bf16_engine:
+            flags["fp8_head_bf16"] = {"quantization": "fp8", "lm_head_quantization": "none"}
         if ns.kv_fp8_engine:
             flags["fp8_kv8"] = {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}
         report["engines"] = {}

@@ -71,6 +71,12 @@ for s in "$@"; do
         tests/kernels/test_fp8_gpu.py -k "gemm or linear"
       stage fp8-profile 420 python3 bench/lab/fp8_random_profile.py --budget-s 360 \
         --out "$OUT/fp8-random-profile.json" --tuned-out "$OUT/fp8-gemm-tuned.txt" ;;
+    # issue 19 round 4 check: the FP8 GPU tests, then fp8_bench's engines (bf16, FP8 with the FP8 LM head,
+    # FP8 with the bf16 head, FP8 weights + KV) with the routed Triton FP8 GEMM (~5 min)
+    fp8-check) stage fp8-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_fp8_gpu.py \
+        -k "gemm or linear or int" tests/worker/test_gpu_model.py
+      stage fp8-engines 300 python3 bench/fp8_bench.py --only engines --head-bf16-engine --kv-fp8-engine \
+        --out "$OUT/fp8-engines.json" ;;
     tests) stage gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     # issue 19 part 2: every attention config variant checked against torch SDPA, then timed beside

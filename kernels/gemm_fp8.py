@@ -13,8 +13,10 @@ the Triton matmul tutorial).
 
 Why it exists: at the Qwen2.5-7B shapes on an H200, `_scaled_mm` (cuBLAS) ran one layer's four linears
 at M = 32-64 in 140-144 us, no faster than bf16 (137-138 us), although the weight it reads is half as
-large (docs/benchmarks.md). The configs come from bench/lab/fp8_random_profile.py's grid on the H200
-(`FP8_GEMM_TUNED`; `fp8_gemm_config`'s rule for shapes not listed).
+large (docs/benchmarks.md). This kernel took 95 us for that layer at M = 32 (_scaled_mm 145, bf16 136)
+and 102 at M = 64 (138, 139), but lost from M = 128 up (FP8_GEMM_TUNED's comment), so it is routed at
+17-64 rows only. The configs come from bench/lab/fp8_random_profile.py's grid on the H200
+(`FP8_GEMM_TUNED`; `fp8_gemm_config`'s rule for shapes not listed, e.g. direct calls).
 
 Launch parameters depend only on shapes (CUDA-graph safe; the only allocation is y when no `out`).
 """
@@ -58,9 +60,25 @@ class Fp8GemmConfig:
 
 
 # (row bucket, N, K) -> config; row bucket = the smallest of FP8_GEMM_BUCKETS >= M (the largest above
-# it). Filled from the H200 grid (module docstring); empty entries fall back to fp8_gemm_config's rule.
+# it). An entry routes Fp8Linear's calls of that bucket and shape here (gemm_routed): only where the
+# H200 grid (2026-12-02, bench/lab/fp8_random_profile.py, docs/benchmarks.md "FP8 `random`: where the
+# time goes") measured this kernel faster than _scaled_mm, the per-token quantization counted in
+# both. It lost at 128 rows and above (at M = 256: one layer 241 us against 159; 8,192: 8.0 ms against
+# 3.65), so those buckets stay on _scaled_mm. Times: triton / _scaled_mm us, quantization included.
+_SWAP = dict(block_k=128, num_warps=4, num_stages=4, swap_ab=True)
 FP8_GEMM_BUCKETS = (32, 64, 128, 256, 512, 8192)
-FP8_GEMM_TUNED: dict[tuple[int, int, int], Fp8GemmConfig] = {}
+FP8_GEMM_TUNED: dict[tuple[int, int, int], Fp8GemmConfig] = {
+    (32, 4608, 3584): Fp8GemmConfig(32, 64, split_k=4, **_SWAP),  # qkv 12.1 / 14.8
+    (32, 3584, 3584): Fp8GemmConfig(32, 64, split_k=4, **_SWAP),  # o 10.8 / 14.2
+    (32, 37888, 3584): Fp8GemmConfig(32, 64, **_SWAP),  # gate_up 43.5 / 62.3
+    (32, 3584, 18944): Fp8GemmConfig(32, 64, split_k=4, **_SWAP),  # down 28.7 / 54.1
+    (32, 152064, 3584): Fp8GemmConfig(32, 64, **_SWAP),  # LM head 140.9 / 204.8
+    (64, 4608, 3584): Fp8GemmConfig(64, 64, **_SWAP),  # qkv 13.7 / 14.6
+    (64, 3584, 3584): Fp8GemmConfig(64, 64, split_k=2, **_SWAP),  # o 12.5 / 14.4
+    (64, 37888, 3584): Fp8GemmConfig(64, 64, **_SWAP),  # gate_up 43.9 / 57.5
+    (64, 3584, 18944): Fp8GemmConfig(64, 64, split_k=4, **_SWAP),  # down 31.5 / 52.0
+    (64, 152064, 3584): Fp8GemmConfig(64, 128, **_SWAP),  # LM head 154.1 / 191.4
+}
 
 
 def row_bucket(m: int) -> int:

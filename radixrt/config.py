@@ -51,6 +51,12 @@ class ServerArgs:
         "fp8: decoder linears in FP8 e4m3 with per-channel weight scales (bf16 checkpoints and dummy "
         "weights are quantized at load) and dynamic per-token activation scales. Default: none, or "
         "the checkpoint's own quantization_config (FP8 checkpoints are detected).", choices=["fp8"])
+    lm_head_quantization: str = _flag(
+        "The LM head's weight format when the decoder linears are FP8. auto: FP8 (per-channel e4m3, "
+        "as the decoder) under --quantization fp8 of a bf16 checkpoint or dummy weights, the checkpoint's "
+        "own (unquantized) head for FP8 checkpoints; fp8: FP8 in both cases; none: the model dtype. A "
+        "tied head gets its own FP8 copy (the embedding stays in the model dtype).",
+        default="auto", choices=["auto", "fp8", "none"])
     kv_cache_dtype: str = _flag(
         "auto: the KV pool in the model dtype; fp8_e4m3: float8_e4m3fn with one scale per layer for "
         "K and one for V (the checkpoint's k_scale / v_scale, else 1.0); triton backend only.",

@@ -152,8 +152,10 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(h, vp, cfg.vocab_size, tp)
 
     def tie_weights(self) -> None:
-        """Share lm_head with embed_tokens when the config says so (again after `to_empty`)."""
-        if self.config.tie_word_embeddings:
+        """Share lm_head with embed_tokens when the config says so (again after `to_empty`); an FP8
+        head (quant/fp8.py quantize_lm_head) keeps its own quantized copy."""
+        same_format = self.lm_head.weight.dtype == self.model.embed_tokens.weight.dtype
+        if self.config.tie_word_embeddings and same_format:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def init_rope(self, max_positions: int, device: torch.device | str) -> None:

@@ -17,7 +17,7 @@ import torch
 from radixrt.models.linear import prepack_cpu_linears
 from radixrt.models.model_config import ModelConfig, read_json
 from radixrt.models.quant.checkpoint import CheckpointStream, checkpoint_quantization
-from radixrt.models.quant.fp8 import FP8_DTYPE, Fp8Linear, convert_to_fp8
+from radixrt.models.quant.fp8 import FP8_DTYPE, Fp8Linear, convert_to_fp8, quantize_lm_head
 from radixrt.models.registry import find_spec
 from radixrt.models.resolve import (  # noqa: F401 - re-exported
     ModelLoadError,
@@ -48,8 +48,8 @@ def resolve_quantization(model_dir: Path, quantization: str | None) -> str | Non
 
 def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, load_format: str,
                seed: int = 0, max_positions: int | None = None,
-               quantization: str | None = None, tp: TPGroup | None = None
-               ) -> tuple[torch.nn.Module, ModelConfig]:
+               quantization: str | None = None, tp: TPGroup | None = None,
+               lm_head_quantization: str = "auto") -> tuple[torch.nn.Module, ModelConfig]:
     """Build our model for `model_dir` on `device` in `dtype`, with real or random weights.
 
     load_format "auto": weights from every *.safetensors file (tied embeddings reuse embed_tokens);
@@ -57,6 +57,9 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
     max_positions: rotary table length (default: the model's max_position_embeddings).
     quantization: "fp8" (or an FP8 checkpoint): decoder linears become Fp8Linear (quant/fp8.py),
     bf16 and dummy weights quantized per channel as they are loaded.
+    lm_head_quantization (--lm-head-quantization; only with FP8 decoder linears): "auto" quantizes the
+    LM head too (quant/fp8.py quantize_lm_head, after loading) unless the checkpoint itself is FP8,
+    "fp8" always, "none" never.
     The model gets `kv_cache_scales`: {layer: {"k": s, "v": s}} from the checkpoint (empty if none).
     tp: this rank's slice of the model (parallel/layout.py): each rank reads only its slices of the
     safetensors; dummy weights are drawn at full size in the same order as with no tp and sliced,
@@ -100,9 +103,27 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
         from radixrt.parallel.loading import rank_slices
 
         fill_from_safetensors(model, model_dir, lambda st: rank_slices(model, st))
+    if quant == "fp8" and _fp8_lm_head(lm_head_quantization, quantization, model_dir):
+        quantize_lm_head(model)
     model.init_rope(max(max_positions or 0, cfg.max_position_embeddings), device)
     prepack_cpu_linears(model)
     return model.eval(), model.config
+
+
+def _fp8_lm_head(policy: str, flag: str | None, model_dir: Path) -> bool:
+    """Whether FP8 decoder linears come with an FP8 LM head (--lm-head-quantization, load_model's
+    docstring): "auto" means yes for online quantization (--quantization fp8 on a checkpoint without
+    an FP8 quantization_config, or dummy weights), no for an FP8 checkpoint, whose head was left
+    unquantized by its producer.
+
+    Raises:
+        ModelLoadError: a policy other than auto / fp8 / none."""
+    if policy not in ("auto", "fp8", "none"):
+        raise ModelLoadError(f"unknown --lm-head-quantization {policy!r} (auto, fp8, none)")
+    if policy != "auto":
+        return policy == "fp8"
+    own = checkpoint_quantization(read_json(model_dir / "config.json"))
+    return flag == "fp8" and own is None
 
 
 def _init_dummy(model: torch.nn.Module, seed: int, dtype: torch.dtype) -> None:

@@ -88,7 +88,8 @@ class ModelRunner:
         self.context_len = args.context_length or read_model_config(Path(model_dir)).max_position_embeddings
         self.model, self.config = load_model(Path(model_dir), self.dtype, self.device, args.load_format,
                                              seed=args.random_seed, max_positions=self.context_len,
-                                             quantization=args.quantization, tp=tp)
+                                             quantization=args.quantization, tp=tp,
+                                             lm_head_quantization=args.lm_head_quantization)
         self.max_pages_per_req = math.ceil(self.context_len / self.page_size) + 1
         self.max_req_rows = args.max_running_requests
         self.req_to_page = torch.zeros((self.max_req_rows, self.max_pages_per_req), dtype=torch.int32,

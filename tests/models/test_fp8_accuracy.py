@@ -47,18 +47,26 @@ def _all_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
         return runner.model.compute_logits(hidden)
 
 
-def _runner(model_dir: Path, quantization: str | None) -> ModelRunner:
+def _runner(model_dir: Path, quantization: str | None, lm_head: str = "auto") -> ModelRunner:
     args = ServerArgs(device="cpu", page_size=4, max_total_tokens=1024, max_running_requests=1,
-                      quantization=quantization)
+                      quantization=quantization, lm_head_quantization=lm_head)
     return ModelRunner(args, model_dir)
 
 
-def test_fp8_weights_track_fp32_on_the_default_model(model_dir: Path) -> None:
+# lm_head "auto" quantizes the (tied) LM head too under --quantization fp8 of this bf16 checkpoint;
+# "none" keeps it in the model dtype. Measured 2026-12-02 (2-core CPU VM, torch CPU, the W8A8 path, which
+# also quantizes the final hidden state per token): auto mean KL 0.0706 nats (max 0.703), top-1 0.886;
+# none 0.0367 (max 0.403), 0.937; the first greedy token equal on 8/8 prompts in both.
+@pytest.mark.parametrize("lm_head", ["auto", "none"])
+def test_fp8_weights_track_fp32_on_the_default_model(model_dir: Path, lm_head: str) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    ref, fp8 = _runner(model_dir, None), _runner(model_dir, "fp8")
+    ref, fp8 = _runner(model_dir, None), _runner(model_dir, "fp8", lm_head)
     assert type(fp8.model.model.layers[0].mlp.down_proj).__name__ == "Fp8Linear"
+    head = type(fp8.model.lm_head).__name__
+    assert head == ("Fp8Linear" if lm_head == "auto" else "Linear")
+    assert fp8.model.model.embed_tokens.weight.dtype == torch.float32  # the embedding is never FP8
     kls, agree = [], []
     for prompt, cont in TEXTS:
         p_ids = tok(prompt)["input_ids"]
@@ -70,5 +78,7 @@ def test_fp8_weights_track_fp32_on_the_default_model(model_dir: Path) -> None:
         assert int(a[last].argmax()) == int(b[last].argmax()), f"first greedy token differs after {prompt!r}"
     kl, top1 = torch.cat(kls), torch.cat(agree).float()
     assert torch.isfinite(kl).all()
+    print(f"lm_head {lm_head}: mean KL {float(kl.mean()):.4f} (max {float(kl.max()):.3f}), "
+          f"top-1 {float(top1.mean()):.3f}")
     assert float(kl.mean()) < MEAN_KL_BOUND, f"mean KL {float(kl.mean()):.4f} (max {float(kl.max()):.3f})"
     assert float(top1.mean()) >= TOP1_AGREEMENT_MIN, f"top-1 agreement {float(top1.mean()):.3f}"

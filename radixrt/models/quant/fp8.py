@@ -1,7 +1,8 @@
 """FP8 (e4m3) weights for the decoder's linear layers: the quantizers and `Fp8Linear`.
 
-`--quantization fp8` stores every decoder linear (qkv, o, gate_up, down; not the LM head, whose
-logits are the most sensitive, nor the embedding) as a float8_e4m3fn weight [N, K] with one float32
+`--quantization fp8` stores every decoder linear (qkv, o, gate_up, down; the LM head too unless
+--lm-head-quantization says otherwise: `quantize_lm_head`; never the embedding) as a float8_e4m3fn
+weight [N, K] with one float32
 scale per output channel, weight ~= weight_fp8 * weight_scale[:, None] (per-channel scales as in
 SGLang's / vLLM's dynamic FP8). Checkpoints in bf16 are quantized at load, row by row, so a fused
 parameter (q|k|v, gate|up) gets the scales its source tensors would have had alone; FP8 checkpoints
@@ -204,3 +205,29 @@ def convert_to_fp8(model: nn.Module, skip: tuple[str, ...] = ("lm_head",)) -> li
         parent = model.get_submodule(parent_name)
         setattr(parent, attr, Fp8Linear.from_linear(getattr(parent, attr)))
     return names
+
+
+@torch.no_grad()
+def quantize_lm_head(model: nn.Module) -> Fp8Linear:
+    """Replace `model.lm_head` (a loaded `Linear` [V, H]) by an Fp8Linear quantized from its weight
+    (per channel: one scale per vocabulary row), on the same device; returns it. A tied head (its
+    weight is the embedding's) gets its own FP8 copy and the embedding keeps the model dtype, so the
+    model holds V x H more bytes than a tied bf16 head; an untied head's bf16 weight is freed.
+    The model's `tie_weights` leaves an Fp8Linear head alone. Logits are computed as before
+    (hidden [B, H] in the model dtype -> [B, V]); the head routes by rows like every Fp8Linear.
+
+    Raises:
+        TypeError: lm_head is not a plain `Linear` (e.g. a tensor-parallel head)."""
+    head = model.lm_head
+    if type(head) is not Linear:
+        raise TypeError(f"quantize_lm_head takes a Linear head, got {type(head).__name__}")
+    with torch.device("meta"):
+        shape = Linear(head.in_features, head.out_features, bias=head.bias is not None,
+                       dtype=head.weight.dtype)
+    fp8 = Fp8Linear.from_linear(shape).to_empty(device=head.weight.device)
+    fp8.set_weight(head.weight)
+    if head.bias is not None:
+        fp8.bias = nn.Parameter(head.bias.detach().clone(), requires_grad=False)
+    fp8.requires_grad_(False)
+    model.lm_head = fp8
+    return fp8
