@@ -280,7 +280,8 @@ def print_tables(rep: dict[str, Any]) -> None:
     if lin:
         print(
             "\n| M | linear | bf16 us | quant us | _scaled_mm only | _scaled_mm + quant | triton only | "
-            "triton + quant | best triton config | fp8 best / bf16 |\n|---|---|---|---|---|---|---|---|---|---|"
+            "triton + quant | best triton config | fp8 best / bf16 |\n"
+            "|---|---|---|---|---|---|---|---|---|---|"
         )
         for m, row in lin.items():
             layer = {"bf16": 0.0, "smm": 0.0, "best": 0.0}
@@ -292,13 +293,15 @@ def print_tables(rep: dict[str, Any]) -> None:
                     layer["smm"] += r["scaled_mm_us"]
                     layer["best"] += best
                 print(
-                    f"| {m} | {name} | {r['bf16_us']:.1f} | {r['quant_us']:.1f} | {r['scaled_mm_only_us']:.1f} | "
+                    f"| {m} | {name} | {r['bf16_us']:.1f} | {r['quant_us']:.1f} | "
+                    f"{r['scaled_mm_only_us']:.1f} | "
                     f"{r['scaled_mm_us']:.1f} | {r.get('triton_only_us', float('nan')):.1f} | "
                     f"{t:.1f} | "
                     f"{r.get('triton_cfg', '')} | {best / r['bf16_us']:.3f} |"
                 )
             print(
-                f"| {m} | **layer** | {layer['bf16']:.1f} | | | {layer['smm']:.1f} ({layer['smm'] / layer['bf16']:.3f}) "
+                f"| {m} | **layer** | {layer['bf16']:.1f} | | | "
+                f"{layer['smm']:.1f} ({layer['smm'] / layer['bf16']:.3f}) "
                 f"| | {layer['best']:.1f} | | "
                 f"{layer['best'] / layer['bf16']:.3f} |"
             )
@@ -307,15 +310,18 @@ def print_tables(rep: dict[str, Any]) -> None:
         base = eng.get("bf16")
         print(
             "\n| engine | batch-1 ms | run | out tok/s | / bf16 | wall s | hit | extend passes / busy ms | "
-            "decode passes / busy ms | decode bs>=240 median ms | gaps ms |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "decode passes / busy ms | decode bs>=240 median ms | gaps ms |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|"
         )
         for name, e in eng.items():
             for run in ("cold", "warm"):
                 c = e[run]
                 ratio = c["output_tok_per_s"] / base[run]["output_tok_per_s"] if base else float("nan")
                 print(
-                    f"| {name} | {e['decode_b1_ms']:.3f} | {run} | {c['output_tok_per_s']:.0f} | {ratio:.3f} | "
-                    f"{c['wall_s']:.3f} | {c['cache_hit_rate']:.2f} | {c['extend_passes']} / {c['extend_busy_ms']:.0f} | "
+                    f"| {name} | {e['decode_b1_ms']:.3f} | {run} | {c['output_tok_per_s']:.0f} | "
+                    f"{ratio:.3f} | "
+                    f"{c['wall_s']:.3f} | {c['cache_hit_rate']:.2f} | "
+                    f"{c['extend_passes']} / {c['extend_busy_ms']:.0f} | "
                     f"{c['decode_passes']} / {c['decode_busy_ms']:.0f} | {c['decode_bs240plus_median_ms']} | "
                     f"{c['gap_ms']:.0f} |"
                 )
