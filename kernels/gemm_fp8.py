@@ -63,7 +63,7 @@ class Fp8GemmConfig:
 # it). An entry routes Fp8Linear's calls of that bucket and shape here (gemm_routed): only where the
 # H200 grid (2026-12-02, bench/lab/fp8_random_profile.py, docs/benchmarks.md "FP8 `random`: where the
 # time goes") measured this kernel faster than _scaled_mm, the per-token quantization counted in
-# both. It lost at 128 rows and above (at M = 256: one layer 241 us against 159; 8,192: 8.0 ms against
+# both. It lost at 128 rows and above (at M = 256: one layer 240 us against 159; 8,192: 8.0 ms against
 # 3.65), so those buckets stay on _scaled_mm. Times: triton / _scaled_mm us, quantization included.
 _SWAP = dict(block_k=128, num_warps=4, num_stages=4, swap_ab=True)
 FP8_GEMM_BUCKETS = (32, 64, 128, 256, 512, 8192)
