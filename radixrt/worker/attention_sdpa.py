@@ -7,7 +7,9 @@ Per layer (`forward`): store the new K/V at out_cache_loc, then attend.
 Decode requests (extend_len == 1) attended alone go through torch's CPU flash kernel, their R =
 Hq / Hkv query heads of each KV head given as R query rows of one head, so every K/V row is read
 once per KV head (with one query row per query head it would be read R times); their K/V is one
-strided view of the pool when their slots are one run of consecutive slots, else one gather.
+strided view of the pool when their slots are one run of consecutive slots, else one gather; the
+gathered ones of a pass go in batches (similar lengths, padded and masked), one gather and one
+flash-kernel call per batch instead of per request (`batch_lone_decodes`).
 Decode requests whose page-table rows start with the same pages
 (a shared system prompt, one conversation's history: the radix cache hands out the same physical
 pages) form a group, and the runs of the shared pages are read once for the whole group (cascade
@@ -49,6 +51,11 @@ MIN_SHARED_TOKENS = 64
 # A lone decode is read as a view only when it is one run (one flash-kernel call), else gathered.
 MAX_VIEW_RUNS = 4
 
+# Lone decodes of one pass are attended in batches of one flash-kernel call, their K/V one gather
+# padded to the batch's longest (masked): a batch takes requests, longest first, while its padded
+# rows stay within this factor of its real rows.
+LONE_BATCH_PAD = 1.25
+
 Run = tuple[int, int]  # (first pool slot, tokens): K/V rows buf[slot : slot + tokens]
 
 
@@ -85,6 +92,69 @@ class _DecodeGroup:
     shared_slots: torch.Tensor | None = None  # [S] int64 pool slots of the shared tokens, or None: views
     own_slots: torch.Tensor | None = None  # [G, N] int64 pool slots of each member's own tokens, padded
     own_mask: torch.Tensor | None = None  # [G, 1, 1, N] float32 0 / -inf (padding), None when unpadded
+
+
+@dataclass(slots=True)
+class _LoneBatch:
+    """Lone decode requests attended by one flash-kernel call: q rows [B, Hkv, R, D], K/V one gather
+    of `slots` ([B * S] int64, each request's slots padded to S with slot 0) viewed as [B, Hkv, S, D],
+    `mask` [B, 1, 1, S] float32 0 / -inf hiding the padding (None when no request is padded)."""
+
+    q_rows: torch.Tensor  # [B] int64
+    slots: torch.Tensor  # [B * S] int64
+    max_len: int  # S
+    mask: torch.Tensor | None
+
+
+def batch_lone_decodes(groups: list[_DecodeGroup], seq_lens: dict[int, int]) -> tuple[
+        list[_DecodeGroup], list[_LoneBatch]]:
+    """Put the lone decodes that are gathered anyway (their slots in several runs) into batches for
+    one gather and one flash call each (`LONE_BATCH_PAD`); seq_lens: q row -> tokens. Returns (the
+    groups attended as before: real groups, lone decodes read as one view, and those left alone in
+    their batch; the batches of two or more)."""
+    kept = [g for g in groups if len(g.own) > 1 or g.shared_slots is None]
+    lone = sorted((g for g in groups if len(g.own) == 1 and g.shared_slots is not None),
+                  key=lambda g: -seq_lens[int(g.q_rows[0])])
+    batches: list[_LoneBatch] = []
+    i = 0
+    while i < len(lone):
+        longest = seq_lens[int(lone[i].q_rows[0])]
+        j, total = i + 1, longest
+        while j < len(lone) and (j - i + 1) * longest <= LONE_BATCH_PAD * (total + seq_lens[int(lone[j].q_rows[0])]):
+            total += seq_lens[int(lone[j].q_rows[0])]
+            j += 1
+        members = lone[i:j]
+        if len(members) == 1:
+            kept.append(members[0])
+        else:
+            slots = np.zeros((len(members), longest), dtype=np.int64)  # padding reads slot 0, masked
+            lens = []
+            for m, g in enumerate(members):
+                x = g.shared_slots.numpy()
+                slots[m, :len(x)] = x
+                lens.append(len(x))
+            mask = None
+            if min(lens) < longest:
+                pad = torch.from_numpy(np.arange(longest)[None, :] >= np.array(lens)[:, None])
+                mask = torch.zeros(len(members), 1, 1, longest).masked_fill_(pad[:, None, None, :], float("-inf"))
+            batches.append(_LoneBatch(q_rows=torch.cat([g.q_rows for g in members]),
+                                      slots=torch.from_numpy(slots.reshape(-1)), max_len=longest, mask=mask))
+        i = j
+    return kept, batches
+
+
+def attend_lone_batch(lb: _LoneBatch, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                      scale: float, o: torch.Tensor) -> None:
+    """Lone decodes `lb` through one flash-kernel call (q [T, Hq, D], pool buffers [slots, Hkv, D]);
+    written into o [T, Hq, D] at lb.q_rows. As `_attend_alone`, the R query heads of a KV head are
+    R query rows of it."""
+    b, hq, hkv, d = lb.q_rows.shape[0], q.shape[1], k_buf.shape[1], k_buf.shape[2]
+    kk = k_buf.index_select(0, lb.slots).view(b, lb.max_len, hkv, d).transpose(1, 2)  # [B, Hkv, S, D]
+    vv = v_buf.index_select(0, lb.slots).view(b, lb.max_len, hkv, d).transpose(1, 2)
+    qb = q.index_select(0, lb.q_rows).to(k_buf.dtype).view(b, hkv, hq // hkv, d)  # [B, Hkv, R, D]
+    mask = None if lb.mask is None else lb.mask.to(k_buf.dtype)
+    ob, _ = flash_attention(qb, kk, vv, False, scale, mask)
+    o.index_copy_(0, lb.q_rows, ob.reshape(b, hq, d).to(o.dtype))
 
 
 def runs_of(row: np.ndarray, first_tok: int, end_tok: int, page_size: int) -> list[Run]:
@@ -176,12 +246,14 @@ def _plan(start: int, ext: int, seq: int, row: np.ndarray, page_size: int) -> _R
     return _ReqPlan(start, ext, prefix, runs, pages)
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's CPU flash-attention kernel with its log-sum-exp: q [1, Hq, L, D], k/v [1, Hkv, S, D]
-    (Hq a multiple of Hkv; strided views are fine) -> (o [1, Hq, L, D], lse [1, Hq, L] float32, the
-    natural log of each query's sum of exp(scale * scores)). `causal`: top-left aligned (L == S)."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                    mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CPU flash-attention kernel with its log-sum-exp: q [B, Hq, L, D], k/v [B, Hkv, S, D]
+    (Hq a multiple of Hkv; strided views are fine) -> (o [B, Hq, L, D], lse [B, Hq, L] float32, the
+    natural log of each query's sum of exp(scale * scores)). `causal`: top-left aligned (L == S).
+    mask: additive, broadcastable to [B, Hq, L, S], q's dtype (e.g. 0 / -inf for padded keys)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask,
+                                                                      scale=scale)
 
 
 def merge_attention(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
@@ -286,7 +358,8 @@ class SdpaAttnBackend(AttentionBackend):
         self.pool = pool
         self.meta: ForwardMeta | None = None
         self.plans: list[_ReqPlan] = []  # extend requests
-        self.groups: list[_DecodeGroup] = []  # decode requests
+        self.groups: list[_DecodeGroup] = []  # decode requests (but the batched lone ones)
+        self.lone_batches: list[_LoneBatch] = []  # lone decode requests attended together
 
     def prepare(self, meta: ForwardMeta) -> None:
         """Plan each request of the pass (where its K/V lives); see the module docstring."""
@@ -300,7 +373,9 @@ class SdpaAttnBackend(AttentionBackend):
         is_decode = set(decode)
         self.plans = [_plan(starts[b], ext_lens[b], seq_lens[b], table[b], meta.page_size)
                       for b in range(len(seq_lens)) if b not in is_decode]
-        self.groups = decode_groups(decode, starts, seq_lens, table, meta.page_size)
+        self.groups, self.lone_batches = batch_lone_decodes(
+            decode_groups(decode, starts, seq_lens, table, meta.page_size),
+            {starts[b]: seq_lens[b] for b in decode})
 
     def _prefix_kv(self, k_buf: torch.Tensor, v_buf: torch.Tensor, p: _ReqPlan, dtype: torch.dtype
                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -343,4 +418,6 @@ class SdpaAttnBackend(AttentionBackend):
             o[p.start:p.start + p.extend_len] = ob[0].transpose(0, 1)
         for g in self.groups:
             attend_decode_group(g, q, k_buf, v_buf, scale, o)
+        for lb in self.lone_batches:
+            attend_lone_batch(lb, q, k_buf, v_buf, scale, o)
         return o

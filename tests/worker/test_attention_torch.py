@@ -124,7 +124,22 @@ def test_sdpa_bfloat16_pool(page_size: int) -> None:
     assert any(len(g.own) > 1 for g in backend.groups)  # a group reading its shared pages once
     backend = run_case(page_size, [0, 40, 90, 3, 33], [5, 1, 1, 20, 1], 8, 2, seed=8, backend_name="sdpa",
                        dtype=torch.bfloat16)
-    assert all(len(g.own) == 1 for g in backend.groups) and len(backend.groups) == 3  # lone decodes
+    assert all(len(g.own) == 1 for g in backend.groups)  # lone decodes, alone or batched
+    assert len(backend.groups) + sum(lb.q_rows.numel() for lb in backend.lone_batches) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sdpa_scattered_lone_decodes_attend_in_one_batch(page_size: int, dtype: torch.dtype) -> None:
+    """Lone decodes whose pages are scattered (gathered anyway) of similar lengths go through one
+    gather and one flash call, padded to the longest and masked; a much longer one stays alone."""
+    backend = run_case(page_size, [50, 60, 55, 300, 0], [1, 1, 1, 1, 5], 8, 2, seed=12, backend_name="sdpa",
+                       dtype=dtype)
+    (lb,) = backend.lone_batches
+    assert sorted(lb.q_rows.tolist()) == [0, 1, 2] and lb.max_len == 61 and lb.mask is not None
+    assert (lb.mask[:, 0, 0] == 0).sum(-1).tolist() == [61, 56, 51]  # each member's own tokens
+    (alone,) = backend.groups  # the 301-token one: padding the others to it would cost more
+    assert int(alone.q_rows[0]) == 3
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
