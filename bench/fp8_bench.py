@@ -56,9 +56,10 @@ def graph_us(fn: Any, rep: int = 200) -> float:
 
 
 def bench_decode_attention(batch: int, seq_len: int, hq: int = 28, hkv: int = 4, d: int = 128,
-                           page_size: int = 16) -> dict[str, Any]:
+                           page_size: int = 16, fp8_splits: int | None = None) -> dict[str, Any]:
     """decode_attention over a random-page bf16 pool and the same pool in FP8 (scales 1.0), each with
-    the split count the attention backend gives its pool dtype (choose_num_kv_splits(kv_fp8=))."""
+    the split count the attention backend gives its pool dtype (choose_num_kv_splits(kv_fp8=)), or
+    fp8_splits for the FP8 pool when given (e.g. what a graph sized for a longer context runs)."""
     from radixrt.kernels import choose_num_kv_splits, decode_attention
 
     dev = torch.device("cuda")
@@ -76,6 +77,8 @@ def bench_decode_attention(batch: int, seq_len: int, hq: int = 28, hkv: int = 4,
     for name, kb, vb in (("bf16", k, v), ("fp8", k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn))):
         # (until 2026-12-02 the FP8 pool ran with the bf16 split count here, not the backend's)
         splits = choose_num_kv_splits(batch, hkv, seq_len, num_sms, kv_fp8=name == "fp8")
+        if name == "fp8" and fp8_splits is not None:
+            splits = fp8_splits
         row[f"{name}_splits"] = splits
         mid_o = torch.empty(batch, hq, splits, d, device=dev)
         mid_lse = torch.empty(batch, hq, splits, device=dev)

@@ -200,8 +200,9 @@ def profile_decode_b1(engine: Engine, prompt_len: int = 128) -> dict[str, Any]:
     prompt = [1000 + i for i in range(prompt_len)]
     engine.generate([prompt], {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True})
     out: dict[str, Any] = {}
-    if runner.graphs is not None and 1 in runner.graphs.graphs:
-        g = runner.graphs.graphs[1]
+    key = None if runner.graphs is None else (1, runner.graphs.graph_key(1, prompt_len + 4))
+    if key in getattr(runner.graphs, "graphs", {}):
+        g = runner.graphs.graphs[key]  # the graph a batch-1 step at this length replays
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
         for _ in range(30):

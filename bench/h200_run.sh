@@ -77,6 +77,15 @@ for s in "$@"; do
         -k "gemm or linear or int" tests/worker/test_gpu_model.py
       stage fp8-engines 300 python3 bench/fp8_bench.py --only engines --head-bf16-engine --kv-fp8-engine \
         --out "$OUT/fp8-engines.json" ;;
+    # issue 19: the FP8-KV decode step at batch 256 (graphs per length class, decode_splits_fp8's
+    # per-program cost): the touched GPU tests and the FP8 ones, then decode attention 256 x 640 at 1
+    # and 33 FP8 splits, and engines bf16 / FP8 / FP8 + FP8 KV / bf16 + FP8 KV (batch-1 step, `random`
+    # cold and warm, decode step at batch >= 240), FP8 with a bf16 LM head (batch-1 only) and FP8 + FP8
+    # KV as before the fix; one table of same-run ratios (<= 420 s)
+    fp8kv-check) stage fp8kv-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/worker/test_gpu_model.py \
+        tests/kernels/test_fp8_gpu.py
+      stage fp8kv-engines 265 python3 bench/lab/fp8_random_profile.py --only attention,engines --budget-s 200 \
+        --engines bf16,fp8,fp8_kv8,kv8,fp8_head_bf16,fp8_kv8_before --out "$OUT/fp8kv-check.json" ;;
     tests) stage gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     # issue 19 part 2: every attention config variant checked against torch SDPA, then timed beside

@@ -12,7 +12,8 @@ Kinds (the launcher that reads each):
                 (q as two e4m3 terms against K, P V in fp16); kv_dot also applies to the fused form
                 over an FP8 pool
   decode_splits the split-count rule of choose_num_kv_splits (see there): policy "per_sm"
-                (programs_per_sm, min_split_tokens) or "waves" (occupancy, merge_tokens)
+                (programs_per_sm, min_split_tokens) or "waves" (occupancy, merge_tokens,
+                program_tokens)
   decode_splits_fp8 the same rule for FP8 pools (choose_num_kv_splits(kv_fp8=True))
   extend        extend_attention with a cached prefix or a long extend (BLOCK_M, BLOCK_N, num_warps,
                 num_stages, USE_TMA: the new tokens' K/V read through TMA tensor descriptors)
@@ -47,8 +48,14 @@ KINDS = ("decode", "decode_fused", "decode_fp8", "decode_splits", "decode_splits
 BUCKETS = ("d64", "d128", "d256")
 KV_DOTS = ("f16", "q", "fp8", "fp8x2", "qk8")  # decode_fp8 kv_dot values
 
+# program_tokens ("waves" only): the fixed cost of one split program in key tokens, about one 128-key
+# block (loading q and the first page ids, writing a partial; an empty split still pays it). Without
+# it (0, until 2026-12-02) the model saw a 3% gain in 128 waves of 33 splits over 4 waves of one at
+# batch 256 x 32K tokens (Qwen2.5-7B: 1,024 (request, KV head) pairs), and the decode graphs, sized
+# at the context length, then ran 33 splits over ~640-token sequences: 28 of 33 programs empty and
+# the batch-256 decode step at 17.1 against 8.3 ms (H200, bench/lab/fp8_random_profile.py)
 _SPLITS = {"policy": "per_sm", "programs_per_sm": 4, "min_split_tokens": 128, "occupancy": 2,
-           "merge_tokens": 256}
+           "merge_tokens": 256, "program_tokens": 128}
 DEFAULTS: dict[str, dict[str, dict]] = {
     # H200, 2026-11-30 (bench/lab/sweep_attention.py, decode part, graph replay): over 7 batch x
     # context shapes x 8 configs of 2-6 stages, 128-key blocks with 2 stages were the best or within

@@ -185,14 +185,17 @@ def _pick_config(head_dim: int, group: int, device: torch.device, merge_prefix: 
 
 
 def _splits_by_waves(work: int, seq_len: int, cap: int, num_sms: int, occupancy: int,
-                     merge_tokens: int) -> int:
-    """The split count s in 1..cap that minimises (waves of programs) x (tokens per program) plus
-    `merge_tokens` for the merge stage when s > 1: a model of the tail of the last wave, where
-    occupancy programs fit on an SM at once."""
+                     merge_tokens: int, program_tokens: int = 0) -> int:
+    """The split count s in 1..cap that minimises (waves of programs) x (tokens per program +
+    `program_tokens`, a program's fixed cost) plus `merge_tokens` for the merge stage when s > 1: a
+    model of the tail of the last wave, where occupancy programs fit on an SM at once. The fixed
+    cost keeps it from trading a few waves of long programs for many waves of short ones to fill
+    the last wave's tail (a small gain on paper, a loss when the sequences are shorter than
+    seq_len and most of the programs are empty)."""
     best, best_cost = 1, float("inf")
     for s in range(1, cap + 1):
         waves = triton.cdiv(work * s, max(1, num_sms * occupancy))
-        cost = waves * triton.cdiv(seq_len, s) + (merge_tokens if s > 1 else 0)
+        cost = waves * (triton.cdiv(seq_len, s) + program_tokens) + (merge_tokens if s > 1 else 0)
         if cost < best_cost:
             best, best_cost = s, cost
     return best
@@ -209,7 +212,7 @@ def choose_num_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
     but give each split at least `min_split_tokens` (128), so short sequences are not cut into
     slivers whose merge costs more than it saves. (4 per SM and the cap of 64 were the best of 2-16
     per SM and caps 64 / 128 on an H200, 2026-11-29, over 6 batch x context shapes.) Policy "waves":
-    _splits_by_waves with the entry's occupancy and merge_tokens, under the same caps.
+    _splits_by_waves with the entry's occupancy, merge_tokens and program_tokens, under the same caps.
     bench/kernels/sweep_kernels.py times both policies.
     The result depends only on the arguments, so a CUDA graph captured with max_seq_len set to the
     longest sequence it will replay stays valid (the kernel clips the split ranges on the device).
@@ -220,7 +223,7 @@ def choose_num_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
     cap = max(1, min(by_len, max_splits))
     if rule["policy"] == "waves":
         return _splits_by_waves(work, max(1, max_seq_len), cap, num_sms, int(rule["occupancy"]),
-                                int(rule["merge_tokens"]))
+                                int(rule["merge_tokens"]), int(rule["program_tokens"]))
     check(rule["policy"] == "per_sm", f"unknown decode_splits policy {rule['policy']!r}")
     want = triton.cdiv(int(rule["programs_per_sm"]) * num_sms, work)
     return int(max(1, min(want, cap)))

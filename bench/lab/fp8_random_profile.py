@@ -9,22 +9,30 @@ One process (~7 minutes on an H200, Qwen2.5-7B shape, dummy weights):
      with and without the quantization). CUDA-graph replay over rotating weight copies (>= 256 MB
      per timed graph, several times the 50 MB L2), median;
   2. the LM head at M = 1 (batch-1 decode): bf16 against the FP8 int GEMV's configs;
-  3. Engines (bf16; --quantization fp8; FP8 + --kv-cache-dtype fp8_e4m3; then both FP8 ones again
-     with the grid's winners installed in gemm_fp8.FP8_GEMM_TUNED where they beat _scaled_mm): batch-1
-     decode step, then `random` (256 x 512 in / 256 out) twice, cold (fresh radix tree) and warm
-     (the same prompts again: bench/fp8_bench.py's best-of-2 takes this one), each traced pass by
-     pass: device busy time in prefill/extend passes vs decode passes, passes, decode batch sizes.
-Prints the tables; JSON to --out after each stage; the winners as a Python table (--tuned-out).
+  3. Engines (--engines, names from ENGINES; by default bf16, --quantization fp8, FP8 +
+     --kv-cache-dtype fp8_e4m3, then both FP8 ones again with the grid's winners installed in
+     gemm_fp8.FP8_GEMM_TUNED where they beat _scaled_mm): batch-1 decode step, then `random` (256 x
+     512 in / 256 out) twice, cold (fresh radix tree) and warm (the same prompts again:
+     bench/fp8_bench.py's best-of-2 takes this one), each traced pass by pass: device busy time in
+     prefill/extend passes vs decode passes, passes, decode batch sizes;
+  4. (--only attention) FP8-pool decode attention at 256 x 640 with the rule's split count and with
+     the 33 splits a graph sized for 32K tokens ran before 2026-12-02, beside the bf16 pool.
+Prints the tables (ratios to the bf16 engine of the same run); JSON to --out after each stage; the
+winners as a Python table (--tuned-out).
 
     python3 bench/lab/fp8_random_profile.py --out $OUT/fp8-random-profile.json --budget-s 420
+    # the FP8-KV decode check: stage fp8kv-check of bench/h200_run.sh (--only attention,engines
+    # --engines bf16,fp8,fp8_kv8,kv8,fp8_head_bf16,fp8_kv8_before)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +49,19 @@ DECODE_M = (32, 64, 128, 256)
 PREFILL_M = (512, 8192)
 ROTATE_BYTES = 256 << 20
 T0 = time.perf_counter()
+KV8 = {"kv_cache_dtype": "fp8_e4m3"}
+# name -> Engine flags, whether the grid's Triton FP8 GEMM winners are routed, whether `random` runs
+# (else the batch-1 step only), whether the decode graphs and split rule are as before 2026-12-02
+ENGINES: dict[str, dict[str, Any]] = {
+    "bf16": {"flags": {}},
+    "fp8": {"flags": {"quantization": "fp8"}},
+    "fp8_triton": {"flags": {"quantization": "fp8"}, "triton": True},
+    "fp8_kv8": {"flags": {"quantization": "fp8", **KV8}},
+    "fp8_triton_kv8": {"flags": {"quantization": "fp8", **KV8}, "triton": True},
+    "kv8": {"flags": KV8},  # bf16 weights, FP8 KV pool
+    "fp8_head_bf16": {"flags": {"quantization": "fp8", "lm_head_quantization": "none"}, "random": False},
+    "fp8_kv8_before": {"flags": {"quantization": "fp8", **KV8}, "before": True},
+}
 
 
 def log(msg: str) -> None:
@@ -223,7 +244,37 @@ def split_trace(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def bench_engine(name: str, path: Path, **kw: Any) -> dict[str, Any]:
+@contextlib.contextmanager
+def as_before_fix() -> Iterator[None]:
+    """Decode graphs and the FP8 split rule as before 2026-12-02: one graph per batch size, sized for
+    the context length (a single length class), and decode_splits_fp8 without its per-program cost."""
+    from radixrt.kernels import attention_configs
+    from radixrt.worker import cuda_graph
+
+    saved = cuda_graph.SHORTEST_LEN_CLASS
+    cuda_graph.SHORTEST_LEN_CLASS = 1 << 40
+    try:
+        with attention_configs.overriding({"decode_splits_fp8": {"d128": {"program_tokens": 0}}}):
+            yield
+    finally:
+        cuda_graph.SHORTEST_LEN_CLASS = saved
+
+
+def bench_attention() -> list[dict[str, Any]]:
+    """Decode attention (fp8_bench's harness): 256 x 640 at the rule's split counts and with 33 FP8
+    splits, and 64 x 4,096."""
+    from bench.fp8_bench import bench_decode_attention
+
+    rows = [bench_decode_attention(256, 640), bench_decode_attention(256, 640, fp8_splits=33),
+            bench_decode_attention(64, 4096)]
+    for r in rows:
+        log(f"decode attention {r['batch']} x {r['seq_len']}: bf16 {r['bf16_us']:.1f} us ({r['bf16_splits']} "
+            f"splits), fp8 {r['fp8_us']:.1f} us ({r['fp8_splits']} splits), "
+            f"fp8 / bf16 {r['fp8_over_bf16']:.3f}")
+    return rows
+
+
+def bench_engine(name: str, path: Path, random: bool = True, **kw: Any) -> dict[str, Any]:
     from bench.gpu_engine import decode_step_ms, traced, workloads
     from bench.offline import run_workload
     from radixrt.engine import Engine
@@ -241,7 +292,13 @@ def bench_engine(name: str, path: Path, **kw: Any) -> dict[str, Any]:
         **kw,
     )
     res: dict[str, Any] = {"flags": kw, "start_s": time.perf_counter() - t}
+    graphs = engine.runner.graphs
+    res["decode_graphs"] = len(graphs.graphs) if graphs is not None else 0
     res["decode_b1_ms"] = decode_step_ms(engine, 128, 128)
+    log(f"{name}: start {res['start_s']:.0f} s ({res['decode_graphs']} decode graphs), "
+        f"batch-1 {res['decode_b1_ms']:.3f} ms")
+    if not random:
+        return res
     spec = workloads(False, int(engine.info["vocab_size"]))[0]
     engine.scheduler = build_scheduler(engine.args, engine.info)  # fresh tree: a cold run
     for run in ("cold", "warm"):
@@ -260,7 +317,6 @@ def bench_engine(name: str, path: Path, **kw: Any) -> dict[str, Any]:
             f"passes {c['decode_busy_ms']:.0f} ms (bs>=240 median {c['decode_bs240plus_median_ms']}), "
             f"gaps {c['gap_ms']:.0f} ms"
         )
-    log(f"{name}: start {res['start_s']:.0f} s, batch-1 {res['decode_b1_ms']:.3f} ms")
     return res
 
 
@@ -305,36 +361,59 @@ def print_tables(rep: dict[str, Any]) -> None:
                 f"| | {layer['best']:.1f} | | "
                 f"{layer['best'] / layer['bf16']:.3f} |"
             )
-    eng = rep.get("engines", {})
-    if eng:
-        base = eng.get("bf16")
-        print(
-            "\n| engine | batch-1 ms | run | out tok/s | / bf16 | wall s | hit | extend passes / busy ms | "
-            "decode passes / busy ms | decode bs>=240 median ms | gaps ms |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|"
-        )
-        for name, e in eng.items():
-            for run in ("cold", "warm"):
-                c = e[run]
-                ratio = c["output_tok_per_s"] / base[run]["output_tok_per_s"] if base else float("nan")
-                print(
-                    f"| {name} | {e['decode_b1_ms']:.3f} | {run} | {c['output_tok_per_s']:.0f} | "
-                    f"{ratio:.3f} | "
-                    f"{c['wall_s']:.3f} | {c['cache_hit_rate']:.2f} | "
-                    f"{c['extend_passes']} / {c['extend_busy_ms']:.0f} | "
-                    f"{c['decode_passes']} / {c['decode_busy_ms']:.0f} | {c['decode_bs240plus_median_ms']} | "
-                    f"{c['gap_ms']:.0f} |"
-                )
+    att = rep.get("attention", [])
+    if att:
+        print("\n| decode attention | bf16 us (splits) | fp8 us (splits) | fp8 / bf16 |\n|---|---|---|---|")
+        for r in att:
+            print(f"| {r['batch']} x {r['seq_len']} | {r['bf16_us']:.1f} ({r['bf16_splits']}) | "
+                  f"{r['fp8_us']:.1f} ({r['fp8_splits']}) | {r['fp8_over_bf16']:.3f} |")
+    print_engines(rep.get("engines", {}))
+
+
+def print_engines(eng: dict[str, Any]) -> None:
+    """One row per engine and run; every ratio is to the bf16 engine of the same run."""
+    if not eng:
+        return
+    base = eng.get("bf16")
+
+    def ratio(x: float | None, y: float | None) -> str:
+        return f"{x / y:.3f}" if x and y else ""
+
+    print(
+        "\n| engine | start s (graphs) | batch-1 ms | / bf16 | run | out tok/s | / bf16 | wall s | "
+        "extend passes / busy ms | decode passes / busy ms | decode bs>=240 median ms | / bf16 |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    for name, e in eng.items():
+        head = (f"| {name} | {e['start_s']:.0f} ({e['decode_graphs']}) | {e['decode_b1_ms']:.3f} | "
+                f"{ratio(e['decode_b1_ms'], base and base['decode_b1_ms'])} |")
+        if "cold" not in e:
+            print(head + " | | | | | | | |")
+        for run in ("cold", "warm") if "cold" in e else ():
+            c, b = e[run], base and base.get(run)
+            print(
+                f"{head} {run} | {c['output_tok_per_s']:.0f} | "
+                f"{ratio(c['output_tok_per_s'], b and b['output_tok_per_s'])} | {c['wall_s']:.3f} | "
+                f"{c['extend_passes']} / {c['extend_busy_ms']:.0f} | "
+                f"{c['decode_passes']} / {c['decode_busy_ms']:.0f} | {c['decode_bs240plus_median_ms']} | "
+                f"{ratio(c['decode_bs240plus_median_ms'], b and b['decode_bs240plus_median_ms'])} |"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-config", default="qwen2.5-7b")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new stages after this")
-    p.add_argument("--only", default="linears,lm_head,engines")
+    p.add_argument("--only", default="linears,lm_head,engines",
+                   help="stages: linears, lm_head, engines, attention")
+    p.add_argument("--engines", default="bf16,fp8,fp8_triton,fp8_kv8,fp8_triton_kv8",
+                   help=f"engines to run, in order, from: {', '.join(ENGINES)}")
     p.add_argument("--out", default="fp8-random-profile.json")
     p.add_argument("--tuned-out", default=None, help="write the grid's winners as FP8_GEMM_TUNED lines")
     ns = p.parse_args(argv)
+    unknown = set(ns.engines.split(",")) - set(ENGINES)
+    if unknown:
+        p.error(f"unknown engines {sorted(unknown)}")
     import_kernels()
     from bench.fp8_bench import model_dir
     from radixrt.kernels import gemm_fp8
@@ -342,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     stages = ns.only.split(",")
     end = T0 + ns.budget_s
     rep: dict[str, Any] = {**run_header("cuda"), "command": " ".join(sys.argv)}
+    if "attention" in stages:
+        rep["attention"] = bench_attention()
+        write_json(ns.out, rep)
     if "linears" in stages:
         rep["linears"] = bench_linears(deadline=T0 + 0.45 * ns.budget_s)
     lin_json = {
@@ -363,22 +445,18 @@ def main(argv: list[str] | None = None) -> int:
     if "engines" in stages:
         path = model_dir(ns.model_config)
         rep["engines"] = {}
-        kv8 = {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}
-        plan = [
-            ("bf16", {}, False),
-            ("fp8", {"quantization": "fp8"}, False),
-            ("fp8_triton", {"quantization": "fp8"}, True),
-            ("fp8_kv8", kv8, False),
-            ("fp8_triton_kv8", kv8, True),
-        ]
-        for name, kw, tri in plan:
+        routed = dict(gemm_fp8.FP8_GEMM_TUNED)  # the committed routing: every engine starts from it
+        for name in ns.engines.split(","):
             if time.perf_counter() > end:
                 log(f"budget spent: {name} not run")
                 break
+            spec = ENGINES[name]
             gemm_fp8.FP8_GEMM_TUNED.clear()
-            if tri:
+            gemm_fp8.FP8_GEMM_TUNED.update(routed)
+            if spec.get("triton"):
                 gemm_fp8.FP8_GEMM_TUNED.update(best)
-            rep["engines"][name] = bench_engine(name, path, **kw)
+            with as_before_fix() if spec.get("before") else contextlib.nullcontext():
+                rep["engines"][name] = bench_engine(name, path, spec.get("random", True), **spec["flags"])
             gc.collect()
             torch.cuda.empty_cache()
             write_json(ns.out, {**rep, "linears": lin_json})

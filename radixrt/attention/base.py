@@ -118,6 +118,13 @@ class AttentionBackend(ABC):
     # 0 = no fused form. CUDA graphs capture a second set of cascade graphs up to this bound.
     cascade_fused_max_suffix: int = 0
 
+    def decode_graph_key(self, batch_size: int, max_seq_len: int) -> int:
+        """What a DECODE pass of `batch_size` requests, the longest `max_seq_len` tokens, bakes into a
+        CUDA graph besides the batch size, as an int (host ints only): passes with equal keys can
+        replay one graph (worker/cuda_graph.py's length classes). Default 0: one graph serves every
+        length."""
+        return 0
+
     @abstractmethod
     def prepare(self, meta: ForwardMeta) -> None:
         """Take this pass's metadata (before the first layer); may pick launch parameters."""

@@ -10,9 +10,11 @@ new K/V into the pool at meta.out_cache_loc and then attends:
 CUDA graphs (decode): forward does no host synchronisation, and its only allocation is the output,
 whose size depends on the batch size alone. The split workspace is allocated once, for every batch
 size up to `max_batch_size`, and handed to the kernel as views. The number of KV splits is a host
-int chosen in `prepare` from (batch size, meta.max_seq_len) and baked into a captured graph: capture
-with meta.max_seq_len set to the longest sequence the graph will replay (e.g. the context length);
-the kernel clips the split ranges to each row's seq_len on the device, so any shorter replay is exact.
+int chosen in `prepare` from (batch size, meta.max_seq_len) and baked into a captured graph; it is
+also `decode_graph_key`, so cuda_graph.py captures one graph per split count over its length classes
+and replays the one chosen for the batch's real longest sequence. The kernel clips the split ranges
+to each row's seq_len on the device, so any replay is exact; a split count chosen for a much longer
+sequence only runs empty programs (and a wider merge).
 """
 
 from __future__ import annotations
@@ -127,6 +129,10 @@ class TritonAttnBackend(AttentionBackend):
         return choose_num_kv_splits(batch_size, self.num_kv_heads, max_seq_len, self.num_sms,
                                     self.max_num_kv_splits, head_dim=self.head_dim,
                                     kv_fp8=self.kv_pool.k_buffers[0].dtype == torch.float8_e4m3fn)
+
+    def decode_graph_key(self, batch_size: int, max_seq_len: int) -> int:
+        """The split count a plain DECODE pass of this shape takes (see AttentionBackend)."""
+        return self._splits(batch_size, max_seq_len)
 
     def _alloc_workspace(self, num_q_heads: int) -> None:
         """Room for batch * splits rows at every batch size <= max_batch_size and any sequence length."""

@@ -10,10 +10,18 @@ graph of size bs >= B, with static input buffers filled as follows:
                   seq_len 1 and a page-table row of zeros, so it attends only to its own sink slot
                   and never reads or writes a real request's pages.
 
-The attention backend is prepared at capture time with max_seq_len = context length (the Triton
-backend sizes its KV splits from it and clips per row on the device), so any shorter replay is
-exact. Only backends that do no host synchronisation in `forward` can be captured (Triton; the
-torch reference backend cannot).
+Length classes: a backend may bake a length-dependent launch shape into a graph (the Triton
+backend's KV split count, chosen from the batch size and max_seq_len). One graph sized for the
+context length then runs long-context launches on every short batch: 33 splits per (request, KV
+head) at batch 256 over 32K tokens (FP8 pool, before the rule's program cost), 28 of them empty over
+~640-token sequences, which doubled the batch-256 decode step. So each batch size gets one graph per
+distinct `backend.decode_graph_key(bs, L)` over the length classes L = 1,024, 2,048, 4,096, ...
+(doubling, below the context length) and the context length, captured with max_seq_len = the
+longest L of its key; a replay takes the key of the smallest class >= the batch's max_seq_len (a
+host int). Every graph is exact for any length (the kernel clips split ranges to each row's seq_len
+on the device); the classes only bound how far a graph's shape is from the batch's (<= 2x the
+length above 1,024 tokens). Only backends that do no host synchronisation in `forward` can be
+captured (Triton; the torch reference backend cannot).
 
 Cascade passes (decode groups sharing prefix pages, ForwardMeta.cascade) have their own graphs at
 the sizes in `cascade_batch_sizes`, captured with MAX_CASCADE_GROUPS groups of up to bs members and
@@ -27,6 +35,8 @@ cascade graph, runs eagerly.
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 from torch import nn
 
@@ -34,6 +44,18 @@ from radixrt.attention.base import AttentionBackend, CascadeMeta, ForwardMeta
 from radixrt.protocol import ForwardMode
 
 MAX_CASCADE_GROUPS = 8
+SHORTEST_LEN_CLASS = 1024  # tokens: below this a longer class's launch shape costs little (batch 1)
+
+
+def seq_len_classes(context_len: int, shortest: int = SHORTEST_LEN_CLASS) -> list[int]:
+    """Longest sequence of each decode-graph length class, ascending: shortest, 2 x shortest, ...
+    while below context_len, then context_len (one class when context_len <= shortest)."""
+    classes = []
+    length = max(1, shortest)
+    while length < context_len:
+        classes.append(length)
+        length *= 2
+    return classes + [context_len]
 
 
 def cascade_batch_sizes(max_bs: int) -> list[int]:
@@ -92,20 +114,27 @@ class CudaGraphRunner:
         self.group_starts = torch.zeros(MAX_CASCADE_GROUPS + 1, dtype=torch.int32, device=dev)
         self.group_prefix_lens = torch.zeros(MAX_CASCADE_GROUPS, dtype=torch.int32, device=dev)
         self.mem_pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # (bs, key) -> graph; key = backend.decode_graph_key(bs, L), one graph per distinct key
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.len_classes = seq_len_classes(context_len, SHORTEST_LEN_CLASS)  # (read now: benches set it)
+        # bs -> the graph key of each length class
+        self.class_keys = {bs: [backend.decode_graph_key(bs, n) for n in self.len_classes]
+                           for bs in self.sizes}
         self.cascade_sizes = cascade_batch_sizes(self.max_bs) if cascade else []
         # (bs, fused) -> graph; fused graphs serve replays whose suffixes are all <= fused_max_suffix
         self.cascade_graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.fused_max_suffix = min(int(backend.cascade_fused_max_suffix), self.context_len)
         with torch.inference_mode():
             for bs in reversed(self.sizes):
-                self._capture(bs)
+                longest = {key: n for n, key in zip(self.len_classes, self.class_keys[bs], strict=True)}
+                for n in sorted(longest.values(), reverse=True):
+                    self._capture(bs, n)
             for bs in reversed(self.cascade_sizes):
-                self._capture(bs, cascade=True)
+                self._capture(bs, context_len, cascade=True)
                 if self.fused_max_suffix > 0:
-                    self._capture(bs, cascade=True, fused=True)
+                    self._capture(bs, context_len, cascade=True, fused=True)
 
-    def _meta(self, bs: int, cascade: bool = False, fused: bool = False) -> ForwardMeta:
+    def _meta(self, bs: int, max_seq_len: int, cascade: bool = False, fused: bool = False) -> ForwardMeta:
         groups = None
         if cascade:
             groups = CascadeMeta(members=self.members[:bs], starts=self.group_starts,
@@ -118,15 +147,15 @@ class CudaGraphRunner:
             seq_lens=self.seq_lens[:bs], extend_lens=self.extend_lens[:bs],
             prefix_lens=self.prefix_lens[:bs], extend_start_loc=self.extend_start_loc[:bs],
             out_cache_loc=self.out_cache_loc[:bs], positions=self.positions[:bs],
-            max_seq_len=self.context_len, max_extend_len=1, cascade=groups)
+            max_seq_len=max_seq_len, max_extend_len=1, cascade=groups)
 
     def _run(self, bs: int, meta: ForwardMeta) -> None:
         self.backend.prepare(meta)
         hidden = self.model(self.input_ids[:bs], self.positions[:bs], meta, self.backend)  # [bs, H]
         self.model.compute_logits(hidden, out=self.logits[:bs])
 
-    def _capture(self, bs: int, cascade: bool = False, fused: bool = False) -> None:
-        meta = self._meta(bs, cascade, fused)
+    def _capture(self, bs: int, max_seq_len: int, cascade: bool = False, fused: bool = False) -> None:
+        meta = self._meta(bs, max_seq_len, cascade, fused)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: Triton compilation, cuBLAS workspaces
@@ -139,7 +168,14 @@ class CudaGraphRunner:
         if cascade:
             self.cascade_graphs[bs, fused] = graph
         else:
-            self.graphs[bs] = graph
+            self.graphs[bs, self.backend.decode_graph_key(bs, max_seq_len)] = graph
+
+    def graph_key(self, bs: int, max_seq_len: int) -> int:
+        """The key of the plain graph of size bs that serves a batch whose longest sequence is
+        max_seq_len tokens: that of the smallest length class >= max_seq_len (the longest class
+        beyond the context length)."""
+        i = min(bisect.bisect_left(self.len_classes, max_seq_len), len(self.len_classes) - 1)
+        return self.class_keys[bs][i]
 
     def can_run(self, meta: ForwardMeta) -> bool:
         if meta.mode != ForwardMode.DECODE or meta.page_table.shape[1] != self.page_table.shape[1]:
@@ -167,7 +203,7 @@ class CudaGraphRunner:
             self.page_table[n:bs].zero_()
         torch.sub(self.seq_lens[:bs], 1, out=self.prefix_lens[:bs])
         if c is None:
-            self.graphs[bs].replay()
+            self.graphs[bs, self.graph_key(bs, meta.max_seq_len)].replay()
             return self.logits[:n]
         g, m = int(c.starts.shape[0]) - 1, int(c.members.shape[0])
         self.kv_start[:n].copy_(c.kv_start)

@@ -149,3 +149,32 @@ def test_extend_config_rejects_a_tile_the_loops_cannot_run():
     ac.set_overrides({"extend": {"d128": {"BLOCK_M": 64, "BLOCK_N": 128}}})
     with pytest.raises(ValueError, match="multiple"):
         EXT._pick_config(128, GPU, 8192, 8192)
+
+
+def test_fp8_split_rule_keeps_large_batches_whole():
+    """The FP8 pool's rule (decode_splits_fp8, "waves" for head dim 128) at Qwen2.5-7B's 4 KV heads:
+    a batch of 256 (1,024 (request, KV head) pairs, ~3.9 waves of 264 programs) takes one split at
+    every length. Without the per-program cost it took 17 splits at 4,096 tokens and 33 at 32,768, the
+    length the decode graphs were sized for, which then ran 28 empty programs of 33 over ~640-token
+    sequences (H200: batch-256 decode step 17.1 against 8.3 ms with a bf16 pool)."""
+    for batch in (128, 192, 256):
+        for seq_len in (640, 1024, 4096, 32768):
+            assert choose_num_kv_splits(batch, 4, seq_len, 132, kv_fp8=True) == 1, (batch, seq_len)
+    # the decode graphs' 1,024-token class (`random`'s 513-768 tokens): one split at every graph size
+    # from 128 up (136 = 2.06 waves still splits longer sequences: its third wave is nearly empty)
+    assert all(choose_num_kv_splits(b, 4, 1024, 132, kv_fp8=True) == 1 for b in range(128, 257, 8))
+    assert choose_num_kv_splits(136, 4, 32768, 132, kv_fp8=True) > 1
+    # the shapes the rule was measured at keep their choice (one split)
+    assert choose_num_kv_splits(64, 4, 4096, 132, kv_fp8=True) == 1
+    assert choose_num_kv_splits(128, 4, 2048, 132, kv_fp8=True) == 1
+    # small batches still split long sequences (batch 1: up to the cap of 64)
+    assert choose_num_kv_splits(1, 4, 32768, 132, kv_fp8=True) == 64
+    assert choose_num_kv_splits(8, 4, 32768, 132, kv_fp8=True) == 8
+    assert choose_num_kv_splits(1, 4, 640, 132, kv_fp8=True) == 5
+    # the rule as it was (no per-program cost)
+    ac.set_overrides({"decode_splits_fp8": {"d128": {"program_tokens": 0}}})
+    assert choose_num_kv_splits(256, 4, 32768, 132, kv_fp8=True) == 33
+    assert choose_num_kv_splits(256, 4, 4096, 132, kv_fp8=True) == 17
+    assert choose_num_kv_splits(256, 4, 640, 132, kv_fp8=True) == 1
+    # the bf16 pool's rule ("per_sm") is untouched: one split from 132 requests up
+    assert all(choose_num_kv_splits(256, 4, n, 132) == 1 for n in (640, 32768))

@@ -242,3 +242,26 @@ def test_prepare_caps_prefix_splits_of_the_fused_form(device, max_suffix_len, fu
         assert backend._num_kv_splits == 1 and backend._num_prefix_splits == CASCADE_FUSED_MAX_PREFIX_SPLITS
     else:
         assert backend._num_kv_splits >= 2 and backend._num_prefix_splits > CASCADE_FUSED_MAX_PREFIX_SPLITS
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_decode_graph_key_is_the_split_count_prepare_bakes_in(device, kv_dtype):
+    """CUDA graphs are keyed by decode_graph_key (worker/cuda_graph.py's length classes): it must be
+    the split count that `prepare` picks for a plain DECODE pass of that shape, FP8 pools included
+    (host-side choice only: nothing is launched)."""
+    pool = Pool(PAGE, [torch.zeros(PAGE * 2, HKV, D, device=device, dtype=kv_dtype)],
+                [torch.zeros(PAGE * 2, HKV, D, device=device, dtype=kv_dtype)])
+    backend = TritonAttnBackend(pool, q_dtype=torch.float32)
+    ints = {"dtype": torch.int32, "device": device}
+    keys = set()
+    for bs in (1, 8, 64, 256):
+        for max_seq_len in (100, 640, 1024, 8192, 32768):
+            meta = ForwardMeta(mode=ForwardMode.DECODE, page_size=PAGE, page_table=torch.zeros(bs, 1, **ints),
+                               seq_lens=torch.ones(bs, **ints), extend_lens=torch.ones(bs, **ints),
+                               prefix_lens=torch.zeros(bs, **ints), extend_start_loc=torch.arange(bs, **ints),
+                               out_cache_loc=torch.zeros(bs, **ints), positions=torch.zeros(bs, **ints),
+                               max_seq_len=max_seq_len, max_extend_len=1)
+            backend.prepare(meta)
+            assert backend.decode_graph_key(bs, max_seq_len) == backend._num_kv_splits
+            keys.add(backend._num_kv_splits)
+    assert len(keys) > 2  # the key does follow the length and the batch

@@ -75,6 +75,37 @@ def test_graph_replay_equals_eager(tiny_dir: Path) -> None:
     torch.testing.assert_close(graph_logits, eager_logits, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kv_cache_dtype, tol", [("auto", 1e-4), ("fp8_e4m3", 1e-2)])
+def test_graph_of_each_length_class_equals_eager(tmp_path: Path, kv_cache_dtype: str, tol: float) -> None:
+    """With a 4,096-token context the decode graphs come in length classes (1,024 / 2,048 / 4,096,
+    worker/cuda_graph.py): a batch-1 step over 98 and over 1,501 tokens replays the graph of its
+    class (different split counts) and equals the same step run eagerly, fp32 and FP8 pools.
+    (FP8: the graph's split count differs from the eager one, and P is rounded to fp16 per split.)"""
+    from types import SimpleNamespace
+
+    save_tiny_model("llama", tmp_path, max_position_embeddings=4096)
+    runner = ModelRunner(_args(kv_cache_dtype=kv_cache_dtype), tmp_path)
+    g = runner.graphs
+    assert g is not None and g.len_classes == [1024, 2048, 4096]
+    keys = {n: g.graph_key(1, n) for n in (98, 1501)}
+    assert keys[98] != keys[1501] and {(1, k) for k in keys.values()} <= set(g.graphs)
+    replayed = []
+    for k in keys.values():  # record which graph replays
+        graph = g.graphs[1, k]
+        g.graphs[1, k] = SimpleNamespace(replay=lambda k=k, graph=graph: (replayed.append(k), graph.replay()))
+    gen = torch.Generator().manual_seed(7)
+    for n, key in keys.items():
+        ids = torch.randint(0, 300, (n - 1,), generator=gen).tolist()
+        runner.forward_logits(single_request_batch(ids, page_size=16))
+        step = single_request_batch([7], start=len(ids), page_size=16, batch_id=2)
+        graph_logits = runner.forward_logits(step).clone()
+        assert runner.last_path == "graph" and replayed[-1] == key
+        graphs, runner.graphs = runner.graphs, None
+        eager_logits = runner.forward_logits(step)
+        runner.graphs = graphs
+        torch.testing.assert_close(graph_logits, eager_logits, atol=tol, rtol=tol)
+
+
 def test_bf16_logits_close_to_fp32_hf(tiny_dir: Path, hf_model) -> None:
     runner = ModelRunner(_args(dtype="bfloat16"), tiny_dir)
     assert runner.info()["dtype"] == "bfloat16"
