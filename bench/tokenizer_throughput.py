@@ -196,7 +196,8 @@ def _one_pass(live: dict[str, list[int]], stream: np.ndarray) -> Any:
 class _Gang:
     """--burst: GenerateReqs wait until `size` have arrived, then run their passes together and finish
     in the same pass (as a real scheduler's batch does when its requests arrive at once). A partial
-    gang (the warm-up request) is admitted after GANG_WAIT_S. Records, per full gang, the perf_counter
+    gang (the warm-up request) is admitted once no request has arrived for GANG_WAIT_S (a slow burst
+    keeps its gang: its requests keep arriving). Records, per full gang, the perf_counter
     times of the last arrival and of the pass that finished it (CLOCK_MONOTONIC: the client's clock)."""
 
     GANG_WAIT_S = 0.5
@@ -205,7 +206,7 @@ class _Gang:
         self.size = size
         self.pid_file = pid_file
         self.waiting: dict[str, list[int]] = {}
-        self.first_s = 0.0
+        self.last_s = 0.0  # when the last request joined the waiting room
         # per full gang: [last arrival, final pass sent] as perf_counter, then the tokenizer process's
         # event-loop run time (thread_run_s) at the same two moments
         self.times: list[list[float]] = []
@@ -220,14 +221,13 @@ class _Gang:
         """Where a new request goes: `live` when no gang is formed, else the waiting room."""
         if self.size <= 0:
             return live
-        if not self.waiting:
-            self.first_s = time.perf_counter()
+        self.last_s = time.perf_counter()
         return self.waiting
 
     def admit(self, live: dict[str, list[int]]) -> bool:
         """Move a full (or timed-out) gang into `live`; True when one moved."""
         full = len(self.waiting) >= self.size > 0
-        if not self.waiting or not (full or time.perf_counter() - self.first_s > self.GANG_WAIT_S):
+        if not self.waiting or not (full or time.perf_counter() - self.last_s > self.GANG_WAIT_S):
             return False
         live.update(self.waiting)
         self.waiting.clear()
