@@ -5,8 +5,8 @@ counts are taken then too but added to the histograms and counters in batches (`
 at every scrape and every FOLD_AT requests or FOLD_AT_GAPS gaps): a burst of streams ends in one
 scheduler pass, and one locked prometheus_client update per inter-token gap (~4 us each, 63 per
 64-token request) was a large share of the front end's work between that pass and the last stream's
-end. Running / waiting
-requests and cache figures are read from the scheduler (get_server_info) at scrape time.
+end. Running / waiting requests and cache figures are read from the scheduler (get_server_info) at
+scrape time.
 """
 
 from __future__ import annotations
