@@ -21,6 +21,13 @@ Reported: offered rate (streams / pass), delivered output tok/s, tokens per SSE 
 per request) of the tokenizer process, the client and the fake scheduler (from /proc, over the
 measured window: the client run after its warm-up request).
 
+`--burst` reproduces a burst as bench/serving_goals.py's `shared-prefix` sends one: each round
+sends all `--streams` requests at once, the fake scheduler holds them until all have arrived and then
+runs them as one batch, so that they all finish in the same pass. It adds two wall times per round
+(medians over the rounds): `burst_start` (from the sends to the scheduler holding the last request:
+the front end's admission of the burst) and `burst_end` (from the pass that finished every request to
+the client seeing the last stream end: the front end's finishing of the burst).
+
 `--client-only` measures the client by itself: the same client against a trivial SSE server (this
 file, `--role sse-server`, raw asyncio) that sends the same kind of events in lockstep every pass.
 If the client alone cannot reach the offered rate, a run against the real server says nothing about
@@ -33,6 +40,8 @@ and the client and the fake scheduler to the others (`--no-pin` turns this off).
     .venv/bin/python bench/tokenizer_throughput.py --client-only --client httpx --streams 32 --pass-ms 2
     .venv/bin/python bench/tokenizer_throughput.py --sweep-pass-ms 8,4,2,1 --streams 32 --client raw
     .venv/bin/python bench/tokenizer_throughput.py --profile /tmp/tok.prof   # cProfile of the front end
+    .venv/bin/python bench/tokenizer_throughput.py --burst --streams 128 --prompt-len 2176 --output-len 64 \
+        --pass-ms 11 --rounds 4   # shared-prefix's burst
 
 `--profile` profiles the tokenizer process over the measured window only (the client run after the
 warm-up request; start-up and imports are left out): a sitecustomize probe enables cProfile on
@@ -122,6 +131,16 @@ def proc_cpu_s(pid: int) -> float:
     return (int(parts[11]) + int(parts[12])) / _clk_tck()
 
 
+def thread_run_s(pid: int) -> float:
+    """Time the main thread of `pid` (the tokenizer process's event loop) has run on a CPU, seconds
+    (/proc/<pid>/schedstat: nanoseconds, not clock ticks; 0.0 when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _pin(pid: int, cpus: set[int]) -> None:
     try:
         os.sched_setaffinity(pid, cpus)
@@ -131,17 +150,18 @@ def _pin(pid: int, cpus: set[int]) -> None:
 
 # ============================================================================ fake scheduler
 def _take_messages(msgs: list[Any], live: dict[str, list[int]], tx: Any, stream_len: int,
-                   rng: np.random.Generator) -> None:
-    """Admit GenerateReqs into `live` (rid -> [position in stream, sent, max tokens, prompt len]),
-    drop aborted rids, answer control requests."""
+                   rng: np.random.Generator, gang: _Gang) -> None:
+    """Admit GenerateReqs into `live` (rid -> [position in stream, sent, max tokens, prompt len]; or
+    into the gang's waiting room), drop aborted rids, answer control requests."""
     from radixrt import protocol
 
     for msg in msgs:
         if isinstance(msg, protocol.GenerateReq):
             mnt = msg.sampling.get("max_new_tokens") or 16
-            live[msg.rid] = [int(rng.integers(stream_len)), 0, int(mnt), len(msg.input_ids)]
+            gang.hold(live)[msg.rid] = [int(rng.integers(stream_len)), 0, int(mnt), len(msg.input_ids)]
         elif isinstance(msg, protocol.AbortReq):
             live.pop(msg.rid, None)
+            gang.waiting.pop(msg.rid, None)
         elif isinstance(msg, protocol.ControlReq):
             tx.send(protocol.ControlResp(req_id=msg.req_id, ok=True,
                                          data={"scheduler": {"num_running_reqs": len(live)}}))
@@ -173,6 +193,54 @@ def _one_pass(live: dict[str, list[int]], stream: np.ndarray) -> Any:
     return out
 
 
+class _Gang:
+    """--burst: GenerateReqs wait until `size` have arrived, then run their passes together and finish
+    in the same pass (as a real scheduler's batch does when its requests arrive at once). A partial
+    gang (the warm-up request) is admitted once no request has arrived for GANG_WAIT_S (a slow burst
+    keeps its gang: its requests keep arriving). Records, per full gang, the perf_counter
+    times of the last arrival and of the pass that finished it (CLOCK_MONOTONIC: the client's clock)."""
+
+    GANG_WAIT_S = 0.5
+
+    def __init__(self, size: int, pid_file: str) -> None:
+        self.size = size
+        self.pid_file = pid_file
+        self.waiting: dict[str, list[int]] = {}
+        self.last_s = 0.0  # when the last request joined the waiting room
+        # per full gang: [last arrival, final pass sent] as perf_counter, then the tokenizer process's
+        # event-loop run time (thread_run_s) at the same two moments
+        self.times: list[list[float]] = []
+
+    def _tokenizer_run_s(self) -> float:
+        try:
+            return thread_run_s(int(Path(self.pid_file).read_text()))
+        except (OSError, ValueError):
+            return 0.0
+
+    def hold(self, live: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Where a new request goes: `live` when no gang is formed, else the waiting room."""
+        if self.size <= 0:
+            return live
+        self.last_s = time.perf_counter()
+        return self.waiting
+
+    def admit(self, live: dict[str, list[int]]) -> bool:
+        """Move a full (or timed-out) gang into `live`; True when one moved."""
+        full = len(self.waiting) >= self.size > 0
+        if not self.waiting or not (full or time.perf_counter() - self.last_s > self.GANG_WAIT_S):
+            return False
+        live.update(self.waiting)
+        self.waiting.clear()
+        if full:
+            self.times.append([time.perf_counter(), 0.0, self._tokenizer_run_s(), 0.0])
+        return True
+
+    def finished(self, live: dict[str, list[int]]) -> None:
+        if self.times and not live and not self.times[-1][1]:
+            self.times[-1][1] = time.perf_counter()
+            self.times[-1][3] = self._tokenizer_run_s()
+
+
 def run_fake_scheduler(spec: dict[str, Any]) -> None:
     """Bind scheduler_in, stream one token per live request every pass_s, until SIGTERM."""
     import zmq
@@ -192,12 +260,17 @@ def run_fake_scheduler(spec: dict[str, Any]) -> None:
     live: dict[str, list[int]] = {}
     rng = np.random.default_rng(0)
     next_t = time.perf_counter()
+    gang = _Gang(int(spec.get("gang", 0)), spec.get("tokenizer_pid_file", ""))
     passes = late = 0
     while not stop[0]:
         wait_ms = max(0.0, (next_t - time.perf_counter()) * 1000)
         if rx.sock.poll(int(wait_ms) if wait_ms >= 1 else (1 if wait_ms > 0 else 0)):
-            _take_messages(rx.recv_all(), live, tx, len(stream), rng)
+            _take_messages(rx.recv_all(), live, tx, len(stream), rng, gang)
+            if gang.admit(live):
+                next_t = time.perf_counter() + pass_s  # the first pass (the extend) starts now
             continue
+        if gang.admit(live):
+            next_t = time.perf_counter() + pass_s
         now = time.perf_counter()
         if now < next_t:
             continue
@@ -209,7 +282,8 @@ def run_fake_scheduler(spec: dict[str, Any]) -> None:
             continue
         passes += 1
         tx.send(_one_pass(live, stream))
-    print(json.dumps({"passes": passes, "late_passes": late}), flush=True)
+        gang.finished(live)
+    print(json.dumps({"passes": passes, "late_passes": late, "gangs": gang.times}), flush=True)
     rx.sock.close()
     tx.sock.close(linger=0)
     ctx.term()
@@ -386,10 +460,21 @@ async def _httpx_request(client: Any, cfg: Any, prompt: list[int], output_len: i
     return res
 
 
+def _body(prompt: list[int], output_len: int) -> bytes:
+    return orjson.dumps({"model": MODEL, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+                         "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+                         "return_token_ids": True})
+
+
 async def drive(port: int, client_kind: str, streams: int, rounds: int, output_len: int,
-                prompt_len: int, on_start: Any = None) -> tuple[list[StreamResult], float]:
+                prompt_len: int, on_start: Any = None, bursts: list[list[float]] | None = None,
+                server_pid: int = 0) -> tuple[list[StreamResult], float]:
     """`streams` workers, each sending `rounds` requests one after the other; (results, duration_s).
 
+    With `bursts` (a list to fill; --burst, raw client), each round instead sends all `streams`
+    requests at once (bodies encoded beforehand) and waits for every one of them; per round it
+    appends [perf_counter at the sends, perf_counter when the last stream ended], then the server's
+    event-loop run time (thread_run_s of `server_pid`) at the same two moments.
     `on_start()` runs after the warm-up request, just before the measured requests start."""
     rng = np.random.default_rng(1)
     results: list[StreamResult] = []
@@ -403,21 +488,32 @@ async def drive(port: int, client_kind: str, streams: int, rounds: int, output_l
     async def one(prompt: list[int]) -> StreamResult:
         if client is not None:
             return await _httpx_request(client, cfg, prompt, output_len)
-        body = orjson.dumps({"model": MODEL, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
-                             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
-                             "return_token_ids": True})
-        return await _raw_request("127.0.0.1", port, body)
+        return await _raw_request("127.0.0.1", port, _body(prompt, output_len))
 
     async def worker() -> None:
         for _ in range(rounds):
             prompt = rng.integers(100, 40000, size=prompt_len).tolist()
             results.append(await one(prompt))
 
+    async def burst() -> None:
+        assert bursts is not None
+        for _ in range(rounds):
+            bodies = [_body(rng.integers(100, 40000, size=prompt_len).tolist(), output_len)
+                      for _ in range(streams)]
+            run0, t_send = thread_run_s(server_pid), time.perf_counter()
+            done = await asyncio.gather(*(_raw_request("127.0.0.1", port, b) for b in bodies))
+            run1 = thread_run_s(server_pid)
+            results.extend(done)
+            bursts.append([t_send, max(r.start_s + (r.e2e_s or 0.0) for r in done), run0, run1])
+
     await one([1, 2, 3])  # warm-up (connection, first-request imports)
     if on_start is not None:
         on_start()
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(streams)))
+    if bursts is not None:
+        await burst()
+    else:
+        await asyncio.gather(*(worker() for _ in range(streams)))
     duration = time.perf_counter() - t0
     if client is not None:
         await client.aclose()
@@ -506,9 +602,10 @@ def _spawn_tokenizer(args: argparse.Namespace, sargs: Any, addrs: Any, model_dir
 
 
 def _measure(args: argparse.Namespace, port: int, tok: subprocess.Popen,
-             sched: subprocess.Popen) -> tuple[Any, float, dict[str, float], tuple[float, float]]:
+             sched: subprocess.Popen, bursts: list[list[float]] | None = None,
+             ) -> tuple[Any, float, dict[str, float], tuple[float, float]]:
     """The client run: results, duration, CPU seconds per process, and the window's wall times (a
-    py-spy profile of the tokenizer process over it with --py-spy)."""
+    py-spy profile of the tokenizer process over it with --py-spy). `bursts`: see `drive`."""
     spy = None
     if args.py_spy:
         spy = subprocess.Popen([shutil.which("py-spy") or "py-spy", "record", "-p", str(tok.pid),
@@ -526,7 +623,8 @@ def _measure(args: argparse.Namespace, port: int, tok: subprocess.Popen,
         t_start[0] = time.time()
 
     results, duration = asyncio.run(drive(port, args.client, args.streams, args.rounds, args.output_len,
-                                          args.prompt_len, on_start=start))
+                                          args.prompt_len, on_start=start, bursts=bursts,
+                                          server_pid=tok.pid))
     t_end = time.time()
     cpu = {k: proc_cpu_s(pid) - cpu0[k] for k, pid in pids.items()}
     if args.profile:
@@ -557,9 +655,14 @@ def run_server_case(args: argparse.Namespace, pass_ms: float, model_dir: Path, t
     port = free_port()
     sargs = ServerArgs(port=port, max_running_requests=max(64, args.streams), log_level="warning")
     sched = _spawn_role("fake-scheduler", {"addrs": addrs.to_dict(), "pass_s": pass_ms / 1000,
-                                           "token_stream": _token_stream(tokenizer)}, log)
+                                           "token_stream": _token_stream(tokenizer),
+                                           "gang": args.streams if args.burst else 0,
+                                           "tokenizer_pid_file": str(Path(addrs.dir) / "tokenizer.pid")},
+                        log)
+    bursts: list[list[float]] | None = [] if args.burst else None
     gc_out = Path(addrs.dir) / "gc.txt"
     tok = _spawn_tokenizer(args, sargs, addrs, model_dir, gc_out, log)
+    (Path(addrs.dir) / "tokenizer.pid").write_text(str(tok.pid))
     try:
         msg = launcher.recv(timeout_ms=120_000)
         if not isinstance(msg, protocol.Ready):
@@ -569,7 +672,7 @@ def run_server_case(args: argparse.Namespace, pass_ms: float, model_dir: Path, t
             _pin(tok.pid, {0})
             _pin(sched.pid, others)
             _pin(0, others)
-        results, duration, cpu, (t_start, t_end) = _measure(args, port, tok, sched)
+        results, duration, cpu, (t_start, t_end) = _measure(args, port, tok, sched, bursts)
         _stop(tok)
         gc_stats = _gc_summary(gc_out, t_start, t_end) if args.gc_stats else {}
     finally:
@@ -585,7 +688,29 @@ def run_server_case(args: argparse.Namespace, pass_ms: float, model_dir: Path, t
         out.update(json.loads(sched_out.strip().splitlines()[-1]))
     except (ValueError, IndexError):
         pass
+    if bursts is not None:
+        out.update(burst_timings(bursts, out.pop("gangs", [])))
     return out
+
+
+def burst_timings(bursts: list[list[float]], gangs: list[list[float]]) -> dict[str, Any]:
+    """Per --burst round, medians: `burst_start_ms`, from the client's sends to the fake scheduler
+    holding the last of the round's requests; `burst_end_ms`, from the scheduler's pass that finished
+    them all to the client seeing the last stream end; `*_cpu_ms`, the time the tokenizer process's
+    event loop ran on a CPU in the same windows (what contention from other processes disturbs
+    less than the wall times)."""
+    gangs = gangs[-len(bursts):] if len(gangs) >= len(bursts) else []
+    if not gangs:
+        return {"burst_start_ms": None, "burst_end_ms": None}
+    pairs = list(zip(bursts, gangs, strict=True))
+
+    def med(xs: list[float]) -> float:
+        return float(np.median(xs)) * 1000
+
+    return {"burst_start_ms": med([g[0] - b[0] for b, g in pairs]),
+            "burst_end_ms": med([b[1] - g[1] for b, g in pairs]),
+            "burst_start_cpu_ms": med([g[2] - b[2] for b, g in pairs]),
+            "burst_end_cpu_ms": med([b[3] - g[3] for b, g in pairs])}
 
 
 def run_client_only_case(args: argparse.Namespace, pass_ms: float, tokenizer: Any) -> dict:
@@ -630,6 +755,9 @@ def format_row(r: dict) -> str:
             + (f" tokenizer_cpu={r['cpu_tokenizer_ms_per_req']:.3f}ms/req" if "cpu_tokenizer_ms_per_req" in r
                else "")
             + (f" late_passes={r['late_passes']}" if "late_passes" in r else "")
+            + (f" burst_start={f(r['burst_start_ms'])}ms(cpu {f(r.get('burst_start_cpu_ms'))}ms)"
+               f" burst_end={f(r['burst_end_ms'])}ms(cpu {f(r.get('burst_end_cpu_ms'))}ms)"
+               if "burst_start_ms" in r else "")
             + "".join(f" {k}={r[k]}" for k in ("gc0", "gc1", "gc2") if k in r))
 
 
@@ -643,6 +771,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--rounds", type=int, default=2, help="requests per stream, one after the other")
     p.add_argument("--client", choices=["httpx", "raw"], default="raw")
+    p.add_argument("--burst", action="store_true",
+                   help="each round sends all --streams requests at once; the fake scheduler runs them "
+                   "as one batch (finishing in one pass); reports the burst's start and end times")
     p.add_argument("--client-only", action="store_true", help="the client against a trivial SSE server")
     p.add_argument("--profile", default=None, help="cProfile the tokenizer process into this file")
     p.add_argument("--py-spy", default=None, help="py-spy record (raw/collapsed) of the tokenizer process")
@@ -656,6 +787,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.burst and (args.client != "raw" or args.client_only):
+        raise SystemExit("--burst runs the raw client against the tokenizer process")
     if args.role == "fake-scheduler":
         run_fake_scheduler(json.loads(sys.stdin.read()))
         return 0

@@ -20,14 +20,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from radixrt import protocol
 
 from .detokenizer import IncrementalDetokenizer
 from .errors import APIError, from_scheduler_error
 from .manager import Inbox, TokenChunk, TokenizerManager
 from .stop import StopMatcher
+from .token_ids import ids_array
 
 
 @dataclass(slots=True)
@@ -227,7 +226,7 @@ class RequestHandle:
     async def __aenter__(self) -> RequestHandle:
         for rid, st in self.samples.items():
             self.manager.submit(protocol.GenerateReq(
-                rid=rid, input_ids=np.asarray(st.spec.input_ids, dtype=np.int32),
+                rid=rid, input_ids=ids_array(st.spec.input_ids),
                 sampling=st.spec.sampling, stream=self.stream, return_logprob=self.return_logprob,
                 top_logprobs_num=self.top_logprobs_num, grammar_kind=st.spec.grammar_kind,
                 grammar_text=st.spec.grammar_text, cache_salt=st.spec.cache_salt), self.queue)

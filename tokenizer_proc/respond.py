@@ -10,6 +10,7 @@ events become chunks.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -144,6 +145,10 @@ class HandleStreamingResponse(Response):
                 await send({"type": "http.response.start", "status": self.status_code,
                             "headers": self.raw_headers})
                 await self._write_body(send)
+            # The body is out. The streams that finished in the same scheduler pass (a burst ends in
+            # one) are waiting to run: they write their last bytes before this one does its
+            # bookkeeping (finish, and uvicorn's end of the request).
+            await asyncio.sleep(0)
         except BaseException as e:
             exc = e
             raise

@@ -19,6 +19,7 @@ from .respond import Collected, respond
 from .serving_context import ServingContext
 from .sse import ChunkEncoder
 from .submission import admit, openai_submission, tokenize
+from .token_ids import own_ids
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
@@ -31,15 +32,15 @@ async def prompt_ids(ctx: ServingContext, req: CompletionRequest) -> list[list[i
     if all(isinstance(x, str) for x in p):
         return [await tokenize(ctx, x) for x in p]  # type: ignore[arg-type]
     if isinstance(p[0], int):  # a token-id list (validated: prompts do not mix ids and lists)
-        return [list(p)]  # type: ignore[arg-type]
-    return [list(x) for x in p]  # type: ignore[union-attr]
+        return [own_ids(p)]  # type: ignore[arg-type]
+    return [own_ids(x) for x in p]  # type: ignore[arg-type]
 
 
 async def completions(ctx: ServingContext, request: Request) -> Response:
     """Validate, tokenize the prompts, admit prompts x n samples, answer as JSON or SSE."""
     raw = await read_json(request, ctx.args.max_request_body_bytes)
     if isinstance(raw, dict) and "prompt" in raw:
-        check_prompt_shape(raw["prompt"], "prompt")
+        raw["prompt"] = check_prompt_shape(raw["prompt"], "prompt")
         body = parse_body_checked_prompt(CompletionRequest, raw, "prompt")
     else:
         body = parse_body(CompletionRequest, raw)

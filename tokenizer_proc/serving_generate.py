@@ -23,6 +23,7 @@ from .respond import Collected, respond
 from .serving_context import ServingContext
 from .sse import SSE_DONE, sse
 from .submission import Submission, admit, tokenize
+from .token_ids import own_ids
 
 
 async def _prompts(ctx: ServingContext, req: GenerateRequest) -> tuple[list[list[int]], bool]:
@@ -32,15 +33,15 @@ async def _prompts(ctx: ServingContext, req: GenerateRequest) -> tuple[list[list
         return [await tokenize(ctx, t) for t in texts], isinstance(req.text, list)
     ids = req.input_ids or []
     if ids and isinstance(ids[0], list):
-        return [list(x) for x in ids], True  # type: ignore[arg-type]
-    return [list(ids)], False  # type: ignore[arg-type]
+        return [own_ids(x) for x in ids], True  # type: ignore[arg-type]
+    return [own_ids(ids)], False  # type: ignore[arg-type]
 
 
 async def generate(ctx: ServingContext, request: Request) -> Response:
     """Validate (sampling first, then the prompts), admit one sample per prompt, answer as JSON or SSE."""
     raw = await read_json(request, ctx.args.max_request_body_bytes)
     if isinstance(raw, dict) and raw.get("input_ids") is not None:
-        check_prompt_shape(raw["input_ids"], "input_ids", allow_text=False)
+        raw["input_ids"] = check_prompt_shape(raw["input_ids"], "input_ids", allow_text=False)
         body = parse_body_checked_prompt(GenerateRequest, raw, "input_ids")
     else:
         body = parse_body(GenerateRequest, raw)
