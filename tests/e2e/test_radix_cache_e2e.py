@@ -26,17 +26,24 @@ def _prompts(engine: Engine) -> list[list[int]]:
     return [system + [rng.randrange(100, 20000) for _ in range(k)] for k in (1, 5, 16, 17, 40)]
 
 
+def _partial(prompts: list[list[int]]) -> list[int]:
+    """A prefix that ends inside a page: prompts[4] stopped 3 tokens into its suffix."""
+    return prompts[4][: len(prompts[4]) - 37]
+
+
 @pytest.fixture(scope="module")
-def reference(model_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
+def reference(model_dir: Path) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """The prompts, their greedy tokens in one batch and _partial's alone, with no radix cache."""
     eng = Engine(model_path=str(model_dir), disable_radix_cache=True, max_total_tokens=8192, device="cpu")
     prompts = _prompts(eng)
     outs = [o["output_ids"] for o in eng.generate(prompts, GREEDY)]
-    return prompts, outs
+    solo = eng.generate([_partial(prompts)], GREEDY)[0]["output_ids"]
+    return prompts, outs, solo
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_cache_on_gives_the_same_tokens_cold_and_warm(model_dir: Path, reference, page_size: int) -> None:
-    prompts, want = reference
+    prompts, want, solo = reference
     eng = Engine(model_path=str(model_dir), page_size=page_size, max_total_tokens=8192, device="cpu")
     cold = eng.generate(prompts, GREEDY)  # one batch: later prompts share the system prompt
     assert [o["output_ids"] for o in cold] == want
@@ -45,11 +52,8 @@ def test_cache_on_gives_the_same_tokens_cold_and_warm(model_dir: Path, reference
     for p, o in zip(prompts, warm, strict=True):
         # all but the last prompt token can come from the cache
         assert o["meta_info"]["cached_tokens"] >= ((len(p) - 1) // page_size) * page_size
-    # a prefix that ends inside a page: a prompt that stops 3 tokens into the suffix of another
-    partial = prompts[4][: len(prompts[4]) - 37]
-    solo = Engine(model_path=str(model_dir), disable_radix_cache=True, max_total_tokens=4096,
-                  device="cpu").generate([partial], GREEDY)[0]["output_ids"]
-    assert eng.generate([partial], GREEDY)[0]["output_ids"] == solo
+    # a prefix that ends inside a page (_partial), against its tokens without the radix cache
+    assert eng.generate([_partial(prompts)], GREEDY)[0]["output_ids"] == solo
     eng.scheduler.check_invariants()
     assert eng.scheduler.kv.stats()["num_protected_pages"] == 0
 

@@ -5,6 +5,7 @@ cache_salt keeps tenants' prefixes apart."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import time
 from typing import Any
 
@@ -110,12 +111,20 @@ def test_oversized_body_gets_a_readable_413(keyed: Server) -> None:
 
 
 def test_request_timeout_ends_a_long_request_with_408(keyed: Server) -> None:
+    """A plain and a streamed request, sent together (one --request-timeout of the server's time,
+    not two), each past the timeout."""
     body = {"model": MODEL, "prompt": "count:", "max_tokens": 4000, "ignore_eos": True}
-    r = httpx.post(keyed.base_url + "/v1/completions", json=body, headers=AUTH, timeout=60)
+
+    def streamed() -> list[str]:
+        with httpx.stream("POST", keyed.base_url + "/v1/completions", json={**body, "stream": True},
+                          headers=AUTH, timeout=60) as s:
+            return [ln for ln in s.iter_lines() if ln]
+
+    with cf.ThreadPoolExecutor(1) as ex:
+        lines_future = ex.submit(streamed)
+        r = httpx.post(keyed.base_url + "/v1/completions", json=body, headers=AUTH, timeout=60)
+        lines = lines_future.result(timeout=60)
     assert r.status_code == 408 and r.json()["error"]["type"] == "timeout_error", r.text
-    with httpx.stream("POST", keyed.base_url + "/v1/completions", json={**body, "stream": True},
-                      headers=AUTH, timeout=60) as s:
-        lines = [ln for ln in s.iter_lines() if ln]
     assert lines[-1] == "data: [DONE]"
     assert orjson.loads(lines[-2].removeprefix("data: "))["error"]["type"] == "timeout_error"
     # the 408 aborted both in the scheduler: they stop decoding (4,000 tokens each otherwise)
