@@ -79,7 +79,10 @@ def test_scenario_against_the_fake_server() -> None:
     assert summary["long"]["completed"] == 2 and summary["short"]["failed"] == 0
     assert summary["short"]["completed"] == summary["short"]["sent"] == len(samples["short_ttft_ms"]) > 0
     assert summary["streams"]["ended_early"] == 0 and summary["streams"]["itl_ms"]["count"] > 50
-    assert summary["window_s"] >= 0.6 and summary["long"]["send_offset_s"][1] == pytest.approx(0.3, abs=0.05)
+    # the long prompts go out on their schedule (0.1 s, then 0.2 s later), never early; how late a
+    # loaded machine lets them go is not this test's business (a generous bound only)
+    first, second = summary["long"]["send_offset_s"]
+    assert summary["window_s"] >= 0.6 and 0.095 <= first < 1.0 and 0.195 <= second - first < 1.0
     assert sorted(len(q) for q in opts.prompts).count(200) == 2
 
 
