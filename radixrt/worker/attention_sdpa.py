@@ -115,13 +115,14 @@ def batch_lone_decodes(groups: list[_DecodeGroup], seq_lens: dict[int, int]) -> 
     kept = [g for g in groups if len(g.own) > 1 or g.shared_slots is None]
     lone = sorted((g for g in groups if len(g.own) == 1 and g.shared_slots is not None),
                   key=lambda g: -seq_lens[int(g.q_rows[0])])
+    lens_desc = [seq_lens[int(g.q_rows[0])] for g in lone]
     batches: list[_LoneBatch] = []
     i = 0
     while i < len(lone):
-        longest = seq_lens[int(lone[i].q_rows[0])]
+        longest = lens_desc[i]
         j, total = i + 1, longest
-        while j < len(lone) and (j - i + 1) * longest <= LONE_BATCH_PAD * (total + seq_lens[int(lone[j].q_rows[0])]):
-            total += seq_lens[int(lone[j].q_rows[0])]
+        while j < len(lone) and (j - i + 1) * longest <= LONE_BATCH_PAD * (total + lens_desc[j]):
+            total += lens_desc[j]
             j += 1
         members = lone[i:j]
         if len(members) == 1:
@@ -136,7 +137,8 @@ def batch_lone_decodes(groups: list[_DecodeGroup], seq_lens: dict[int, int]) -> 
             mask = None
             if min(lens) < longest:
                 pad = torch.from_numpy(np.arange(longest)[None, :] >= np.array(lens)[:, None])
-                mask = torch.zeros(len(members), 1, 1, longest).masked_fill_(pad[:, None, None, :], float("-inf"))
+                mask = torch.zeros(len(members), 1, 1, longest).masked_fill_(pad[:, None, None, :],
+                                                                              float("-inf"))
             batches.append(_LoneBatch(q_rows=torch.cat([g.q_rows for g in members]),
                                       slots=torch.from_numpy(slots.reshape(-1)), max_len=longest, mask=mask))
         i = j
