@@ -106,16 +106,15 @@ class _LoneBatch:
     mask: torch.Tensor | None
 
 
-def batch_lone_decodes(groups: list[_DecodeGroup], seq_lens: dict[int, int]) -> tuple[
-        list[_DecodeGroup], list[_LoneBatch]]:
+def batch_lone_decodes(groups: list[_DecodeGroup]) -> tuple[list[_DecodeGroup], list[_LoneBatch]]:
     """Put the lone decodes that are gathered anyway (their slots in several runs) into batches for
-    one gather and one flash call each (`LONE_BATCH_PAD`); seq_lens: q row -> tokens. Returns (the
-    groups attended as before: real groups, lone decodes read as one view, and those left alone in
-    their batch; the batches of two or more)."""
+    one gather and one flash call each (`LONE_BATCH_PAD`). Returns (the groups attended as before:
+    real groups, lone decodes read as one view, and those left alone in their batch; the batches of
+    two or more)."""
     kept = [g for g in groups if len(g.own) > 1 or g.shared_slots is None]
     lone = sorted((g for g in groups if len(g.own) == 1 and g.shared_slots is not None),
-                  key=lambda g: -seq_lens[int(g.q_rows[0])])
-    lens_desc = [seq_lens[int(g.q_rows[0])] for g in lone]
+                  key=lambda g: -g.shared_slots.numel())  # a lone decode's slots: all its tokens
+    lens_desc = [g.shared_slots.numel() for g in lone]
     batches: list[_LoneBatch] = []
     i = 0
     while i < len(lone):
@@ -128,17 +127,7 @@ def batch_lone_decodes(groups: list[_DecodeGroup], seq_lens: dict[int, int]) -> 
         if len(members) == 1:
             kept.append(members[0])
         else:
-            slots = np.zeros((len(members), longest), dtype=np.int64)  # padding reads slot 0, masked
-            lens = []
-            for m, g in enumerate(members):
-                x = g.shared_slots.numpy()
-                slots[m, :len(x)] = x
-                lens.append(len(x))
-            mask = None
-            if min(lens) < longest:
-                pad = torch.from_numpy(np.arange(longest)[None, :] >= np.array(lens)[:, None])
-                mask = torch.zeros(len(members), 1, 1, longest).masked_fill_(pad[:, None, None, :],
-                                                                              float("-inf"))
+            slots, mask = _padded_slots([g.shared_slots.numpy() for g in members])
             batches.append(_LoneBatch(q_rows=torch.cat([g.q_rows for g in members]),
                                       slots=torch.from_numpy(slots.reshape(-1)), max_len=longest, mask=mask))
         i = j
@@ -183,16 +172,22 @@ def _finish_group(g: _DecodeGroup) -> _DecodeGroup:
     if len(g.shared) > (MAX_VIEW_RUNS if len(g.own) > 1 else 1):
         g.shared_slots = torch.from_numpy(slots_of(g.shared))
     if len(g.own) > 1:
-        own = [slots_of(runs) for runs in g.own]
-        n = max(len(x) for x in own)
-        slots = np.zeros((len(own), n), dtype=np.int64)  # padding reads slot 0, masked out
-        for m, x in enumerate(own):
-            slots[m, :len(x)] = x
+        slots, g.own_mask = _padded_slots([slots_of(runs) for runs in g.own])
         g.own_slots = torch.from_numpy(slots)
-        if any(len(x) < n for x in own):
-            pad = torch.from_numpy(np.arange(n)[None, :] >= np.array([len(x) for x in own])[:, None])
-            g.own_mask = torch.zeros(len(own), 1, 1, n).masked_fill_(pad[:, None, None, :], float("-inf"))
     return g
+
+
+def _padded_slots(rows: list[np.ndarray]) -> tuple[np.ndarray, torch.Tensor | None]:
+    """Slot lists of unequal lengths as one [G, N] int64 array padded with slot 0 (N the longest) and
+    the additive float32 mask [G, 1, 1, N] (0 / -inf) hiding the padding; None when nothing is padded."""
+    n = max(len(x) for x in rows)
+    slots = np.zeros((len(rows), n), dtype=np.int64)  # padding reads slot 0, masked out
+    for m, x in enumerate(rows):
+        slots[m, :len(x)] = x
+    if all(len(x) == n for x in rows):
+        return slots, None
+    pad = torch.from_numpy(np.arange(n)[None, :] >= np.array([len(x) for x in rows])[:, None])
+    return slots, torch.zeros(len(rows), 1, 1, n).masked_fill_(pad[:, None, None, :], float("-inf"))
 
 
 def _common_pages(a: np.ndarray, b: np.ndarray) -> int:
@@ -376,8 +371,7 @@ class SdpaAttnBackend(AttentionBackend):
         self.plans = [_plan(starts[b], ext_lens[b], seq_lens[b], table[b], meta.page_size)
                       for b in range(len(seq_lens)) if b not in is_decode]
         self.groups, self.lone_batches = batch_lone_decodes(
-            decode_groups(decode, starts, seq_lens, table, meta.page_size),
-            {starts[b]: seq_lens[b] for b in decode})
+            decode_groups(decode, starts, seq_lens, table, meta.page_size))
 
     def _prefix_kv(self, k_buf: torch.Tensor, v_buf: torch.Tensor, p: _ReqPlan, dtype: torch.dtype
                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
