@@ -1,34 +1,34 @@
-"""CPU attention over the paged K/V pool with torch's kernels (the default on CPU).
+"""CPU attention over the paged K/V pool (the default on CPU).
 
 Per pass (`prepare`, one read of the lengths and page-table rows on the host) the requests are
 planned: where each one's K/V rows [0, seq_len) live in the pool.
 Per layer (`forward`): store the new K/V at out_cache_loc, then attend.
 
-Decode requests (extend_len == 1) attended alone go through torch's CPU flash kernel, their R =
-Hq / Hkv query heads of each KV head given as R query rows of one head, so every K/V row is read
-once per KV head (with one query row per query head it would be read R times); their K/V is one
-strided view of the pool when their slots are one run of consecutive slots, else one gather; the
-gathered ones of a pass go in batches (similar lengths, padded and masked), one gather and one
-flash-kernel call per batch instead of per request (`batch_lone_decodes`).
-Decode requests whose page-table rows start with the same pages
-(a shared system prompt, one conversation's history: the radix cache hands out the same physical
-pages) form a group, and the runs of the shared pages are read once for the whole group (cascade
-inference, FlashInfer, Ye et al. 2024; Hydragen, Juravsky et al. 2024): one matmul gives every
-member's scores over the shared keys, the members' own keys are one padded gather scored by one
-batched matmul, one softmax per member over both, and one matmul each over the shared and the
-own values.
+With the native kernel (`cpu_native`, `kernels/cpu_decode.c`; on when a C compiler builds it and the
+pool is float32 / bfloat16 with head_dim a multiple of 16) every decode request and every extend of
+at most `NATIVE_EXTEND_MAX` new tokens is one call per layer that reads K/V straight from the pool's
+slots (no gather): decodes whose page-table rows start with the same pages (a shared system prompt,
+one conversation's history: the radix cache hands out the same physical pages) read the shared
+pages once for the whole group (cascade inference, FlashInfer, Ye et al. 2024; Hydragen, Juravsky et
+al. 2024), an extend's cached prefix is read once for all its query rows, and the parts are merged
+by log-sum-exp (`native_plan`).
 
-Extend requests go to torch's CPU flash-attention kernel (FlashAttention-2-style blocked online
+Without it (`RADIXRT_CPU_NATIVE=0`, or no compiler), decode requests go to torch's CPU flash kernel:
+attended alone, their R = Hq / Hkv query heads of each KV head are given as R query rows of one head,
+so every K/V row is read once per KV head; their K/V is one strided view of the pool when their
+slots are one run of consecutive slots, else one gather, the gathered ones of a pass in batches
+(similar lengths, padded and masked: `batch_lone_decodes`); a group of decodes sharing pages reads
+the shared runs once (one flash call with all members' query heads as query rows) and the members'
+own tokens as one padded gather (one masked flash call), merged by log-sum-exp.
+
+Longer extends go to torch's CPU flash-attention kernel (FlashAttention-2-style blocked online
 softmax, GQA native), one call per part of a request's keys:
 - its own new tokens: the pass's own k/v (strided views of the QKV output), causal;
 - its cached prefix (tokens [0, prefix_len) in the pool), no mask (every query sees all of it): the
   runs of consecutive pool slots as views (at most MAX_VIEW_RUNS), else one `index_select` of the
   prefix's whole pages (`page_size` rows per copy).
 The parts' outputs are merged by their log-sum-exps (`merge_attention`; the split-KV merge of
-FlashDecoding, Dao et al. 2023, and of cascade inference). Before, an extend over a prefix gathered
-its whole prefix whenever its pages were not one run (a prefix shared through the radix cache is
-followed by a copy-on-write page and the new pages, so almost always) and attended it with an
-additive [extend_len, seq_len] mask.
+FlashDecoding, Dao et al. 2023, and of cascade inference).
 
 The plain reference (`attention_torch.TorchAttnBackend`) stays the tests' oracle.
 """
@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.attention.base import AttentionBackend, ForwardMeta, KVPool
+from radixrt.worker import cpu_native
 
 # A decode group must share at least this many tokens per extra member; below it the group's
 # extra small ops cost more than the K/V reads they save.
@@ -55,6 +56,11 @@ MAX_VIEW_RUNS = 4
 # padded to the batch's longest (masked): a batch takes requests, longest first, while its padded
 # rows stay within this factor of its real rows.
 LONE_BATCH_PAD = 1.25
+
+# With the native kernel, extends of at most this many new tokens go to it as well (their prefix one
+# item of all their query rows, each new token's causal part one item); longer ones keep the torch
+# flash kernel, whose blocked matmuls win when the causal part is large.
+NATIVE_EXTEND_MAX = 64
 
 Run = tuple[int, int]  # (first pool slot, tokens): K/V rows buf[slot : slot + tokens]
 
@@ -197,12 +203,14 @@ def _common_pages(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def decode_groups(rows: list[int], starts: list[int], seq_lens: list[int], table: np.ndarray,
-                  page_size: int) -> list[_DecodeGroup]:
+                  page_size: int, finish: bool = True) -> list[_DecodeGroup]:
     """Group decode requests `rows` (batch indices) by shared leading pages; see the module docstring.
 
     Within a bucket of requests with the same first page, the members kept are the k requests with
     the most pages in common with the bucket's first that maximise (shared tokens) x (k - 1); the
-    shared pages stop before every member's last token. The others attend alone."""
+    shared pages stop before every member's last token. The others attend alone. `finish` False
+    leaves out how the torch path reads them (`_finish_group`): the native kernel takes the runs."""
+    done = _finish_group if finish else (lambda g: g)
     buckets: dict[int, list[int]] = {}
     for b in rows:
         buckets.setdefault(int(table[b, 0]), []).append(b)
@@ -219,13 +227,13 @@ def decode_groups(rows: list[int], starts: list[int], seq_lens: list[int], table
         chosen = sorted(b for _, b in common[:best_k])
         if chosen:
             shared_end = best_pages * page_size
-            groups.append(_finish_group(_DecodeGroup(
+            groups.append(done(_DecodeGroup(
                 q_rows=torch.tensor([starts[b] for b in chosen], dtype=torch.int64),
                 shared=runs_of(table[lead], 0, shared_end, page_size),
                 own=[runs_of(table[b], shared_end, seq_lens[b], page_size) for b in chosen])))
         for b in members:
             if b not in chosen:
-                groups.append(_finish_group(_DecodeGroup(
+                groups.append(done(_DecodeGroup(
                     q_rows=torch.tensor([starts[b]], dtype=torch.int64),
                     shared=runs_of(table[b], 0, seq_lens[b], page_size), own=[[]])))
     return groups
@@ -285,53 +293,59 @@ def attend_decode_group(g: _DecodeGroup, q: torch.Tensor, k_buf: torch.Tensor, v
     """Attention of the group's members: q [T, Hq, D] (rows g.q_rows), pool buffers [slots, Hkv, D];
     written into o [T, Hq, D] at g.q_rows. Computed in the pool's dtype (float32 for an fp32 pool).
 
-    Shared keys: one score matmul per run (or one over the gathered `shared_slots`) for all members'
-    query heads at once, [Hkv, G*R, D] x [Hkv, D, n]; own keys: one batched matmul over the padded
-    gather, [G, Hkv, R, D] x [G, Hkv, D, N]; one softmax per member over both; the same two shapes
-    for the values."""
+    Through torch's CPU flash kernel, one call per part of the keys, merged by log-sum-exp
+    (`merge_attention`): the shared keys with every member's R query heads of a KV head as G*R query
+    rows of it (`[1, Hkv, G*R, D]`, one call per run viewed from the pool, or one over the gathered
+    `shared_slots`), then the members' own keys as one padded gather (`[G, Hkv, R, D]` against
+    `[G, Hkv, N, D]`, `own_mask` hiding the padding). Every shared K/V row is read once per group."""
     n_members, hkv, d = len(g.own), k_buf.shape[1], k_buf.shape[2]
     if n_members == 1:
         return _attend_alone(int(g.q_rows[0]), g, q, k_buf, v_buf, scale, o)
     hq = q.shape[1]
     rep = hq // hkv
-    qg = (q.index_select(0, g.q_rows) * scale).to(k_buf.dtype).view(n_members, hkv, rep, d)
-    if g.shared_slots is not None:  # many runs: one gather, then a single "run" over it
-        ks, vs = k_buf.index_select(0, g.shared_slots), v_buf.index_select(0, g.shared_slots)
-        shared_kv = [(ks, vs)]
+    qg = q.index_select(0, g.q_rows).to(k_buf.dtype).view(n_members, hkv, rep, d)  # [G, Hkv, R, D]
+    if g.shared_slots is not None:  # many runs: one gather
+        shared_kv = [(k_buf.index_select(0, g.shared_slots), v_buf.index_select(0, g.shared_slots))]
     else:
         shared_kv = [(k_buf[a:a + n], v_buf[a:a + n]) for a, n in g.shared]
-    scores = []
+    out = lse = None
     if shared_kv:
-        qs = qg.transpose(0, 1).reshape(hkv, n_members * rep, d)  # [Hkv, G*R, D]
-        parts = [torch.bmm(qs, kk.permute(1, 2, 0)) for kk, _ in shared_kv]  # [Hkv, G*R, n]
-        s_sh = parts[0] if len(parts) == 1 else torch.cat(parts, -1)
-        scores.append(s_sh.view(hkv, n_members, rep, -1).transpose(0, 1))  # [G, Hkv, R, S]
-    n_shared = sum(kk.shape[0] for kk, _ in shared_kv)
+        qs = qg.transpose(0, 1).reshape(1, hkv, n_members * rep, d)  # [1, Hkv, G*R, D]
+        for kk, vv in shared_kv:
+            part = flash_attention(qs, _bhsd(kk, kk.dtype), _bhsd(vv, vv.dtype), False, scale)
+            out, lse = part if out is None else merge_attention(out, lse, *part)
+        out = out.reshape(hkv, n_members, rep, d).transpose(0, 1)  # [G, Hkv, R, D]
+        lse = lse.reshape(hkv, n_members, rep).transpose(0, 1)  # [G, Hkv, R]
     if g.own_slots is not None:
-        n_own = g.own_slots.shape[1]
-        flat = g.own_slots.view(-1)
-        ko = k_buf.index_select(0, flat).view(n_members, n_own, hkv, d).permute(0, 2, 3, 1)  # [G, Hkv, D, N]
-        s_own = torch.matmul(qg, ko)  # [G, Hkv, R, N]
-        if g.own_mask is not None:
-            s_own.add_(g.own_mask.to(s_own.dtype))
-        scores.append(s_own)
-    scores_all = scores[0] if len(scores) == 1 else torch.cat(scores, -1)  # [G, Hkv, R, S + N]
-    probs = torch.softmax(scores_all, dim=-1)
-    out = None
-    if shared_kv:
-        p_sh = probs[..., :n_shared].transpose(0, 1).reshape(hkv, n_members * rep, n_shared)
-        off = 0
-        for _, vv in shared_kv:
-            n = vv.shape[0]
-            part = torch.bmm(p_sh[..., off:off + n], vv.transpose(0, 1))  # [Hkv, G*R, D]
-            out = part if out is None else out.add_(part)
-            off += n
-        out = out.view(hkv, n_members, rep, d).transpose(0, 1)  # [G, Hkv, R, D]
-    if g.own_slots is not None:
-        vo = v_buf.index_select(0, flat).view(n_members, n_own, hkv, d).transpose(1, 2)  # [G, Hkv, N, D]
-        o_own = torch.matmul(probs[..., n_shared:], vo)  # [G, Hkv, R, D]
-        out = o_own if out is None else out + o_own
+        n_own, flat = g.own_slots.shape[1], g.own_slots.view(-1)
+        ko = k_buf.index_select(0, flat).view(n_members, n_own, hkv, d).transpose(1, 2)  # [G, Hkv, N, D]
+        vo = v_buf.index_select(0, flat).view(n_members, n_own, hkv, d).transpose(1, 2)
+        mask = None if g.own_mask is None else g.own_mask.to(k_buf.dtype)
+        part = flash_attention(qg, ko, vo, False, scale, mask)
+        out, lse = part if out is None else merge_attention(out, lse, *part)
     o.index_copy_(0, g.q_rows, out.reshape(n_members, hq, d).to(o.dtype))
+
+
+def native_plan(q_rows: list[int], groups: list[_DecodeGroup],
+                extends: list[tuple[int, np.ndarray, np.ndarray]]) -> cpu_native.DecodePlan:
+    """The native kernel's work for the rows `q_rows` of q: the decode rows grouped by `decode_groups`
+    (per group its shared runs as one item attended by every member, and each member's own runs as
+    one item; a lone decode: all its tokens, one item) and the short extends, each (first q row,
+    prefix slots [P], new tokens' slots [L]): its prefix one item attended by all L query rows, and
+    new token i attending the new tokens 0..i (causal) one item each."""
+    index = {r: i for i, r in enumerate(q_rows)}
+    items: list[tuple[np.ndarray, list[int]]] = []
+    for g in groups:
+        rows = [index[r] for r in g.q_rows.tolist()]
+        items.append((slots_of(g.shared), rows))
+        if len(g.own) > 1:
+            items.extend((slots_of(runs), [r]) for runs, r in zip(g.own, rows, strict=True))
+    for start, prefix_slots, new_slots in extends:
+        rows = [index[start + i] for i in range(len(new_slots))]
+        if len(prefix_slots):
+            items.append((prefix_slots, rows))
+        items.extend((new_slots[:i + 1], [r]) for i, r in enumerate(rows))
+    return cpu_native.DecodePlan.build(q_rows, items)
 
 
 def _bhsd(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -340,23 +354,31 @@ def _bhsd(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class SdpaAttnBackend(AttentionBackend):
-    """Implements attention.base.AttentionBackend on CPU with batched matmuls (decode) and torch's
-    CPU flash-attention kernel over the parts of each request's keys, merged by log-sum-exp (extend).
+    """Implements attention.base.AttentionBackend on CPU: the native kernel for decodes and short
+    extends, torch's CPU flash-attention kernel over the parts of each longer extend's keys, merged by
+    log-sum-exp (module docstring).
 
     Args:
         pool: the paged K/V pool (k_buffers / v_buffers per layer, `[num_slots, Hkv, D]`).
+        native: use the native kernel (None: when it builds and takes the pool's dtype and head_dim).
 
     `prepare` syncs with the host (it reads lengths and page-table rows), so this backend cannot be
     captured in a CUDA graph; it also runs on CUDA tensors but the worker uses it on CPU only.
     Exact against the reference up to fp32 rounding (tests/worker).
     """
 
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, native: bool | None = None) -> None:
         self.pool = pool
         self.meta: ForwardMeta | None = None
         self.plans: list[_ReqPlan] = []  # extend requests
         self.groups: list[_DecodeGroup] = []  # decode requests (but the batched lone ones)
         self.lone_batches: list[_LoneBatch] = []  # lone decode requests attended together
+        # decodes through the native kernel (radixrt/worker/cpu_native.py) when it loads and takes the
+        # pool; None: decide from the machine (RADIXRT_CPU_NATIVE=0 turns it off)
+        if native is None:
+            native = cpu_native.supports(pool.k_buffers[0]) and cpu_native.load() is not None
+        self.native = native
+        self.native_plan: cpu_native.DecodePlan | None = None
 
     def prepare(self, meta: ForwardMeta) -> None:
         """Plan each request of the pass (where its K/V lives); see the module docstring."""
@@ -368,10 +390,25 @@ class SdpaAttnBackend(AttentionBackend):
         table = meta.page_table[:, :max_pages].cpu().numpy()  # [B, used pages] int32
         decode = [b for b, e in enumerate(ext_lens) if e == 1 and seq_lens[b] > 1]
         is_decode = set(decode)
+        short = set() if not self.native else \
+            {b for b, e in enumerate(ext_lens) if b not in is_decode and e <= NATIVE_EXTEND_MAX}
         self.plans = [_plan(starts[b], ext_lens[b], seq_lens[b], table[b], meta.page_size)
-                      for b in range(len(seq_lens)) if b not in is_decode]
-        self.groups, self.lone_batches = batch_lone_decodes(
-            decode_groups(decode, starts, seq_lens, table, meta.page_size))
+                      for b in range(len(seq_lens)) if b not in is_decode and b not in short]
+        self.native_plan = None
+        if not self.native:
+            self.groups, self.lone_batches = batch_lone_decodes(
+                decode_groups(decode, starts, seq_lens, table, meta.page_size))
+            return
+        self.groups, self.lone_batches = [], []
+        if decode or short:
+            loc = meta.out_cache_loc.numpy().astype(np.int64, copy=False)
+            extends = [(starts[b], slots_of(runs_of(table[b], 0, seq_lens[b] - ext_lens[b], meta.page_size))
+                        if seq_lens[b] > ext_lens[b] else np.zeros(0, dtype=np.int64),
+                        loc[starts[b]:starts[b] + ext_lens[b]]) for b in sorted(short)]
+            q_rows = [starts[b] for b in decode]
+            q_rows += [starts[b] + i for b in sorted(short) for i in range(ext_lens[b])]
+            self.native_plan = native_plan(
+                q_rows, decode_groups(decode, starts, seq_lens, table, meta.page_size, finish=False), extends)
 
     def _prefix_kv(self, k_buf: torch.Tensor, v_buf: torch.Tensor, p: _ReqPlan, dtype: torch.dtype
                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -412,6 +449,9 @@ class SdpaAttnBackend(AttentionBackend):
         for p in self.plans:
             ob = self._attend_extend(p, q, k, v, k_buf, v_buf, scale)  # [1, Hq, L, D]
             o[p.start:p.start + p.extend_len] = ob[0].transpose(0, 1)
+        if self.native_plan is not None:
+            out = cpu_native.decode_attention(q, k_buf, v_buf, self.native_plan, scale)
+            o.index_copy_(0, self.native_plan.q_rows, out.to(o.dtype))
         for g in self.groups:
             attend_decode_group(g, q, k_buf, v_buf, scale, o)
         for lb in self.lone_batches:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from radixrt.attention.base import ForwardMeta
 from radixrt.protocol import ForwardMode
+from radixrt.worker import cpu_native
 from radixrt.worker.attention_sdpa import SdpaAttnBackend
 from radixrt.worker.attention_torch import TorchAttnBackend
 from radixrt.worker.kv_pool import PagedKVPool
@@ -81,8 +83,12 @@ def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq:
         max_seq_len=max(seq_lens), max_extend_len=max(extend_lens))
     if backend_name == "torch":
         backend = TorchAttnBackend(pool, max_score_elems=max_score_elems)
+    elif backend_name == "native":
+        if cpu_native.load() is None:
+            pytest.skip("no C compiler: the native CPU decode kernel is not built")
+        backend = SdpaAttnBackend(pool, native=True)
     else:
-        backend = SdpaAttnBackend(pool)
+        backend = SdpaAttnBackend(pool, native=False)
     backend.prepare(meta)
     scale = d ** -0.5
     for layer in range(layers):
@@ -101,7 +107,7 @@ def run_case(page_size: int, prefix_lens: list[int], extend_lens: list[int], hq:
     return backend
 
 
-BACKENDS = ["torch", "sdpa"]
+BACKENDS = ["torch", "sdpa", "native"]
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
@@ -196,3 +202,60 @@ def test_query_blocking_and_decode_chunking(page_size: int) -> None:
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_decode_only_batch(backend_name: str) -> None:
     run_case(16, [15, 16, 31, 1, 200], [1, 1, 1, 1, 1], 4, 2, seed=3, backend_name=backend_name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_native_decode_groups_and_lone_decodes(page_size: int, dtype: torch.dtype) -> None:
+    """The native kernel: decodes sharing a prefix's pages (one item for the shared pages attended by
+    every member, one per member for its own), a decode sharing too little (alone), an extend over
+    the same pages beside them; exact against the reference in fp32 and bf16 pools."""
+    backend = run_case(page_size, [200, 130, 128, 300, 129, 140], [1, 1, 20, 1, 1, 1], 8, 2,
+                       seed=page_size + 21, backend_name="native", shared_pages=128 // page_size, dtype=dtype)
+    plan = backend.native_plan
+    assert not backend.groups and not backend.lone_batches and not backend.plans  # all to the kernel
+    assert plan.q_rows.tolist() == [0, 1, 22, 23, 24, *range(2, 22)]  # decode rows, then the extend's
+    # the decodes' shared 128 tokens are one item of all five members, each member's own tokens one
+    # item; the extend's 128-token prefix one item of its 20 rows, its new tokens 20 causal items
+    assert plan.item_ntok.tolist() == [128, 73, 3, 173, 2, 13, 128, *range(1, 21)]
+    assert plan.item_nmem.tolist() == [5, 1, 1, 1, 1, 1, 20, *[1] * 20]
+    assert np.diff(plan.row_part_ptr).tolist() == [2] * 25  # shared / prefix + own, merged per row
+
+
+def test_native_takes_short_extends_only() -> None:
+    """Extends up to NATIVE_EXTEND_MAX new tokens (with or without a prefix) go to the native kernel;
+    a longer one keeps the torch flash path."""
+    from radixrt.worker.attention_sdpa import NATIVE_EXTEND_MAX
+
+    n = NATIVE_EXTEND_MAX
+    backend = run_case(16, [40, 0, 30, 7], [n, 5, n + 1, 1], 8, 2, seed=31, backend_name="native")
+    assert [p.extend_len for p in backend.plans] == [n + 1]
+    assert backend.native_plan.q_rows.numel() == n + 5 + 1
+
+
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (48, 2), (4, 4)])
+def test_native_long_decodes_split_and_many_query_heads(hq: int, hkv: int) -> None:
+    """Items past SPLIT_TOKENS are split into pieces merged by log-sum-exp, and a KV head with more
+    query heads than one unit's 16 lanes (48 / 2 = 24) spans several units."""
+    n = cpu_native.SPLIT_TOKENS
+    backend = run_case(16, [2 * n + 37, 5, n], [1, 1, 1], hq, hkv, seed=hq, backend_name="native")
+    assert np.diff(backend.native_plan.row_part_ptr).tolist() == [3, 1, 2]
+
+
+def test_native_kernel_matches_dense_on_scattered_slots() -> None:
+    """The kernel alone (head_dim 64, 3 KV heads of 3 query heads: the default model's shape) over
+    slots in random order, against a dense softmax in float64."""
+    if cpu_native.load() is None:
+        pytest.skip("no C compiler: the native CPU decode kernel is not built")
+    g = torch.Generator().manual_seed(5)
+    k_buf, v_buf = torch.randn(5000, 3, 64, generator=g), torch.randn(5000, 3, 64, generator=g)
+    q = torch.randn(4, 9, 64, generator=g)
+    slot_lists = [torch.randperm(4999, generator=g)[:n].numpy() + 1 for n in (1, 15, 700, 1029)]
+    items = [(s.astype(np.int64), [i]) for i, s in enumerate(slot_lists)]
+    plan = cpu_native.DecodePlan.build([3, 0, 1, 2], items)
+    out = cpu_native.decode_attention(q, k_buf, v_buf, plan, 0.125)
+    for i, (row, slots) in enumerate(zip([3, 0, 1, 2], slot_lists, strict=True)):
+        kk, vv = k_buf[slots].double().transpose(0, 1), v_buf[slots].double().transpose(0, 1)  # [3, S, 64]
+        qq = q[row].double().view(3, 3, 64)
+        ref = ((qq @ kk.transpose(1, 2)) * 0.125).softmax(-1) @ vv
+        torch.testing.assert_close(out[i].double(), ref.reshape(9, 64), atol=1e-5, rtol=1e-5)

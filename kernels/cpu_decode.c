@@ -1,0 +1,247 @@
+/* Paged decode attention on the CPU, reading K/V straight from the pool's slots (no gather).
+ *
+ * Compiled once per machine by kernels/cpu_native.py (cc -O3 -march=native -fopenmp -shared) and
+ * called through ctypes; the OpenMP runtime is the one torch already loaded (libgomp.so.1), so the
+ * kernel uses torch's intra-op threads (torch.set_num_threads).
+ *
+ * Work: "items", each a list of pool slots (one request's tokens, or the shared prefix of a group
+ * of decode requests: cascade inference, Ye et al. 2024) and the decode rows ("members") that attend
+ * them. Per item and KV head, the members' R = Hq / Hkv query heads are up to QV query vectors of
+ * one unit of work; a unit keeps the query vectors transposed ([D][QV], lanes over the vectors), so
+ * a key row gives the scores of all of them with D broadcast FMAs and no horizontal sums, and runs
+ * the online softmax of FlashAttention (Dao et al. 2022) over blocks of BT tokens. Each (item,
+ * member) pair writes one partial output and its log-sum-exp; a second loop merges the partials of
+ * each decode row (the split-KV merge of FlashDecoding, Dao et al. 2023).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QV 16   /* query vectors per unit (lanes of the score loop) */
+#define BT 16   /* tokens per online-softmax block */
+#define MAXD 256
+#define PF_BLOCKS 2 /* software prefetch distance, in blocks */
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+
+static inline v16 vmax(v16 a, v16 b) {
+    i16v m = a > b;
+    return (v16)(((i16v)a & m) | ((i16v)b & ~m));
+}
+
+/* exp(x) for x <= 0, 16 lanes: 2^(x log2 e) = 2^n 2^f, n = round(t) (the 1.5 * 2^23 trick), |f| <= 1/2,
+ * degree-6 Taylor of e^(f ln 2) (relative error ~1.2e-7). */
+static inline v16 exp_neg16(v16 x) {
+    const v16 lo = (v16){0} - 87.0f;
+    x = vmax(x, lo);
+    v16 t = x * 1.4426950408889634f;
+    v16 n = (t + 12582912.0f) - 12582912.0f;
+    v16 f = (t - n) * 0.6931471805599453f;
+    v16 p = f * 1.3888889e-3f + 8.3333333e-3f;
+    p = p * f + 4.1666667e-2f;
+    p = p * f + 1.6666667e-1f;
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    i16v bits = (__builtin_convertvector(n, i16v) + 127) << 23;
+    return p * (v16)bits;
+}
+
+static inline float exp_neg(float x) {
+    v16 v = {x};
+    return exp_neg16(v)[0];
+}
+
+static inline void bf16_row(const uint16_t *src, int64_t d, float *dst) {
+    for (int64_t x = 0; x < d; x++) {
+        uint32_t u = (uint32_t)src[x] << 16;
+        memcpy(dst + x, &u, 4);
+    }
+}
+
+/* One unit: query vectors qt [D] x 16 lanes (nq used) over the item's n slots, KV head h; dc = D / 16
+ * (a constant in each inlined copy). Writes o [nq][D] (normalised) and lse [nq]. */
+static inline __attribute__((always_inline)) void attend_unit(
+        const v16 *qt, int nq, const int64_t dc, const void *k_buf, const void *v_buf, int kv_bf16,
+        int64_t row_stride, int64_t h, const int64_t *slots, int64_t n, float scale, float *o, float *lse) {
+    const int64_t d = dc * 16;
+    v16 acc[QV][MAXD / 16];
+    v16 mx, l, s[BT];
+    float kbuf[BT][MAXD], vbuf[BT][MAXD];
+    for (int m = 0; m < QV; m++) {
+        mx[m] = -INFINITY;
+        l[m] = 0.0f;
+    }
+    memset(acc, 0, sizeof(acc));
+    for (int64_t t0 = 0; t0 < n; t0 += BT) {
+        int nb = (int)(n - t0 < BT ? n - t0 : BT);
+        const float *krow[BT], *vrow[BT];
+        /* prefetch the K/V rows of the block PF_BLOCKS ahead: one request's rows come from DRAM in
+         * page-sized runs; the hardware prefetcher alone keeps too few lines in flight */
+        const int64_t tp = t0 + PF_BLOCKS * BT;
+        const int64_t esz = kv_bf16 ? 2 : 4, row_bytes = d * esz;
+        for (int64_t j2 = tp; j2 < n && j2 < tp + BT; j2++) {
+            const char *kp = (const char *)k_buf + (slots[j2] * row_stride + h * d) * esz;
+            const char *vp = (const char *)v_buf + (slots[j2] * row_stride + h * d) * esz;
+            for (int64_t b = 0; b < row_bytes; b += 64) {
+                __builtin_prefetch(kp + b, 0, 3);
+                __builtin_prefetch(vp + b, 0, 3);
+            }
+        }
+        for (int j = 0; j < nb; j++) {
+            int64_t off = slots[t0 + j] * row_stride + h * d;
+            if (kv_bf16) {
+                bf16_row((const uint16_t *)k_buf + off, d, kbuf[j]);
+                bf16_row((const uint16_t *)v_buf + off, d, vbuf[j]);
+                krow[j] = kbuf[j];
+                vrow[j] = vbuf[j];
+            } else {
+                krow[j] = (const float *)k_buf + off;
+                vrow[j] = (const float *)v_buf + off;
+            }
+        }
+        /* scores of all query vectors for four tokens at a time: s[j] = sum_x qt[x] * k_j[x] */
+        int j = 0;
+        for (; j + 4 <= nb; j += 4) {
+            v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+            const float *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
+            for (int64_t x = 0; x < d; x++) {
+                v16 qx = qt[x];
+                s0 += qx * k0[x];
+                s1 += qx * k1[x];
+                s2 += qx * k2[x];
+                s3 += qx * k3[x];
+            }
+            s[j] = s0 * scale;
+            s[j + 1] = s1 * scale;
+            s[j + 2] = s2 * scale;
+            s[j + 3] = s3 * scale;
+        }
+        for (; j < nb; j++) {
+            v16 s0 = {0};
+            const float *k0 = krow[j];
+            for (int64_t x = 0; x < d; x++) s0 += qt[x] * k0[x];
+            s[j] = s0 * scale;
+        }
+        /* online softmax over the block */
+        v16 bmax = mx;
+        for (j = 0; j < nb; j++) bmax = vmax(s[j], bmax);
+        v16 corr = exp_neg16(mx - bmax), bsum = {0};
+        mx = bmax;
+        for (j = 0; j < nb; j++) {
+            s[j] = exp_neg16(s[j] - bmax);
+            bsum += s[j];
+        }
+        l = l * corr + bsum;
+        for (int m = 0; m < nq; m++) {
+            v16 a[MAXD / 16];
+            const float c = corr[m];
+            for (int64_t x = 0; x < dc; x++) a[x] = acc[m][x] * c;
+            for (j = 0; j < nb; j++) {
+                const float p = s[j][m];
+                const v16u *vr = (const v16u *)vrow[j];
+                for (int64_t x = 0; x < dc; x++) a[x] += p * vr[x];
+            }
+            for (int64_t x = 0; x < dc; x++) acc[m][x] = a[x];
+        }
+    }
+    for (int m = 0; m < nq; m++) {
+        const float inv = 1.0f / l[m];
+        v16u *dst = (v16u *)(o + m * d);
+        for (int64_t x = 0; x < dc; x++) dst[x] = acc[m][x] * inv;
+        lse[m] = mx[m] + logf(l[m]);
+    }
+}
+
+static void attend_unit_any(const v16 *qt, int nq, int64_t dc, const void *k_buf, const void *v_buf,
+                            int kv_bf16, int64_t row_stride, int64_t h, const int64_t *slots, int64_t n,
+                            float scale, float *o, float *lse) {
+    if (dc == 4)
+        attend_unit(qt, nq, 4, k_buf, v_buf, kv_bf16, row_stride, h, slots, n, scale, o, lse);
+    else if (dc == 8)
+        attend_unit(qt, nq, 8, k_buf, v_buf, kv_bf16, row_stride, h, slots, n, scale, o, lse);
+    else
+        attend_unit(qt, nq, dc, k_buf, v_buf, kv_bf16, row_stride, h, slots, n, scale, o, lse);
+}
+
+/* Returns 0, or -1 when d > MAXD or d is not a multiple of 16. Shapes (all int64 index arrays, fp32 tensors contiguous):
+ *   q [n_rows, hq, d] fp32: the decode rows' queries; k_buf, v_buf [slots, hkv, d] fp32 or bf16;
+ *   item i: slots[item_slot_off[i] : + item_ntok[i]], members mem_row[item_mem_off[i] : + item_nmem[i]]
+ *   (rows of q), partial of its m-th member = item_part_off[i] + m;
+ *   part_o [n_parts, hq, d], part_lse [n_parts, hq] fp32 scratch;
+ *   row r's partials: row_parts[row_part_ptr[r] : row_part_ptr[r + 1]]; out [n_rows, hq, d] fp32. */
+int radixrt_decode_attention(const float *q, const void *k_buf, const void *v_buf, int kv_bf16,
+                             int64_t hq, int64_t hkv, int64_t d, int64_t n_items,
+                             const int64_t *item_slot_off, const int64_t *item_ntok,
+                             const int64_t *item_mem_off, const int64_t *item_nmem,
+                             const int64_t *item_part_off, const int64_t *mem_row, const int64_t *slots,
+                             float scale, float *part_o, float *part_lse, int64_t n_rows,
+                             const int64_t *row_part_ptr, const int64_t *row_parts, float *out) {
+    if (d > MAXD || d % 16 != 0) return -1;
+    const int64_t rep = hq / hkv, row_stride = hkv * d;
+    /* units: (item, kv head, chunk of QV query vectors) */
+    int64_t *unit_first = (int64_t *)malloc(sizeof(int64_t) * (n_items + 1));
+    unit_first[0] = 0;
+    for (int64_t i = 0; i < n_items; i++) {
+        int64_t chunks = (item_nmem[i] * rep + QV - 1) / QV;
+        unit_first[i + 1] = unit_first[i] + hkv * chunks;
+    }
+    const int64_t n_units = unit_first[n_items];
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t u = 0; u < n_units; u++) {
+        int64_t lo = 0, hi = n_items; /* item of unit u: unit_first[i] <= u < unit_first[i + 1] */
+        while (hi - lo > 1) {
+            int64_t mid = (lo + hi) / 2;
+            if (unit_first[mid] <= u) lo = mid; else hi = mid;
+        }
+        const int64_t i = lo, chunks = (item_nmem[i] * rep + QV - 1) / QV;
+        const int64_t h = (u - unit_first[i]) / chunks, c = (u - unit_first[i]) % chunks;
+        const int64_t v0 = c * QV, nvec_all = item_nmem[i] * rep;
+        const int nq = (int)(nvec_all - v0 < QV ? nvec_all - v0 : QV);
+        v16 qt[MAXD];
+        float o[QV * MAXD], lse[QV];
+        memset(qt, 0, sizeof(v16) * d);
+        for (int m = 0; m < nq; m++) { /* vector v = member * rep + head-in-group */
+            int64_t v = v0 + m, mem = v / rep, r = v % rep;
+            const float *src = q + (mem_row[item_mem_off[i] + mem] * hq + h * rep + r) * d;
+            for (int64_t x = 0; x < d; x++) qt[x][m] = src[x];
+        }
+        attend_unit_any(qt, nq, d / 16, k_buf, v_buf, kv_bf16, row_stride, h, slots + item_slot_off[i], item_ntok[i],
+                    scale, o, lse);
+        for (int m = 0; m < nq; m++) {
+            int64_t v = v0 + m, mem = v / rep, r = v % rep, head = h * rep + r;
+            int64_t part = item_part_off[i] + mem;
+            memcpy(part_o + (part * hq + head) * d, o + m * d, sizeof(float) * d);
+            part_lse[part * hq + head] = lse[m];
+        }
+    }
+    free(unit_first);
+#pragma omp parallel for schedule(static)
+    for (int64_t rh = 0; rh < n_rows * hq; rh++) {
+        const int64_t r = rh / hq, head = rh % hq;
+        const int64_t p0 = row_part_ptr[r], p1 = row_part_ptr[r + 1];
+        float *dst = out + rh * d;
+        float m = -INFINITY;
+        for (int64_t p = p0; p < p1; p++) {
+            float x = part_lse[row_parts[p] * hq + head];
+            m = x > m ? x : m;
+        }
+        float wsum = 0.0f;
+        memset(dst, 0, sizeof(float) * d);
+        for (int64_t p = p0; p < p1; p++) {
+            const int64_t part = row_parts[p];
+            float w = exp_neg(part_lse[part * hq + head] - m);
+            wsum += w;
+            const float *src = part_o + (part * hq + head) * d;
+#pragma omp simd
+            for (int64_t x = 0; x < d; x++) dst[x] += w * src[x];
+        }
+        float inv = 1.0f / wsum;
+#pragma omp simd
+        for (int64_t x = 0; x < d; x++) dst[x] *= inv;
+    }
+    return 0;
+}

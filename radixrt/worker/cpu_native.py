@@ -1,0 +1,184 @@
+"""The native CPU decode-attention kernel (`kernels/cpu_decode.c`): compiled once per machine, called
+via ctypes.
+
+`load()` compiles `cpu_decode.c` (found in the `radixrt.kernels` package folder without importing
+that package, which would import Triton) with the system C compiler (`cc -O3 -march=native -fopenmp -shared`)
+into `~/.cache/radixrt/native/` (named by the source's hash and the compiler flags; `RADIXRT_NATIVE_DIR`
+overrides the folder) and loads it. It returns None, once logging why, when there is no compiler, the
+compile fails, or `RADIXRT_CPU_NATIVE=0`; callers then keep their torch path. The library links
+`libgomp.so.1`, which resolves to the copy torch has already loaded, so the kernel's OpenMP loops use
+torch's intra-op threads (`torch.set_num_threads`).
+
+`decode_attention(q, k_buf, v_buf, plan, scale) -> out` runs one layer of a pass's decode rows; a
+`DecodePlan` (built once per pass from the rows' slot lists by `DecodePlan.build`) holds the items
+and the merge lists as int64 numpy arrays.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def _source() -> Path:
+    spec = importlib.util.find_spec("radixrt.kernels")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(list(spec.submodule_search_locations)[0]) / "cpu_decode.c"
+
+
+_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+# Items longer than this are split into pieces (more units for the threads; merged by log-sum-exp).
+SPLIT_TOKENS = 512
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("RADIXRT_NATIVE_DIR") or Path.home() / ".cache" / "radixrt" / "native")
+
+
+def _compile() -> ctypes.CDLL | None:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        log.info("native CPU decode attention off: no C compiler found")
+        return None
+    src_path = _source()
+    src = src_path.read_bytes()
+    key = hashlib.sha256(src + " ".join([cc, *_FLAGS]).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"cpu_decode-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            tmp_so = Path(tmp) / out.name
+            r = subprocess.run([cc, *_FLAGS, str(src_path), "-o", str(tmp_so), "-lm"],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                log.warning("native CPU decode attention off: %s failed: %s", cc, r.stderr.strip()[-500:])
+                return None
+            os.replace(tmp_so, out)  # atomic: concurrent workers / test processes race safely
+    lib = ctypes.CDLL(str(out))
+    fn = lib.radixrt_decode_attention
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    fn.argtypes = [p, p, p, i32, i64, i64, i64, i64, p, p, p, p, p, p, p, f32, p, p, i64, p, p, p]
+    fn.restype = ctypes.c_int
+    return lib
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel library, or None (see the module docstring). Compiles at most once per process."""
+    global _lib, _tried
+    if not _tried:
+        _tried = True
+        if os.environ.get("RADIXRT_CPU_NATIVE", "1") != "0":
+            try:
+                _lib = _compile()
+            except OSError as e:
+                log.warning("native CPU decode attention off: %s", e)
+                _lib = None
+    return _lib
+
+
+def supports(k_buf: torch.Tensor) -> bool:
+    """Whether the kernel takes this pool buffer: CPU, float32 or bfloat16, head_dim a multiple of 16
+    up to 256, contiguous."""
+    d = k_buf.shape[-1]
+    return (k_buf.device.type == "cpu" and k_buf.dtype in (torch.float32, torch.bfloat16)
+            and d % 16 == 0 and d <= 256 and k_buf.is_contiguous())
+
+
+@dataclass(slots=True)
+class DecodePlan:
+    """A pass's decode attention work (int64 arrays): items (slot lists and the decode rows that attend
+    them), their partial outputs, and each row's partials to merge. Rows are 0..n_rows-1 in the order
+    of `q_rows` (the rows of the pass's q)."""
+
+    q_rows: torch.Tensor  # [n_rows] int64 rows of q
+    slots: np.ndarray  # [sum of item tokens] int64
+    item_slot_off: np.ndarray
+    item_ntok: np.ndarray
+    item_mem_off: np.ndarray
+    item_nmem: np.ndarray
+    item_part_off: np.ndarray
+    mem_row: np.ndarray
+    row_part_ptr: np.ndarray
+    row_parts: np.ndarray
+    n_parts: int
+
+    @staticmethod
+    def build(q_rows: list[int], items: list[tuple[np.ndarray, list[int]]],
+              split_tokens: int = SPLIT_TOKENS) -> DecodePlan:
+        """`items`: (slots [n] int64, member rows as indices into q_rows) pairs; each item with n >= 1.
+        Items longer than `split_tokens` become pieces of at most that many tokens."""
+        slot_parts, slot_off, ntok, mem_off, nmem, part_off, mem_row = [], [], [], [], [], [], []
+        row_parts: list[list[int]] = [[] for _ in q_rows]
+        off = moff = parts = 0
+        for slots, members in items:
+            for a in range(0, len(slots), split_tokens):
+                piece = slots[a:a + split_tokens]
+                slot_parts.append(piece)
+                slot_off.append(off)
+                ntok.append(len(piece))
+                off += len(piece)
+                mem_off.append(moff)
+                nmem.append(len(members))
+                part_off.append(parts)
+                mem_row.extend(members)
+                moff += len(members)
+                for m, r in enumerate(members):
+                    row_parts[r].append(parts + m)
+                parts += len(members)
+        ptr = np.zeros(len(q_rows) + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum([len(x) for x in row_parts])
+
+        def i64(x: list[int]) -> np.ndarray:
+            return np.asarray(x, dtype=np.int64)
+
+        return DecodePlan(
+            q_rows=torch.tensor(q_rows, dtype=torch.int64),
+            slots=np.ascontiguousarray(np.concatenate(slot_parts).astype(np.int64, copy=False))
+            if slot_parts else np.zeros(0, dtype=np.int64),
+            item_slot_off=i64(slot_off), item_ntok=i64(ntok), item_mem_off=i64(mem_off), item_nmem=i64(nmem),
+            item_part_off=i64(part_off), mem_row=i64(mem_row), row_part_ptr=ptr,
+            row_parts=i64([p for x in row_parts for p in x]), n_parts=parts)
+
+
+def _ptr(a: np.ndarray | torch.Tensor) -> int:
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data_ptr()
+
+
+def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: DecodePlan,
+                     scale: float) -> torch.Tensor:
+    """Attention of the plan's decode rows: q [T, Hq, D] (any float dtype; rows plan.q_rows), pool
+    buffers [slots, Hkv, D] float32 or bfloat16 (`supports`) -> [n_rows, Hq, D] float32.
+    Raises RuntimeError when the library is not loaded or rejects the shapes."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("native CPU decode attention is not available")
+    n_rows, hq, d = plan.q_rows.numel(), q.shape[1], q.shape[2]
+    hkv = k_buf.shape[1]
+    qd = q.index_select(0, plan.q_rows).to(torch.float32).contiguous()
+    part_o = torch.empty(plan.n_parts, hq, d, dtype=torch.float32)
+    part_lse = torch.empty(plan.n_parts, hq, dtype=torch.float32)
+    out = torch.empty(n_rows, hq, d, dtype=torch.float32)
+    rc = lib.radixrt_decode_attention(
+        _ptr(qd), _ptr(k_buf), _ptr(v_buf), int(k_buf.dtype == torch.bfloat16), hq, hkv, d,
+        len(plan.item_ntok), _ptr(plan.item_slot_off), _ptr(plan.item_ntok), _ptr(plan.item_mem_off),
+        _ptr(plan.item_nmem), _ptr(plan.item_part_off), _ptr(plan.mem_row), _ptr(plan.slots), scale,
+        _ptr(part_o), _ptr(part_lse), n_rows, _ptr(plan.row_part_ptr), _ptr(plan.row_parts), _ptr(out))
+    if rc != 0:
+        raise RuntimeError(f"native CPU decode attention rejected head_dim {d}")
+    return out
