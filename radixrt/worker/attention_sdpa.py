@@ -4,7 +4,7 @@ Per pass (`prepare`, one read of the lengths and page-table rows on the host) th
 planned: where each one's K/V rows [0, seq_len) live in the pool.
 Per layer (`forward`): store the new K/V at out_cache_loc, then attend.
 
-With the native kernel (`cpu_native`, `kernels/cpu_decode.c`; on when a C compiler builds it and the
+With the native kernel (`cpu_native`, `kernels/cpu_native.c`; on when a C compiler builds it and the
 pool is float32 / bfloat16 with head_dim a multiple of 16) every decode request and every extend of
 at most `NATIVE_EXTEND_MAX` new tokens is one call per layer that reads K/V straight from the pool's
 slots (no gather): decodes whose page-table rows start with the same pages (a shared system prompt,

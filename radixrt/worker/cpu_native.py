@@ -1,17 +1,18 @@
-"""The native CPU decode-attention kernel (`kernels/cpu_decode.c`): compiled once per machine, called
-via ctypes.
+"""The native CPU attention kernel (`kernels/cpu_native.c` + `cpu_native_unit.h`): compiled once per
+machine, called via ctypes.
 
-`load()` compiles `cpu_decode.c` (found in the `radixrt.kernels` package folder without importing
-that package, which would import Triton) with the system C compiler (`cc -O3 -march=native -fopenmp -shared`)
-into `~/.cache/radixrt/native/` (named by the source's hash and the compiler flags; `RADIXRT_NATIVE_DIR`
-overrides the folder) and loads it. It returns None, once logging why, when there is no compiler, the
-compile fails, or `RADIXRT_CPU_NATIVE=0`; callers then keep their torch path. The library links
-`libgomp.so.1`, which resolves to the copy torch has already loaded, so the kernel's OpenMP loops use
-torch's intra-op threads (`torch.set_num_threads`).
+`load()` compiles it (the sources are found in the `radixrt.kernels` package folder without importing
+that package, which would import Triton) with the system C compiler (`cc -O3 -march=native -fopenmp
+-shared`) into `~/.cache/radixrt/native/` (`RADIXRT_NATIVE_DIR` overrides the folder), the file named
+by the hash of the sources, the compiler flags and this CPU's model and feature flags, and loads it.
+It returns None, once logging why, when there is no compiler, the compile fails, or
+`RADIXRT_CPU_NATIVE=0`; callers then keep their torch path. The library links `libgomp.so.1`, which
+resolves to the copy torch has already loaded, so the kernel's OpenMP loops use torch's intra-op
+threads (`torch.set_num_threads`).
 
-`decode_attention(q, k_buf, v_buf, plan, scale) -> out` runs one layer of a pass's decode rows; a
-`DecodePlan` (built once per pass from the rows' slot lists by `DecodePlan.build`) holds the items
-and the merge lists as int64 numpy arrays.
+`decode_attention(q, k_buf, v_buf, plan, scale) -> out` runs one layer of a pass's rows (decodes and
+short extends); a `DecodePlan` (built once per pass from slot lists by `DecodePlan.build`) holds the
+items and the merge lists as int64 numpy arrays.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 def _source() -> Path:
     spec = importlib.util.find_spec("radixrt.kernels")
     assert spec is not None and spec.submodule_search_locations
-    return Path(list(spec.submodule_search_locations)[0]) / "cpu_decode.c"
+    return Path(list(spec.submodule_search_locations)[0]) / "cpu_native.c"
 
 
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
@@ -51,15 +52,28 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("RADIXRT_NATIVE_DIR") or Path.home() / ".cache" / "radixrt" / "native")
 
 
+def _cpu_flags() -> str:
+    """This CPU's model name and feature flags (Linux /proc/cpuinfo), or the platform's name."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in lines if ln.startswith(("model name", "flags"))]
+    return "\n".join(dict.fromkeys(keep))  # one copy per distinct line (every core repeats them)
+
+
 def _compile() -> ctypes.CDLL | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         log.info("native CPU decode attention off: no C compiler found")
         return None
     src_path = _source()
-    src = src_path.read_bytes()
-    key = hashlib.sha256(src + " ".join([cc, *_FLAGS]).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"cpu_decode-{key}.so"
+    src = b"".join(f.read_bytes() for f in sorted(src_path.parent.glob("cpu_native*.[ch]")))
+    # -march=native: the library is only valid on CPUs with this one's instruction sets
+    key = hashlib.sha256(src + " ".join([cc, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"cpu_native-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
@@ -117,6 +131,9 @@ class DecodePlan:
     row_part_ptr: np.ndarray
     row_parts: np.ndarray
     n_parts: int
+    # per (Hq, D): the float32 scratch (part_o, part_lse, out) and the kernel's pointer arguments that
+    # do not change between layers; made at the first layer's call, reused by the others
+    _scratch: dict | None = None
 
     @staticmethod
     def build(q_rows: list[int], items: list[tuple[np.ndarray, list[int]]],
@@ -162,23 +179,33 @@ def _ptr(a: np.ndarray | torch.Tensor) -> int:
 
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: DecodePlan,
                      scale: float) -> torch.Tensor:
-    """Attention of the plan's decode rows: q [T, Hq, D] (any float dtype; rows plan.q_rows), pool
-    buffers [slots, Hkv, D] float32 or bfloat16 (`supports`) -> [n_rows, Hq, D] float32.
+    """Attention of the plan's rows: q [T, Hq, D] (contiguous, any float dtype; rows plan.q_rows), pool
+    buffers [slots, Hkv, D] float32 or bfloat16 (`supports`) -> [n_rows, Hq, D] float32, a buffer of
+    the plan that the next call with the same plan overwrites (copy it out first).
     Raises RuntimeError when the library is not loaded or rejects the shapes."""
     lib = load()
     if lib is None:
         raise RuntimeError("native CPU decode attention is not available")
     n_rows, hq, d = plan.q_rows.numel(), q.shape[1], q.shape[2]
     hkv = k_buf.shape[1]
-    qd = q.index_select(0, plan.q_rows).to(torch.float32).contiguous()
-    part_o = torch.empty(plan.n_parts, hq, d, dtype=torch.float32)
-    part_lse = torch.empty(plan.n_parts, hq, dtype=torch.float32)
-    out = torch.empty(n_rows, hq, d, dtype=torch.float32)
-    rc = lib.radixrt_decode_attention(
-        _ptr(qd), _ptr(k_buf), _ptr(v_buf), int(k_buf.dtype == torch.bfloat16), hq, hkv, d,
-        len(plan.item_ntok), _ptr(plan.item_slot_off), _ptr(plan.item_ntok), _ptr(plan.item_mem_off),
-        _ptr(plan.item_nmem), _ptr(plan.item_part_off), _ptr(plan.mem_row), _ptr(plan.slots), scale,
-        _ptr(part_o), _ptr(part_lse), n_rows, _ptr(plan.row_part_ptr), _ptr(plan.row_parts), _ptr(out))
+    if plan._scratch is None:
+        plan._scratch = {}
+    scratch = plan._scratch.get((hq, d))
+    if scratch is None:
+        part_o = torch.empty(plan.n_parts, hq, d, dtype=torch.float32)
+        part_lse = torch.empty(plan.n_parts, hq, dtype=torch.float32)
+        out = torch.empty(n_rows, hq, d, dtype=torch.float32)
+        items = (len(plan.item_ntok), _ptr(plan.item_slot_off), _ptr(plan.item_ntok), _ptr(plan.item_mem_off),
+                 _ptr(plan.item_nmem), _ptr(plan.item_part_off), _ptr(plan.mem_row), _ptr(plan.slots))
+        rest = (_ptr(part_o), _ptr(part_lse), n_rows, _ptr(plan.row_part_ptr), _ptr(plan.row_parts),
+                _ptr(out))
+        scratch = plan._scratch[(hq, d)] = (out, items, rest, (part_o, part_lse))
+    out, items, rest, _ = scratch
+    qd = q.index_select(0, plan.q_rows)
+    if qd.dtype != torch.float32:
+        qd = qd.float()
+    rc = lib.radixrt_decode_attention(_ptr(qd), _ptr(k_buf), _ptr(v_buf), int(k_buf.dtype == torch.bfloat16),
+                                      hq, hkv, d, *items, scale, *rest)
     if rc != 0:
         raise RuntimeError(f"native CPU decode attention rejected head_dim {d}")
     return out

@@ -62,109 +62,55 @@ static inline void bf16_row(const uint16_t *src, int64_t d, float *dst) {
     }
 }
 
-/* One unit: query vectors qt [D] x 16 lanes (nq used) over the item's n slots, KV head h; dc = D / 16
- * (a constant in each inlined copy). Writes o [nq][D] (normalised) and lse [nq]. */
-static inline __attribute__((always_inline)) void attend_unit(
-        const v16 *qt, int nq, const int64_t dc, const void *k_buf, const void *v_buf, int kv_bf16,
-        int64_t row_stride, int64_t h, const int64_t *slots, int64_t n, float scale, float *o, float *lse) {
-    const int64_t d = dc * 16;
-    v16 acc[QV][MAXD / 16];
-    v16 mx, l, s[BT];
-    float kbuf[BT][MAXD], vbuf[BT][MAXD];
-    for (int m = 0; m < QV; m++) {
-        mx[m] = -INFINITY;
-        l[m] = 0.0f;
-    }
-    memset(acc, 0, sizeof(acc));
-    for (int64_t t0 = 0; t0 < n; t0 += BT) {
-        int nb = (int)(n - t0 < BT ? n - t0 : BT);
-        const float *krow[BT], *vrow[BT];
-        /* prefetch the K/V rows of the block PF_BLOCKS ahead: one request's rows come from DRAM in
-         * page-sized runs; the hardware prefetcher alone keeps too few lines in flight */
-        const int64_t tp = t0 + PF_BLOCKS * BT;
-        const int64_t esz = kv_bf16 ? 2 : 4, row_bytes = d * esz;
-        for (int64_t j2 = tp; j2 < n && j2 < tp + BT; j2++) {
-            const char *kp = (const char *)k_buf + (slots[j2] * row_stride + h * d) * esz;
-            const char *vp = (const char *)v_buf + (slots[j2] * row_stride + h * d) * esz;
-            for (int64_t b = 0; b < row_bytes; b += 64) {
-                __builtin_prefetch(kp + b, 0, 3);
-                __builtin_prefetch(vp + b, 0, 3);
-            }
-        }
-        for (int j = 0; j < nb; j++) {
-            int64_t off = slots[t0 + j] * row_stride + h * d;
-            if (kv_bf16) {
-                bf16_row((const uint16_t *)k_buf + off, d, kbuf[j]);
-                bf16_row((const uint16_t *)v_buf + off, d, vbuf[j]);
-                krow[j] = kbuf[j];
-                vrow[j] = vbuf[j];
-            } else {
-                krow[j] = (const float *)k_buf + off;
-                vrow[j] = (const float *)v_buf + off;
-            }
-        }
-        /* scores of all query vectors for four tokens at a time: s[j] = sum_x qt[x] * k_j[x] */
-        int j = 0;
-        for (; j + 4 <= nb; j += 4) {
-            v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-            const float *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
-            for (int64_t x = 0; x < d; x++) {
-                v16 qx = qt[x];
-                s0 += qx * k0[x];
-                s1 += qx * k1[x];
-                s2 += qx * k2[x];
-                s3 += qx * k3[x];
-            }
-            s[j] = s0 * scale;
-            s[j + 1] = s1 * scale;
-            s[j + 2] = s2 * scale;
-            s[j + 3] = s3 * scale;
-        }
-        for (; j < nb; j++) {
-            v16 s0 = {0};
-            const float *k0 = krow[j];
-            for (int64_t x = 0; x < d; x++) s0 += qt[x] * k0[x];
-            s[j] = s0 * scale;
-        }
-        /* online softmax over the block */
-        v16 bmax = mx;
-        for (j = 0; j < nb; j++) bmax = vmax(s[j], bmax);
-        v16 corr = exp_neg16(mx - bmax), bsum = {0};
-        mx = bmax;
-        for (j = 0; j < nb; j++) {
-            s[j] = exp_neg16(s[j] - bmax);
-            bsum += s[j];
-        }
-        l = l * corr + bsum;
-        for (int m = 0; m < nq; m++) {
-            v16 a[MAXD / 16];
-            const float c = corr[m];
-            for (int64_t x = 0; x < dc; x++) a[x] = acc[m][x] * c;
-            for (j = 0; j < nb; j++) {
-                const float p = s[j][m];
-                const v16u *vr = (const v16u *)vrow[j];
-                for (int64_t x = 0; x < dc; x++) a[x] += p * vr[x];
-            }
-            for (int64_t x = 0; x < dc; x++) acc[m][x] = a[x];
-        }
-    }
-    for (int m = 0; m < nq; m++) {
-        const float inv = 1.0f / l[m];
-        v16u *dst = (v16u *)(o + m * d);
-        for (int64_t x = 0; x < dc; x++) dst[x] = acc[m][x] * inv;
-        lse[m] = mx[m] + logf(l[m]);
-    }
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t i8v __attribute__((vector_size(32)));
+
+static inline v8 vmax8(v8 a, v8 b) {
+    i8v m = a > b;
+    return (v8)(((i8v)a & m) | ((i8v)b & ~m));
 }
 
-static void attend_unit_any(const v16 *qt, int nq, int64_t dc, const void *k_buf, const void *v_buf,
+/* exp_neg16 on 8 lanes */
+static inline v8 exp_neg8(v8 x) {
+    const v8 lo = (v8){0} - 87.0f;
+    x = vmax8(x, lo);
+    v8 t = x * 1.4426950408889634f;
+    v8 n = (t + 12582912.0f) - 12582912.0f;
+    v8 f = (t - n) * 0.6931471805599453f;
+    v8 p = f * 1.3888889e-3f + 8.3333333e-3f;
+    p = p * f + 4.1666667e-2f;
+    p = p * f + 1.6666667e-1f;
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    i8v bits = (__builtin_convertvector(n, i8v) + 127) << 23;
+    return p * (v8)bits;
+}
+
+#define UNIT_LANES 16
+#include "cpu_native_unit.h"
+#undef UNIT_LANES
+#define UNIT_LANES 8
+#include "cpu_native_unit.h"
+#undef UNIT_LANES
+
+/* qt: UNIT_LANES-lane vectors (16 when nq > 8, else 8), stored as floats [D][lanes] */
+static void attend_unit_any(const float *qt, int nq, int64_t dc, const void *k_buf, const void *v_buf,
                             int kv_bf16, int64_t row_stride, int64_t h, const int64_t *slots, int64_t n,
                             float scale, float *o, float *lse) {
-    if (dc == 4)
-        attend_unit(qt, nq, 4, k_buf, v_buf, kv_bf16, row_stride, h, slots, n, scale, o, lse);
-    else if (dc == 8)
-        attend_unit(qt, nq, 8, k_buf, v_buf, kv_bf16, row_stride, h, slots, n, scale, o, lse);
-    else
-        attend_unit(qt, nq, dc, k_buf, v_buf, kv_bf16, row_stride, h, slots, n, scale, o, lse);
+#define UNIT_DISPATCH(L, T)                                                                            \
+    if (dc == 4)                                                                                       \
+        attend_unit_##L((const T *)qt, nq, 4, k_buf, v_buf, kv_bf16, row_stride, h, slots, n, scale, o, lse); \
+    else if (dc == 8)                                                                                  \
+        attend_unit_##L((const T *)qt, nq, 8, k_buf, v_buf, kv_bf16, row_stride, h, slots, n, scale, o, lse); \
+    else                                                                                               \
+        attend_unit_##L((const T *)qt, nq, dc, k_buf, v_buf, kv_bf16, row_stride, h, slots, n, scale, o, lse);
+    if (nq > 8) {
+        UNIT_DISPATCH(16, v16)
+    } else {
+        UNIT_DISPATCH(8, v8)
+    }
+#undef UNIT_DISPATCH
 }
 
 /* Returns 0, or -1 when d > MAXD or d is not a multiple of 16. Shapes (all int64 index arrays, fp32 tensors contiguous):
@@ -201,15 +147,17 @@ int radixrt_decode_attention(const float *q, const void *k_buf, const void *v_bu
         const int64_t h = (u - unit_first[i]) / chunks, c = (u - unit_first[i]) % chunks;
         const int64_t v0 = c * QV, nvec_all = item_nmem[i] * rep;
         const int nq = (int)(nvec_all - v0 < QV ? nvec_all - v0 : QV);
-        v16 qt[MAXD];
+        v16 qt[MAXD]; /* [d][lanes] floats, lanes = 16 or 8 (attend_unit_any) */
+        float *qf = (float *)qt;
+        const int lanes = nq > 8 ? 16 : 8;
         float o[QV * MAXD], lse[QV];
-        memset(qt, 0, sizeof(v16) * d);
+        memset(qt, 0, sizeof(float) * d * lanes);
         for (int m = 0; m < nq; m++) { /* vector v = member * rep + head-in-group */
             int64_t v = v0 + m, mem = v / rep, r = v % rep;
             const float *src = q + (mem_row[item_mem_off[i] + mem] * hq + h * rep + r) * d;
-            for (int64_t x = 0; x < d; x++) qt[x][m] = src[x];
+            for (int64_t x = 0; x < d; x++) qf[x * lanes + m] = src[x];
         }
-        attend_unit_any(qt, nq, d / 16, k_buf, v_buf, kv_bf16, row_stride, h, slots + item_slot_off[i], item_ntok[i],
+        attend_unit_any(qf, nq, d / 16, k_buf, v_buf, kv_bf16, row_stride, h, slots + item_slot_off[i], item_ntok[i],
                     scale, o, lse);
         for (int m = 0; m < nq; m++) {
             int64_t v = v0 + m, mem = v / rep, r = v % rep, head = h * rep + r;
@@ -245,3 +193,4 @@ int radixrt_decode_attention(const float *q, const void *k_buf, const void *v_bu
     }
     return 0;
 }
+
