@@ -194,3 +194,37 @@ int radixrt_decode_attention(const float *q, const void *k_buf, const void *v_bu
     return 0;
 }
 
+
+/* RMSNorm with the residual add fused (Zhang & Sennrich 2019), float32, rows of h elements:
+ * s = x + res (res NULL: s = x), new_res = s (skipped when new_res is NULL), out = w * s / sqrt(mean(s^2) + eps).
+ * x, res, w, out, new_res contiguous; out may not alias x or res. Parallel over rows only when the
+ * call is large enough to pay for waking the threads. */
+void radixrt_rms_norm(const float *x, const float *res, const float *w, float *out, float *new_res,
+                      int64_t rows, int64_t h, float eps) {
+#pragma omp parallel for schedule(static) if (rows * h >= 262144)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * h;
+        const float *rr = res ? res + r * h : NULL;
+        float *orow = out + r * h;
+        float *nr = new_res ? new_res + r * h : NULL;
+        float ss = 0.0f;
+        if (rr) {
+#pragma omp simd reduction(+ : ss)
+            for (int64_t i = 0; i < h; i++) {
+                float s = xr[i] + rr[i];
+                orow[i] = s;
+                ss += s * s;
+            }
+        } else {
+#pragma omp simd reduction(+ : ss)
+            for (int64_t i = 0; i < h; i++) {
+                orow[i] = xr[i];
+                ss += xr[i] * xr[i];
+            }
+        }
+        if (nr) memcpy(nr, orow, sizeof(float) * h);
+        const float inv = 1.0f / sqrtf(ss / (float)h + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < h; i++) orow[i] = w[i] * (orow[i] * inv);
+    }
+}

@@ -30,6 +30,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         from radixrt.kernels import rms_norm as fused_rms_norm
 
         return fused_rms_norm(x, weight, eps, residual)
+    if x.dtype == torch.float32:
+        from radixrt.worker import cpu_native
+
+        if cpu_native.takes_rms_norm(x, weight, residual):  # the add and the norm in one C loop
+            return cpu_native.rms_norm(x, weight, eps, residual)
     if residual is not None:
         x = x + residual
     new_residual = x

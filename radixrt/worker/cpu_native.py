@@ -89,6 +89,9 @@ def _compile() -> ctypes.CDLL | None:
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     fn.argtypes = [p, p, p, i32, i64, i64, i64, i64, p, p, p, p, p, p, p, f32, p, p, i64, p, p, p]
     fn.restype = ctypes.c_int
+    fn = lib.radixrt_rms_norm
+    fn.argtypes = [p, p, p, p, p, i64, i64, f32]
+    fn.restype = None
     return lib
 
 
@@ -209,3 +212,30 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     if rc != 0:
         raise RuntimeError(f"native CPU decode attention rejected head_dim {d}")
     return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm with the residual add fused, float32 CPU tensors: x [..., H] (and residual [..., H])
+    contiguous, weight [H] -> (out, new residual = x + residual, or x itself when residual is None),
+    float32 as `models.ops.rms_norm`. One C loop instead of torch's add + ~5 ops (15 us a call at
+    [4, 576] on the 2-core Zen 4 VM). Raises RuntimeError when the library is not loaded."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("native CPU kernels are not available")
+    h = x.shape[-1]
+    out = torch.empty_like(x)
+    new_res = None if residual is None else torch.empty_like(x)
+    lib.radixrt_rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                         out.data_ptr(), None if new_res is None else new_res.data_ptr(), x.numel() // h, h,
+                         eps)
+    return out, (x if new_res is None else new_res)
+
+
+def takes_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> bool:
+    """Whether `rms_norm` takes these tensors (float32, CPU, contiguous) and the library is loaded."""
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+            and x.is_contiguous() and weight.is_contiguous()
+            and (residual is None or (residual.dtype == torch.float32 and residual.is_contiguous()
+                                      and residual.shape == x.shape))
+            and _lib is not None)
