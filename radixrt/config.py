@@ -240,6 +240,9 @@ class Env:
     cpu_threads: int | None = None
     # RADIXRT_PASS_TRACE=PATH: one JSON line per pass into PATH (scheduler/pass_trace.py; benchmarks)
     pass_trace: Path | None = None
+    # RADIXRT_KV_PREFAULT=0: the CPU worker does not write into its KV pool's untouched memory pages
+    # while idle (worker_proc._serve, kv_pool.PagedKVPool.prefault_step; the test suite sets 0)
+    kv_prefault: bool = True
 
     @classmethod
     def read(cls) -> Env:
@@ -253,6 +256,7 @@ class Env:
             cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
             cpu_threads=_positive_int_or_none("RADIXRT_CPU_THREADS"),
             pass_trace=Path(trace) if (trace := os.environ.get("RADIXRT_PASS_TRACE")) else None,
+            kv_prefault=os.environ.get("RADIXRT_KV_PREFAULT", "1") not in ("0", "false"),
         )
 
 

@@ -23,6 +23,9 @@ if not torch.cuda.is_available():
     # default is all cores, worker_proc.cpu_threads): two pytest workers share the machine, and
     # spinning OpenMP threads that lose their core stall every parallel region.
     os.environ.setdefault("RADIXRT_CPU_THREADS", str(max(1, (os.cpu_count() or 2) - 1)))
+    # servers started by tests leave their KV pools untouched while idle (the two pytest workers share
+    # the cores); tests/worker/test_kv_prefault.py covers the prefault itself
+    os.environ.setdefault("RADIXRT_KV_PREFAULT", "0")
 
 
 def _patch_interpreter_scalar_index() -> None:

@@ -15,6 +15,7 @@ the last pass ran, and the device span of the last finished pass.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import torch
 
 from radixrt import protocol
 from radixrt.attention.base import ForwardMeta
-from radixrt.config import ServerArgs
+from radixrt.config import Env, ServerArgs
 from radixrt.models.loader import load_model, read_model_config
 from radixrt.protocol import ForwardMode
 from radixrt.worker import sampler
@@ -43,6 +44,8 @@ from radixrt.worker.host_pool import HostCopyEngine, HostKVPool
 from radixrt.worker.kv_pool import PagedKVPool
 from radixrt.worker.memory_profile import activation_reserve_bytes, num_pool_pages
 from radixrt.worker.penalties import PenaltyState
+
+log = logging.getLogger("radixrt.worker")
 
 if TYPE_CHECKING:
     from radixrt.parallel.group import TPGroup
@@ -110,6 +113,8 @@ class ModelRunner:
         if self.kv_dtype == torch.float8_e4m3fn:  # the checkpoint's per-layer scales, else 1.0
             self.pool.set_kv_scales(getattr(self.model, "kv_cache_scales", {}))
         self.backend = backend_for(args, self.pool, c.num_heads)
+        self._prefault = self.device.type == "cpu" and Env.read().kv_prefault
+        self._prefault_s = 0.0  # idle time spent in prefault_step
         self.copier: HostCopyEngine | None = None  # the host KV tier (--enable-hierarchical-cache)
         if args.enable_hierarchical_cache:
             num_host = HostKVPool.num_pages_for(self.pool, args.hicache_size, args.hicache_ratio)
@@ -123,6 +128,21 @@ class ModelRunner:
                 self.model, self.backend, device=self.device, page_size=self.page_size,
                 context_len=self.context_len, max_pages_per_req=self.max_pages_per_req,
                 max_bs=graph_max_bs(args), cascade=not args.disable_cascade_attention)
+
+    def prefault_step(self) -> bool:
+        """While the worker is idle: write into the next slice of the CPU KV pool's untouched memory
+        pages (PagedKVPool.prefault_step); False once done, on CUDA, or with RADIXRT_KV_PREFAULT=0."""
+        if not self._prefault:
+            return False
+        t0 = time.perf_counter()
+        self._prefault = self.pool.prefault_step()
+        self._prefault_s += time.perf_counter() - t0
+        if not self._prefault:
+            log.info("KV pool's memory pages written once: %.1f GB in %.1f s of idle time",
+                     self.pool.num_slots * self.pool.bytes_per_token(
+                         self.config.num_layers, self.config.num_kv_heads, self.config.head_dim,
+                         self.kv_dtype) / 1e9, self._prefault_s)
+        return self._prefault
 
     def _activation_reserve_bytes(self) -> int:
         """CUDA memory to leave free for passes (memory_profile.activation_reserve_bytes)."""

@@ -126,8 +126,17 @@ def _serve(runner, inbox: Receiver, results: Sender | _Dropped) -> None:
     the result first is what keeps the two from waiting on each other.
     """
     pending = None
+    # while idle (no pass pending, nothing queued) a CPU runner writes into its KV pool's untouched
+    # memory pages a slice at a time (PagedKVPool.prefault_step), so that prefills do not pay for them
+    prefault = getattr(runner, "prefault_step", None)
     while True:
-        if pending is None:
+        if pending is None and prefault is not None:
+            msg = inbox.recv(timeout_ms=0)
+            if msg is None:
+                if not prefault():
+                    prefault = None
+                continue
+        elif pending is None:
             msg = inbox.recv()
         else:
             msg = inbox.recv(timeout_ms=0)
