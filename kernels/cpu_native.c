@@ -27,28 +27,33 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16v __attribute__((vector_size(64)));
 
-static inline v16 vmax(v16 a, v16 b) {
-    i16v m = a > b;
-    return (v16)(((i16v)a & m) | ((i16v)b & ~m));
-}
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t i8v __attribute__((vector_size(32)));
 
-/* exp(x) for x <= 0, 16 lanes: 2^(x log2 e) = 2^n 2^f, n = round(t) (the 1.5 * 2^23 trick), |f| <= 1/2,
- * degree-6 Taylor of e^(f ln 2) (relative error ~1.2e-7). */
-static inline v16 exp_neg16(v16 x) {
-    const v16 lo = (v16){0} - 87.0f;
-    x = vmax(x, lo);
-    v16 t = x * 1.4426950408889634f;
-    v16 n = (t + 12582912.0f) - 12582912.0f;
-    v16 f = (t - n) * 0.6931471805599453f;
-    v16 p = f * 1.3888889e-3f + 8.3333333e-3f;
-    p = p * f + 4.1666667e-2f;
-    p = p * f + 1.6666667e-1f;
-    p = p * f + 0.5f;
-    p = p * f + 1.0f;
-    p = p * f + 1.0f;
-    i16v bits = (__builtin_convertvector(n, i16v) + 127) << 23;
-    return p * (v16)bits;
-}
+/* Per vector width (VT float lanes, IT int32 lanes): MAXF(a, b) the lane-wise max, and EXPF(x) =
+ * exp(x) for x <= 0: 2^(x log2 e) = 2^n 2^f, n = round(t) (the 1.5 * 2^23 trick), |f| <= 1/2, degree-6
+ * Taylor of e^(f ln 2) (relative error ~1.2e-7), no libm call. */
+#define DEFINE_VEC_MATH(VT, IT, MAXF, EXPF)                               \
+    static inline VT MAXF(VT a, VT b) {                                   \
+        IT m = a > b;                                                     \
+        return (VT)(((IT)a & m) | ((IT)b & ~m));                          \
+    }                                                                     \
+    static inline VT EXPF(VT x) {                                         \
+        x = MAXF(x, (VT){0} - 87.0f);                                     \
+        VT t = x * 1.4426950408889634f;                                   \
+        VT n = (t + 12582912.0f) - 12582912.0f;                           \
+        VT f = (t - n) * 0.6931471805599453f;                             \
+        VT p = f * 1.3888889e-3f + 8.3333333e-3f;                         \
+        p = p * f + 4.1666667e-2f;                                        \
+        p = p * f + 1.6666667e-1f;                                        \
+        p = p * f + 0.5f;                                                 \
+        p = p * f + 1.0f;                                                 \
+        p = p * f + 1.0f;                                                 \
+        IT bits = (__builtin_convertvector(n, IT) + 127) << 23;           \
+        return p * (VT)bits;                                              \
+    }
+DEFINE_VEC_MATH(v16, i16v, vmax, exp_neg16)
+DEFINE_VEC_MATH(v8, i8v, vmax8, exp_neg8)
 
 static inline float exp_neg(float x) {
     v16 v = {x};
@@ -60,31 +65,6 @@ static inline void bf16_row(const uint16_t *src, int64_t d, float *dst) {
         uint32_t u = (uint32_t)src[x] << 16;
         memcpy(dst + x, &u, 4);
     }
-}
-
-typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t i8v __attribute__((vector_size(32)));
-
-static inline v8 vmax8(v8 a, v8 b) {
-    i8v m = a > b;
-    return (v8)(((i8v)a & m) | ((i8v)b & ~m));
-}
-
-/* exp_neg16 on 8 lanes */
-static inline v8 exp_neg8(v8 x) {
-    const v8 lo = (v8){0} - 87.0f;
-    x = vmax8(x, lo);
-    v8 t = x * 1.4426950408889634f;
-    v8 n = (t + 12582912.0f) - 12582912.0f;
-    v8 f = (t - n) * 0.6931471805599453f;
-    v8 p = f * 1.3888889e-3f + 8.3333333e-3f;
-    p = p * f + 4.1666667e-2f;
-    p = p * f + 1.6666667e-1f;
-    p = p * f + 0.5f;
-    p = p * f + 1.0f;
-    p = p * f + 1.0f;
-    i8v bits = (__builtin_convertvector(n, i8v) + 127) << 23;
-    return p * (v8)bits;
 }
 
 #define UNIT_LANES 16
