@@ -1,12 +1,13 @@
-/* Paged decode attention on the CPU, reading K/V straight from the pool's slots (no gather).
+/* Native CPU kernels: paged attention reading K/V straight from the pool's slots (no gather), for
+ * decodes and short extends, and a float32 RMSNorm with its residual add.
  *
- * Compiled once per machine by kernels/cpu_native.py (cc -O3 -march=native -fopenmp -shared) and
+ * Compiled once per machine by radixrt/worker/cpu_native.py (cc -O3 -march=native -fopenmp -shared) and
  * called through ctypes; the OpenMP runtime is the one torch already loaded (libgomp.so.1), so the
  * kernel uses torch's intra-op threads (torch.set_num_threads).
  *
- * Work: "items", each a list of pool slots (one request's tokens, or the shared prefix of a group
- * of decode requests: cascade inference, Ye et al. 2024) and the decode rows ("members") that attend
- * them. Per item and KV head, the members' R = Hq / Hkv query heads are up to QV query vectors of
+ * Work: "items", each a list of pool slots (one request's tokens, the shared prefix of a group of
+ * decode requests: cascade inference, Ye et al. 2024, or an extend's cached prefix) and the query rows
+ * ("members") that attend them. Per item and KV head, the members' R = Hq / Hkv query heads are up to QV query vectors of
  * one unit of work; a unit keeps the query vectors transposed ([D][QV], lanes over the vectors), so
  * a key row gives the scores of all of them with D broadcast FMAs and no horizontal sums, and runs
  * the online softmax of FlashAttention (Dao et al. 2022) over blocks of BT tokens. Each (item,
