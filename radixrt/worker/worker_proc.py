@@ -110,6 +110,10 @@ def _start(args: ServerArgs, addrs: IpcAddresses, ctx: zmq.Context, model_dir: P
     return runner, inbox, results
 
 
+# idle time (ms without a message) before each prefault slice of the CPU KV pool (_serve)
+PREFAULT_IDLE_MS = 20
+
+
 def _serve(runner, inbox: Receiver, results: Sender | _Dropped) -> None:
     """Loop until a shutdown control message. A failing batch is fatal: it is logged and re-raised.
 
@@ -126,12 +130,13 @@ def _serve(runner, inbox: Receiver, results: Sender | _Dropped) -> None:
     the result first is what keeps the two from waiting on each other.
     """
     pending = None
-    # while idle (no pass pending, nothing queued) a CPU runner writes into its KV pool's untouched
-    # memory pages a slice at a time (PagedKVPool.prefault_step), so that prefills do not pay for them
+    # while idle (no pass pending, nothing received for PREFAULT_IDLE_MS) a CPU runner writes into its
+    # KV pool's untouched memory pages a slice at a time (PagedKVPool.prefault_step), so that prefills
+    # do not pay for them; the wait keeps the slices out of the gaps between back-to-back passes
     prefault = getattr(runner, "prefault_step", None)
     while True:
         if pending is None and prefault is not None:
-            msg = inbox.recv(timeout_ms=0)
+            msg = inbox.recv(timeout_ms=PREFAULT_IDLE_MS)
             if msg is None:
                 if not prefault():
                     prefault = None
