@@ -1,4 +1,5 @@
-"""The small per-token ops of a decoder layer: fused Triton kernels on CUDA, pure torch elsewhere.
+"""The small per-token ops of a decoder layer: fused Triton kernels on CUDA, torch elsewhere (float32
+RMSNorm: the native C loop of `radixrt.worker.cpu_native` when that library is loaded).
 
 Every model calls these three functions (and nothing else) for RMSNorm, rotary embedding and the
 gated MLP activation, so that fused Triton kernels (`radixrt.kernels`) can replace them later

@@ -67,7 +67,7 @@ def _cpu_flags() -> str:
 def _compile() -> ctypes.CDLL | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        log.info("native CPU decode attention off: no C compiler found")
+        log.info("native CPU kernels off: no C compiler found")
         return None
     src_path = _source()
     src = b"".join(f.read_bytes() for f in sorted(src_path.parent.glob("cpu_native*.[ch]")))
@@ -81,7 +81,7 @@ def _compile() -> ctypes.CDLL | None:
             r = subprocess.run([cc, *_FLAGS, str(src_path), "-o", str(tmp_so), "-lm"],
                                capture_output=True, text=True)
             if r.returncode != 0:
-                log.warning("native CPU decode attention off: %s failed: %s", cc, r.stderr.strip()[-500:])
+                log.warning("native CPU kernels off: %s failed: %s", cc, r.stderr.strip()[-500:])
                 return None
             os.replace(tmp_so, out)  # atomic: concurrent workers / test processes race safely
     lib = ctypes.CDLL(str(out))
@@ -104,7 +104,7 @@ def load() -> ctypes.CDLL | None:
             try:
                 _lib = _compile()
             except OSError as e:
-                log.warning("native CPU decode attention off: %s", e)
+                log.warning("native CPU kernels off: %s", e)
                 _lib = None
     return _lib
 
@@ -119,9 +119,9 @@ def supports(k_buf: torch.Tensor) -> bool:
 
 @dataclass(slots=True)
 class DecodePlan:
-    """A pass's decode attention work (int64 arrays): items (slot lists and the decode rows that attend
-    them), their partial outputs, and each row's partials to merge. Rows are 0..n_rows-1 in the order
-    of `q_rows` (the rows of the pass's q)."""
+    """A pass's native attention work (int64 arrays): items (slot lists and the query rows, of decodes
+    and short extends, that attend them), their partial outputs, and each row's partials to merge.
+    Rows are 0..n_rows-1 in the order of `q_rows` (the rows of the pass's q)."""
 
     q_rows: torch.Tensor  # [n_rows] int64 rows of q
     slots: np.ndarray  # [sum of item tokens] int64
@@ -182,7 +182,7 @@ def _ptr(a: np.ndarray | torch.Tensor) -> int:
 
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: DecodePlan,
                      scale: float) -> torch.Tensor:
-    """Attention of the plan's rows: q [T, Hq, D] (contiguous, any float dtype; rows plan.q_rows), pool
+    """Attention of the plan's rows: q [T, Hq, D] (any float dtype; rows plan.q_rows), pool
     buffers [slots, Hkv, D] float32 or bfloat16 (`supports`) -> [n_rows, Hq, D] float32, a buffer of
     the plan that the next call with the same plan overwrites (copy it out first).
     Raises RuntimeError when the library is not loaded or rejects the shapes."""

@@ -27,9 +27,12 @@ def test_rms_norm_matches_torch_with_and_without_residual(rows: int) -> None:
     assert same is x
 
 
-def test_models_rms_norm_routes_float32_only() -> None:
+def test_models_rms_norm_routes_float32_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """models.ops.rms_norm takes the native loop for contiguous float32 CPU tensors (the library loaded)
     and keeps torch for bf16 and for a strided x; all three agree with the Hugging Face formula."""
+    native_calls = []
+    native = cpu_native.rms_norm
+    monkeypatch.setattr(cpu_native, "rms_norm", lambda *a, **k: native_calls.append(1) or native(*a, **k))
     g = torch.Generator().manual_seed(0)
     x, r, w = torch.randn(4, 64, generator=g), torch.randn(4, 64, generator=g), torch.randn(64, generator=g)
     assert cpu_native.takes_rms_norm(x, w, r)
@@ -38,8 +41,10 @@ def test_models_rms_norm_routes_float32_only() -> None:
     assert not cpu_native.takes_rms_norm(strided, w, None)
     s = x + r
     hf = w * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5))
-    for xx, rr in ((x, r), (strided, None)):
-        out, _ = ops.rms_norm(xx, w, 1e-5, rr)
-        ss = xx if rr is None else xx + rr
-        torch.testing.assert_close(out, w * (ss * torch.rsqrt(ss.pow(2).mean(-1, keepdim=True) + 1e-5)))
+    out, _ = ops.rms_norm(strided, w, 1e-5)
+    torch.testing.assert_close(out, w * (strided * torch.rsqrt(strided.pow(2).mean(-1, keepdim=True) + 1e-5)))
+    out, _ = ops.rms_norm(x.bfloat16(), w.bfloat16(), 1e-5, r.bfloat16())
+    torch.testing.assert_close(out.float(), hf, atol=3e-2, rtol=3e-2)
+    assert not native_calls  # the strided and the bf16 calls kept torch
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-5, r)[0], hf)
+    assert len(native_calls) == 1  # the contiguous float32 one took the native loop
