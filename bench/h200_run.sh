@@ -86,6 +86,13 @@ for s in "$@"; do
         tests/kernels/test_fp8_gpu.py
       stage fp8kv-engines 265 python3 bench/lab/fp8_random_profile.py --only attention,engines --budget-s 200 \
         --engines bf16,fp8,fp8_kv8,kv8,fp8_head_bf16,fp8_kv8_before --out "$OUT/fp8kv-check.json" ;;
+    # issue 19: programmatic dependent launch (kernels/pdl.py): the GPU tests of the touched kernels and
+    # the model (PDL on, the default), then the batch-1 decode step of bf16 / FP8 engines, PDL off vs on
+    # in one process (bench/pdl_bench.py, ~3 min)
+    pdl) stage pdl-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py \
+        tests/kernels/test_kernels_gpu.py tests/kernels/test_fp8_gpu.py tests/kernels/test_gemv.py \
+        tests/worker/test_gpu_model.py
+      stage pdl-bench 330 python3 bench/pdl_bench.py --out "$OUT/pdl.json" ;;
     tests) stage gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_gpu_model.py ;;
     kernels) stage kernels 170 python3 bench/kernels/bench_kernels.py --out "$OUT/kernels.json" ;;
     # issue 19 part 2: every attention config variant checked against torch SDPA, then timed beside

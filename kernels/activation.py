@@ -7,13 +7,16 @@ import triton
 import triton.language as tl
 
 from ._checks import check
+from .pdl import gdc_enter, launch_options, use_pdl
 
 
 @triton.jit
-def _silu_and_mul_kernel(x, out, inter, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x, out, inter, stride_x, stride_o, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
+    gdc_enter(USE_PDL)  # kernels/pdl.py
     # gate and up halves of this row, in fp32
     gate = tl.load(x + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
@@ -40,6 +43,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     cfg = _pick_config(inter)
     grid = (num_tokens, triton.cdiv(inter, cfg["BLOCK"]))
+    pdl = use_pdl(x)
     _silu_and_mul_kernel[grid](x, out, inter, x.stride(0), out.stride(0),
-                               BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+                               BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"], USE_PDL=pdl,
+                               **launch_options(pdl))
     return out

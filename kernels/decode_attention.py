@@ -29,6 +29,7 @@ from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_
 from .attention_configs import attention_config
 from .paged_loop import paged_attn_loop
 from .paged_loop_fp8 import paged_attn_fp8_operands
+from .pdl import gdc_enter, launch_options, use_pdl
 
 LOG2E = 1.4426950408889634
 H200_NUM_SMS = 132
@@ -50,6 +51,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, DIRECT_OUT: tl.constexpr,
     MERGE_PREFIX: tl.constexpr, PREFIX_SLOTS: tl.constexpr, KV_DOT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     # DIRECT_OUT (num_splits == 1): the program covers the whole range, so it writes the normalised
     # output to o itself and no merge stage runs (H200, 2026-11-30, batch 256 x 768 tokens: 101.7
@@ -60,6 +62,7 @@ def _decode_split_kernel(
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
+    gdc_enter(USE_PDL)  # kernels/pdl.py
     # this split's token range within [first, seq_len), a whole number of BLOCK_N blocks long (the
     # last split may be short or empty)
     seq_len = tl.load(seq_lens + b)
@@ -134,9 +137,11 @@ def _decode_merge_kernel(
     mid_o, mid_lse, o, kv_start, num_splits, num_prefix_splits,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_PREFIX: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     h = tl.program_id(0)
     b = tl.program_id(1)
+    gdc_enter(USE_PDL)  # kernels/pdl.py
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     # the suffix splits, then (cascade only) the prefix splits of rows whose prefix was done apart;
@@ -264,6 +269,7 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
     cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device, merge_prefix,
                        k_buffer.dtype == FP8_DTYPE)
     o = out if direct else q  # (o is not read unless DIRECT_OUT)
+    pdl = use_pdl(q)
     _decode_split_kernel[(num_kv_splits, num_kv_heads, batch_size)](
         q, k_buffer, v_buffer, page_table, seq_lens, seq_lens if kv_start is None else kv_start,
         mid_o, mid_lse, o,
@@ -277,7 +283,7 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
         DOT_PRECISION=dot_precision(torch.float16 if cfg["KV_DOT"] == "f16" else q.dtype),
         HAS_KV_START=kv_start is not None, DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix,
         PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0, KV_DOT=cfg["KV_DOT"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], USE_PDL=pdl, **launch_options(pdl),
     )
 
 
@@ -287,13 +293,14 @@ def run_merge_stage(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tenso
     plus slots [num_kv_splits, num_kv_splits + num_prefix_splits) where kv_start[b] > 0."""
     batch_size, num_q_heads, head_dim = out.shape
     has_prefix = kv_start is not None and num_prefix_splits > 0
+    pdl = use_pdl(out)
     _decode_merge_kernel[(num_q_heads, batch_size)](
         mid_o, mid_lse, out, kv_start if has_prefix else mid_lse, num_kv_splits, num_prefix_splits,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim),
         BLOCK_S=_merge_block_s(num_kv_splits, num_prefix_splits if has_prefix else 0), HAS_PREFIX=has_prefix,
-        num_warps=4,
+        num_warps=4, USE_PDL=pdl, **launch_options(pdl),
     )
 
 

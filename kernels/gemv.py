@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from ._checks import FP8_DTYPE, check, dot_precision, next_pow2
+from .pdl import gdc_enter, launch_options, use_pdl
 
 MAX_M = 16  # rows routed by default (skinny_linear_supported) and the reduce path's limit
 MAX_M_DOT = 256  # rows the dot path takes; M > MAX_M is routed only for shapes TUNED lists
@@ -311,7 +312,7 @@ def _skinny_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, SPLIT: tl.constexpr, SERIAL_REDUCE: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_W_SCALE: tl.constexpr,
-    F16_DOT: tl.constexpr, ONE_ROW: tl.constexpr,
+    F16_DOT: tl.constexpr, ONE_ROW: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -330,6 +331,7 @@ def _skinny_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if ONE_ROW:
             x_ptrs = x + offs_k[None, :]  # [1, BK]: M = 1 converts one row, then broadcasts it
+        gdc_enter(USE_PDL)  # kernels/pdl.py
         for k0 in range(k_start, k_stop, BLOCK_K):
             k_mask = (k0 + offs_k) < K
             wt = tl.load(w_ptrs + k0, mask=k_mask[None, :] | EVEN_K, other=0.0)
@@ -352,6 +354,7 @@ def _skinny_kernel(
         # the first chunk initialises the accumulator (in the load's layout; a split is never empty)
         k_mask = (k_start + offs_k)[None, None, :] < K
         wt = tl.load(w_ptrs + k_start, mask=k_mask | EVEN_K, other=0.0)
+        gdc_enter(USE_PDL)  # kernels/pdl.py: the first weight chunk is in flight before the wait
         xt = tl.load(x_ptrs + k_start, mask=k_mask | EVEN_K, other=0.0)
         acc3 = xt.to(tl.float32) * wt.to(tl.float32)
         for k0 in range(k_start + BLOCK_K, k_stop, BLOCK_K):
@@ -377,8 +380,10 @@ def _skinny_kernel(
 
 @triton.jit
 def _reduce_splits_kernel(partials, bias, y, M, N, num_splits, stride_ym,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          USE_PDL: tl.constexpr = False):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    gdc_enter(USE_PDL)  # kernels/pdl.py
     _sum_splits(partials, bias, y, tl.arange(0, BLOCK_M), offs_n, M, N, num_splits, stride_ym,
                 BLOCK_M, BLOCK_N, HAS_BIAS)
 
@@ -525,6 +530,7 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y
     bias_arg = bias if bias is not None else y2
     scale_arg = weight_scale if weight_scale is not None else y2
     f16_dot = cfg.f16_dot and cfg.use_dot and weight_scale is not None
+    pdl = use_pdl(x2)
     # .run(warmup=True) compiles (JITFunction) or does nothing (interpreter) without launching
     _skinny_kernel.run(
         x2, weight, scale_arg, bias_arg, y2, partials, counters,
@@ -534,12 +540,12 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y
         USE_DOT=cfg.use_dot, SPLIT=split, SERIAL_REDUCE=cfg.serial_reduce, HAS_BIAS=bias is not None,
         DOT_PRECISION=dot_precision(torch.float16 if f16_dot else x2.dtype),
         HAS_W_SCALE=weight_scale is not None, F16_DOT=f16_dot, ONE_ROW=f16_dot and m == 1,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, USE_PDL=pdl, **launch_options(pdl),
         grid=(tiles, num_splits), warmup=compile_only,
     )
     if split and not cfg.serial_reduce:
         _reduce_splits_kernel.run(
             partials, bias_arg, y2, m, n, num_splits, y2.stride(0),
             BLOCK_M=next_pow2(m), BLOCK_N=256, HAS_BIAS=bias is not None, num_warps=4,
-            grid=(triton.cdiv(n, 256),), warmup=compile_only,
+            USE_PDL=pdl, **launch_options(pdl), grid=(triton.cdiv(n, 256),), warmup=compile_only,
         )

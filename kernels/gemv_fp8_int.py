@@ -36,6 +36,7 @@ import triton.language as tl
 
 from ._checks import FP8_DTYPE, check, next_pow2
 from .gemv import SkinnyConfig, SkinnyWorkspace, _check_args, _sum_splits, skinny_linear
+from .pdl import gdc_enter, launch_options, use_pdl
 
 X_SHIFT = 48  # x is scaled by 2^48 (exact unless |x| >= 2^80), the sums by 2^(120 - 48) at the end
 _MASK = tl.constexpr(-0x78100000)  # 0x87F00000 as a signed int32: sign bit + 7 bits at 26..20
@@ -84,14 +85,35 @@ def _store_row(acc, r, scale, y, partials, bias, offs_n, N, M, stride_ym, pid_k,
 
 
 @triton.jit
+def _chunk(acc0, acc1, acc2, acc3, wv, x, stride_x4, k0, xk, K4,
+           ROWS: tl.constexpr, EVEN_K: tl.constexpr, X_SCALE: tl.constexpr):
+    """One chunk: the weight words wv [BN, BK4] at word offset k0 into the rows' accumulators."""
+    kmask = ((k0 + xk) < K4) | EVEN_K
+    f0 = _e4m3_word_to_f32(wv, 0)
+    f1 = _e4m3_word_to_f32(wv, 1)
+    f2 = _e4m3_word_to_f32(wv, 2)
+    f3 = _e4m3_word_to_f32(wv, 3)
+    acc0 = _fma_quad(acc0, x, 0, stride_x4, k0 + xk, kmask, f0, f1, f2, f3, X_SCALE)
+    if ROWS > 1:
+        acc1 = _fma_quad(acc1, x, 1, stride_x4, k0 + xk, kmask, f0, f1, f2, f3, X_SCALE)
+    if ROWS > 2:
+        acc2 = _fma_quad(acc2, x, 2, stride_x4, k0 + xk, kmask, f0, f1, f2, f3, X_SCALE)
+    if ROWS > 3:
+        acc3 = _fma_quad(acc3, x, 3, stride_x4, k0 + xk, kmask, f0, f1, f2, f3, X_SCALE)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def _fp8_int_gemv_kernel(
     x, w, w_scale, bias, y, partials, counters,
     M, N, K4, k4_per_split, num_splits,
     stride_x4, stride_w4, stride_ym,
     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K4: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
-    """x: int64 words of 4 bf16 [M, K4]; w: int32 words of 4 e4m3 [N, K4]. ROWS = M (1..4)."""
+    """x: int64 words of 4 bf16 [M, K4]; w: int32 words of 4 e4m3 [N, K4]. ROWS = M (1..4).
+    USE_PDL (kernels/pdl.py): the first chunk's weight words are loaded before the wait."""
     X_SCALE: tl.constexpr = 281474976710656.0  # 2^48
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -107,26 +129,24 @@ def _fp8_int_gemv_kernel(
     acc1 = tl.zeros((BLOCK_N, BLOCK_K4), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K4), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_K4), dtype=tl.float32)
+    loop_start = k_start
     if PREFETCH:  # the next chunk's words are loaded before this chunk is computed
         wn = tl.load(w_ptrs + k_start, mask=((k_start + xk) < k_stop) | EVEN_K, other=0)
-    for k0 in range(k_start, k_stop, BLOCK_K4):
-        kmask = ((k0 + xk) < K4) | EVEN_K
+        gdc_enter(USE_PDL)  # kernels/pdl.py
+    elif USE_PDL:  # the first chunk, peeled: its words are in flight during the wait
+        w0 = tl.load(w_ptrs + k_start, mask=((k_start + xk) < K4) | EVEN_K, other=0)
+        gdc_enter(USE_PDL)
+        acc0, acc1, acc2, acc3 = _chunk(acc0, acc1, acc2, acc3, w0, x, stride_x4, k_start, xk, K4,
+                                        ROWS, EVEN_K, X_SCALE)
+        loop_start = k_start + BLOCK_K4
+    for k0 in range(loop_start, k_stop, BLOCK_K4):
         if PREFETCH:
             wv = wn
             wn = tl.load(w_ptrs + k0 + BLOCK_K4, mask=(k0 + BLOCK_K4 + xk) < k_stop, other=0)
         else:
-            wv = tl.load(w_ptrs + k0, mask=kmask, other=0)
-        f0 = _e4m3_word_to_f32(wv, 0)
-        f1 = _e4m3_word_to_f32(wv, 1)
-        f2 = _e4m3_word_to_f32(wv, 2)
-        f3 = _e4m3_word_to_f32(wv, 3)
-        acc0 = _fma_quad(acc0, x, 0, stride_x4, k0 + xk, kmask, f0, f1, f2, f3, X_SCALE)
-        if ROWS > 1:
-            acc1 = _fma_quad(acc1, x, 1, stride_x4, k0 + xk, kmask, f0, f1, f2, f3, X_SCALE)
-        if ROWS > 2:
-            acc2 = _fma_quad(acc2, x, 2, stride_x4, k0 + xk, kmask, f0, f1, f2, f3, X_SCALE)
-        if ROWS > 3:
-            acc3 = _fma_quad(acc3, x, 3, stride_x4, k0 + xk, kmask, f0, f1, f2, f3, X_SCALE)
+            wv = tl.load(w_ptrs + k0, mask=((k0 + xk) < K4) | EVEN_K, other=0)
+        acc0, acc1, acc2, acc3 = _chunk(acc0, acc1, acc2, acc3, wv, x, stride_x4, k0, xk, K4,
+                                        ROWS, EVEN_K, X_SCALE)
     # 2^(120 - 48) = 2^72 undoes the two exponent offsets
     scale = tl.load(w_scale + w_rows) * 4722366482869645213696.0
     _store_row(acc0, 0, scale, y, partials, bias, offs_n, N, M, stride_ym, pid_k, SPLIT, HAS_BIAS)
@@ -259,13 +279,14 @@ def fp8_int_gemv(x2: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
               f"split-K needs {num_splits * m * n} partials and {tiles} counters")
     else:
         partials = counters = y2
+    pdl = use_pdl(x2)
     _fp8_int_gemv_kernel[(tiles, num_splits)](
         x64, w32, weight_scale, bias if bias is not None else y2, y2, partials, counters,
         m, n, k4, k4_per_split, num_splits,
         x2.stride(0) // 4, weight.stride(0) // 4, y2.stride(0),
         ROWS=m, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K4=block_k4,
         EVEN_K=k4 % block_k4 == 0, SPLIT=split, HAS_BIAS=bias is not None,
-        PREFETCH=prefetch, num_warps=num_warps, num_stages=1,
+        PREFETCH=prefetch, num_warps=num_warps, num_stages=1, USE_PDL=pdl, **launch_options(pdl),
     )
     return y2
 

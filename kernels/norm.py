@@ -13,17 +13,20 @@ import triton
 import triton.language as tl
 
 from ._checks import check, next_pow2
+from .pdl import gdc_enter, launch_options, use_pdl
 
 
 @triton.jit
 def _rms_norm_kernel(
     x, residual, weight, out, new_residual, eps,
     stride_x, stride_r, stride_o, stride_nr,
-    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
+    w = tl.load(weight + offs, mask=mask, other=0.0).to(tl.float32)  # a parameter: before the wait
+    gdc_enter(USE_PDL)  # kernels/pdl.py
     h = tl.load(x + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         # fused residual add, rounded to the activation dtype and written back for the next block
@@ -33,7 +36,6 @@ def _rms_norm_kernel(
     # mean of squares in fp32, then scale by the weight
     hf = h.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, 0) / N + eps)
-    w = tl.load(weight + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out + row * stride_o + offs, (hf * rstd * w).to(out.dtype.element_ty), mask=mask)
 
 
@@ -71,11 +73,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         r2, new_r2 = x2, out  # unused by the kernel when HAS_RESIDUAL is False
     num_rows = x2.shape[0]
     if num_rows > 0:
-        cfg = _pick_config(hidden)
+        cfg, pdl = _pick_config(hidden), use_pdl(x)
         _rms_norm_kernel[(num_rows,)](
             x2, r2, weight, out, new_r2, float(eps),
             x2.stride(0), r2.stride(0), out.stride(0), new_r2.stride(0),
             N=hidden, BLOCK=cfg["BLOCK"], HAS_RESIDUAL=residual is not None, num_warps=cfg["num_warps"],
+            USE_PDL=pdl, **launch_options(pdl),
         )
     if residual is None:
         return out.view(x.shape), x

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check, next_pow2
+from .pdl import gdc_enter, launch_options, use_pdl
 
 
 @triton.jit
@@ -38,8 +39,10 @@ def _rope_kernel(
     q, k, positions, cos_sin, num_q_heads, num_kv_heads,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_cs,
     HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
+    gdc_enter(USE_PDL)  # kernels/pdl.py: positions may come from an earlier kernel
     # this token's cos/sin row: cache[pos, :HALF] = cos, cache[pos, HALF:2*HALF] = sin
     pos = tl.load(positions + tok).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_HALF)
@@ -79,11 +82,12 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
         return
     half = rotary_dim // 2
     block_hq, block_hkv, block_half = next_pow2(num_q_heads), next_pow2(num_kv_heads), next_pow2(half)
+    pdl = use_pdl(q)
     _rope_kernel[(num_tokens,)](
         q, k, positions, cos_sin_cache, num_q_heads, num_kv_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
         HALF=half, BLOCK_HQ=block_hq, BLOCK_HKV=block_hkv, BLOCK_HALF=block_half,
-        num_warps=4 if block_hq * block_half >= 1024 else 1,
+        num_warps=4 if block_hq * block_half >= 1024 else 1, USE_PDL=pdl, **launch_options(pdl),
     )
 
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ._checks import FP8_DTYPE, FP8_MAX, check, next_pow2
+from .pdl import gdc_enter, launch_options, use_pdl
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 
@@ -25,8 +26,10 @@ def _store_kv_kernel(
     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
     stride_k_t, stride_k_h, stride_v_t, stride_v_h,
     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
+    gdc_enter(USE_PDL)  # kernels/pdl.py
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_h < num_kv_heads)[:, None] & (offs_d < HEAD_DIM)[None, :]
@@ -80,12 +83,12 @@ def store_kv(k_buffer: torch.Tensor, v_buffer: torch.Tensor, out_cache_loc: torc
     check(not quant or (k_scale > 0 and v_scale > 0), f"bad FP8 KV scales {k_scale}, {v_scale}")
     if num_tokens == 0:
         return
-    cfg = _pick_config(num_kv_heads, head_dim)
+    cfg, pdl = _pick_config(num_kv_heads, head_dim), use_pdl(k_buffer)
     _store_kv_kernel[(num_tokens,)](
         k_buffer, v_buffer, k, v, out_cache_loc, num_kv_heads,
         1.0 / float(k_scale) if quant else 1.0, 1.0 / float(v_scale) if quant else 1.0,
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         HEAD_DIM=head_dim, BLOCK_H=cfg["BLOCK_H"], BLOCK_D=cfg["BLOCK_D"], QUANT=quant,
-        num_warps=cfg["num_warps"],
+        num_warps=cfg["num_warps"], USE_PDL=pdl, **launch_options(pdl),
     )
