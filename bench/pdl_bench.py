@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             pdl.enabled = on
             t = time.perf_counter()
             eng = Engine(model_path=str(path), load_format="dummy", device="cuda", max_running_requests=16,
-                         cuda_graph_max_bs=8, max_total_tokens=32768, chunked_prefill_size=8192, **flags)
+                         cuda_graph_max_bs=8, max_total_tokens=8192, chunked_prefill_size=8192, **flags)
             weight_bytes = sum(q.numel() * q.element_size() for n, q in eng.runner.model.named_parameters()
                                if "embed_tokens" not in n)
             engines[name] = eng
@@ -71,21 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r}: " + ", ".join(f"{n} {e['steps_ms'][-1]:.3f}" for n, e in res["engines"].items()),
               flush=True)
     e = res["engines"]
+    for n, v in e.items():
+        twin = e[n.split(" pdl")[0] + " pdl off"]
+        v["tokens_equal_pdl_off"] = v["tokens"] == twin["tokens"]
+        v["over_pdl_off"] = statistics.median(v["steps_ms"]) / statistics.median(twin["steps_ms"])
     for v in e.values():
         v["median_ms"] = statistics.median(v["steps_ms"])
         v["over_weights_read"] = v["median_ms"] / v["weights_read_ms"]
-    print("\n| engine | batch-1 step ms (median of rounds) | / weights read once | weights read ms |")
-    print("|---|---|---|---|")
+    print("\n| engine | batch-1 step ms (median of rounds) | / PDL off | / weights read once "
+          "| weights read ms | greedy tokens = PDL off |")
+    print("|---|---|---|---|---|---|")
     for n, v in e.items():
-        print(f"| {n} | {v['median_ms']:.3f} | {v['over_weights_read']:.3f} | {v['weights_read_ms']:.3f} |")
-    ratios = {
-        "bf16 on / off": e["bf16 pdl on"]["median_ms"] / e["bf16 pdl off"]["median_ms"],
-        "fp8 on / off": e["fp8 pdl on"]["median_ms"] / e["fp8 pdl off"]["median_ms"],
-        "fp8 / bf16, pdl off": e["fp8 pdl off"]["median_ms"] / e["bf16 pdl off"]["median_ms"],
-        "fp8 / bf16, pdl on": e["fp8 pdl on"]["median_ms"] / e["bf16 pdl on"]["median_ms"],
-        "bf16 greedy tokens equal on / off": e["bf16 pdl on"]["tokens"] == e["bf16 pdl off"]["tokens"],
-        "fp8 greedy tokens equal on / off": e["fp8 pdl on"]["tokens"] == e["fp8 pdl off"]["tokens"],
-    }
+        print(f"| {n} | {v['median_ms']:.3f} | {v['over_pdl_off']:.3f} | {v['over_weights_read']:.3f} | "
+              f"{v['weights_read_ms']:.3f} | {v['tokens_equal_pdl_off']} |")
+    ratios = {f"fp8 / bf16, {m}": e[f"fp8 {m}"]["median_ms"] / e[f"bf16 {m}"]["median_ms"]
+              for m in (n.split(" ", 1)[1] for n in e if n.startswith("bf16 "))}
     res["ratios"] = ratios
     print()
     for k, v in ratios.items():
