@@ -58,7 +58,7 @@ MAX_VIEW_RUNS = 4
 LONE_BATCH_PAD = 1.25
 
 # With the native kernel, extends of at most this many new tokens go to it as well (their prefix one
-# item of all their query rows, each new token's causal part one item); longer ones keep the torch
+# item of all their query rows, their new tokens one causal item of them); longer ones keep the torch
 # flash kernel, whose blocked matmuls win when the causal part is large.
 NATIVE_EXTEND_MAX = 64
 
@@ -332,9 +332,9 @@ def native_plan(q_rows: list[int], groups: list[_DecodeGroup],
     (per group its shared runs as one item attended by every member, and each member's own runs as
     one item; a lone decode: all its tokens, one item) and the short extends, each (first q row,
     prefix slots [P], new tokens' slots [L]): its prefix one item attended by all L query rows, and
-    new token i attending the new tokens 0..i (causal) one item each."""
+    its new tokens one causal item of the L rows (new token i attends the new tokens 0..i)."""
     index = {r: i for i, r in enumerate(q_rows)}
-    items: list[tuple[np.ndarray, list[int]]] = []
+    items: list[cpu_native.Item] = []
     for g in groups:
         rows = [index[r] for r in g.q_rows.tolist()]
         items.append((slots_of(g.shared), rows))
@@ -344,7 +344,7 @@ def native_plan(q_rows: list[int], groups: list[_DecodeGroup],
         rows = [index[start + i] for i in range(len(new_slots))]
         if len(prefix_slots):
             items.append((prefix_slots, rows))
-        items.extend((new_slots[:i + 1], [r]) for i, r in enumerate(rows))
+        items.append((new_slots, rows, True))
     return cpu_native.DecodePlan.build(q_rows, items)
 
 

@@ -87,7 +87,7 @@ def _compile() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(out))
     fn = lib.radixrt_decode_attention
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    fn.argtypes = [p, p, p, i32, i64, i64, i64, i64, p, p, p, p, p, p, p, f32, p, p, i64, p, p, p]
+    fn.argtypes = [p, p, p, i32, i64, i64, i64, i64, p, p, p, p, p, p, p, p, f32, p, p, i64, p, p, p]
     fn.restype = ctypes.c_int
     fn = lib.radixrt_rms_norm
     fn.argtypes = [p, p, p, p, p, i64, i64, f32]
@@ -117,10 +117,15 @@ def supports(k_buf: torch.Tensor) -> bool:
             and d % 16 == 0 and d <= 256 and k_buf.is_contiguous())
 
 
+# (slots [n] int64, member rows[, causal]): one item of a DecodePlan
+Item = tuple[np.ndarray, list[int]] | tuple[np.ndarray, list[int], bool]
+
+
 @dataclass(slots=True)
 class DecodePlan:
     """A pass's native attention work (int64 arrays): items (slot lists and the query rows, of decodes
-    and short extends, that attend them), their partial outputs, and each row's partials to merge.
+    and short extends, that attend them; a causal item's m-th of M members attends only its first
+    n - M + m + 1 slots), their partial outputs, and each row's partials to merge.
     Rows are 0..n_rows-1 in the order of `q_rows` (the rows of the pass's q)."""
 
     q_rows: torch.Tensor  # [n_rows] int64 rows of q
@@ -130,6 +135,7 @@ class DecodePlan:
     item_mem_off: np.ndarray
     item_nmem: np.ndarray
     item_part_off: np.ndarray
+    item_causal: np.ndarray  # 1: a causal item
     mem_row: np.ndarray
     row_part_ptr: np.ndarray
     row_parts: np.ndarray
@@ -139,16 +145,22 @@ class DecodePlan:
     _scratch: dict | None = None
 
     @staticmethod
-    def build(q_rows: list[int], items: list[tuple[np.ndarray, list[int]]],
-              split_tokens: int = SPLIT_TOKENS) -> DecodePlan:
-        """`items`: (slots [n] int64, member rows as indices into q_rows) pairs; each item with n >= 1.
-        Items longer than `split_tokens` become pieces of at most that many tokens."""
+    def build(q_rows: list[int], items: list[Item], split_tokens: int = SPLIT_TOKENS) -> DecodePlan:
+        """`items`: (slots [n] int64, member rows as indices into q_rows[, causal]) tuples; each item
+        with n >= 1 (and, causal, n >= its members). Items longer than `split_tokens` become pieces of
+        at most that many tokens; causal items stay whole."""
         slot_parts, slot_off, ntok, mem_off, nmem, part_off, mem_row = [], [], [], [], [], [], []
+        causal_flags: list[int] = []
         row_parts: list[list[int]] = [[] for _ in q_rows]
         off = moff = parts = 0
-        for slots, members in items:
-            for a in range(0, len(slots), split_tokens):
-                piece = slots[a:a + split_tokens]
+        for slots, members, *flag in items:
+            causal = bool(flag and flag[0])
+            if causal and len(slots) < len(members):
+                raise ValueError(f"a causal item of {len(members)} members has only {len(slots)} slots")
+            step = len(slots) if causal else split_tokens
+            for a in range(0, len(slots), step):
+                piece = slots[a:a + step]
+                causal_flags.append(int(causal))
                 slot_parts.append(piece)
                 slot_off.append(off)
                 ntok.append(len(piece))
@@ -172,8 +184,8 @@ class DecodePlan:
             slots=np.ascontiguousarray(np.concatenate(slot_parts).astype(np.int64, copy=False))
             if slot_parts else np.zeros(0, dtype=np.int64),
             item_slot_off=i64(slot_off), item_ntok=i64(ntok), item_mem_off=i64(mem_off), item_nmem=i64(nmem),
-            item_part_off=i64(part_off), mem_row=i64(mem_row), row_part_ptr=ptr,
-            row_parts=i64([p for x in row_parts for p in x]), n_parts=parts)
+            item_part_off=i64(part_off), item_causal=i64(causal_flags), mem_row=i64(mem_row),
+            row_part_ptr=ptr, row_parts=i64([p for x in row_parts for p in x]), n_parts=parts)
 
 
 def _ptr(a: np.ndarray | torch.Tensor) -> int:
@@ -199,7 +211,8 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         part_lse = torch.empty(plan.n_parts, hq, dtype=torch.float32)
         out = torch.empty(n_rows, hq, d, dtype=torch.float32)
         items = (len(plan.item_ntok), _ptr(plan.item_slot_off), _ptr(plan.item_ntok), _ptr(plan.item_mem_off),
-                 _ptr(plan.item_nmem), _ptr(plan.item_part_off), _ptr(plan.mem_row), _ptr(plan.slots))
+                 _ptr(plan.item_nmem), _ptr(plan.item_part_off), _ptr(plan.item_causal), _ptr(plan.mem_row),
+                 _ptr(plan.slots))
         rest = (_ptr(part_o), _ptr(part_lse), n_rows, _ptr(plan.row_part_ptr), _ptr(plan.row_parts),
                 _ptr(out))
         scratch = plan._scratch[(hq, d)] = (out, items, rest, (part_o, part_lse))

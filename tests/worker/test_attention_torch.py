@@ -216,9 +216,10 @@ def test_native_decode_groups_and_lone_decodes(page_size: int, dtype: torch.dtyp
     assert not backend.groups and not backend.lone_batches and not backend.plans  # all to the kernel
     assert plan.q_rows.tolist() == [0, 1, 22, 23, 24, *range(2, 22)]  # decode rows, then the extend's
     # the decodes' shared 128 tokens are one item of all five members, each member's own tokens one
-    # item; the extend's 128-token prefix one item of its 20 rows, its new tokens 20 causal items
-    assert plan.item_ntok.tolist() == [128, 73, 3, 173, 2, 13, 128, *range(1, 21)]
-    assert plan.item_nmem.tolist() == [5, 1, 1, 1, 1, 1, 20, *[1] * 20]
+    # item; the extend's 128-token prefix one item of its 20 rows, its new tokens one causal item of them
+    assert plan.item_ntok.tolist() == [128, 73, 3, 173, 2, 13, 128, 20]
+    assert plan.item_nmem.tolist() == [5, 1, 1, 1, 1, 1, 20, 20]
+    assert plan.item_causal.tolist() == [0] * 7 + [1]
     assert np.diff(plan.row_part_ptr).tolist() == [2] * 25  # shared / prefix + own, merged per row
 
 
@@ -233,10 +234,11 @@ def test_native_takes_short_extends_only() -> None:
     assert backend.native_plan.q_rows.numel() == n + 5 + 1
 
 
-@pytest.mark.parametrize("hq,hkv", [(8, 2), (48, 2), (4, 4)])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (48, 2), (80, 2), (4, 4)])
 def test_native_long_decodes_split_and_many_query_heads(hq: int, hkv: int) -> None:
     """Items past SPLIT_TOKENS are split into pieces merged by log-sum-exp, and a KV head with more
-    query heads than one unit's 16 lanes (48 / 2 = 24) spans several units."""
+    query heads than one unit's 16 lanes (48 / 2 = 24: a 32-lane unit) or 32 (80 / 2 = 40) spans
+    several units."""
     n = cpu_native.SPLIT_TOKENS
     backend = run_case(16, [2 * n + 37, 5, n], [1, 1, 1], hq, hkv, seed=hq, backend_name="native")
     assert np.diff(backend.native_plan.row_part_ptr).tolist() == [3, 1, 2]
@@ -259,3 +261,48 @@ def test_native_kernel_matches_dense_on_scattered_slots() -> None:
         qq = q[row].double().view(3, 3, 64)
         ref = ((qq @ kk.transpose(1, 2)) * 0.125).softmax(-1) @ vv
         torch.testing.assert_close(out[i].double(), ref.reshape(9, 64), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("d,hq,hkv", [(64, 9, 3), (128, 8, 1), (80, 6, 2), (48, 4, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_kernel_unit_shapes(d: int, hq: int, hkv: int, dtype: torch.dtype) -> None:
+    """The kernel alone on items of 1..13 members (1..104 query vectors per KV head: units of 32, 16
+    and 8 lanes and every remainder of the register blocks), lengths not multiples of a block,
+    head_dim 64 / 128 and ones that are not multiples of 64, split items merged, causal items (member
+    m of M attends the first n - M + m + 1 slots; kept whole past split_tokens), and keys whose
+    scores grow along the sequence (the running max moves many times), against float64."""
+    if cpu_native.load() is None:
+        pytest.skip("no C compiler: the native CPU decode kernel is not built")
+    g = torch.Generator().manual_seed(d + hq)
+    n_slots = 3000
+    k_buf = torch.randn(n_slots, hkv, d, generator=g)
+    k_buf *= torch.linspace(0.5, 4.0, n_slots)[:, None, None]  # scores grow with the slot
+    v_buf = torch.randn(n_slots, hkv, d, generator=g)
+    k_buf, v_buf = k_buf.to(dtype), v_buf.to(dtype)
+    members = [1, 2, 3, 5, 6, 11, 13]
+    n_rows = sum(members)
+    q = torch.randn(n_rows, hq, d, generator=g)
+    items, row = [], 0
+    for i, m in enumerate(members):
+        n = [1, 7, 9, 100, 333, 517, 1001][i]
+        slots = torch.randperm(n_slots, generator=g)[:n].sort().values.numpy().astype(np.int64)
+        items.append((slots, list(range(row, row + m))))
+        row += m
+    for n, rows in [(13, range(28, 41)), (50, range(30, 41)), (6, range(0, 6)), (330, range(11, 41))]:
+        slots = torch.randperm(n_slots, generator=g)[:n].sort().values.numpy().astype(np.int64)
+        items.append((slots, list(rows), True))
+    plan = cpu_native.DecodePlan.build(list(range(n_rows)), items, split_tokens=300)
+    scale = d ** -0.5
+    out = cpu_native.decode_attention(q, k_buf, v_buf, plan, scale)
+    rep = hq // hkv
+    row_slots: list[list[np.ndarray]] = [[] for _ in range(n_rows)]  # each row's keys, all its items
+    for slots, rows, *causal in items:
+        for m, r in enumerate(rows):
+            row_slots[r].append(slots[:len(slots) - len(rows) + m + 1] if causal else slots)
+    for r in range(n_rows):
+        slots = np.concatenate(row_slots[r])
+        kk = k_buf[slots].double().repeat_interleave(rep, dim=1).transpose(0, 1)  # [Hq, S, D]
+        vv = v_buf[slots].double().repeat_interleave(rep, dim=1).transpose(0, 1)
+        qq = q[r].double()[:, None]  # [Hq, 1, D]
+        ref = ((qq @ kk.transpose(1, 2)) * scale).softmax(-1) @ vv  # [Hq, 1, D]
+        torch.testing.assert_close(out[r].double(), ref[:, 0], atol=1e-5, rtol=1e-5)
