@@ -7,7 +7,10 @@ imported, so it is set here at conftest import time (and only without CUDA).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -114,3 +117,15 @@ def paged_batch():
 def close():
     """assert_close(out, ref, atol, rtol) with a NaN check."""
     return assert_close
+
+
+def run_sm90_script(script: str) -> subprocess.CompletedProcess:
+    """Run bench/kernels/<script> (a compile-for-sm_90 check) without TRITON_INTERPRET in a fresh
+    process; skips when this Triton build carries no ptxas."""
+    triton = pytest.importorskip("triton")
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("this Triton build has no ptxas")
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, str(root / "bench" / "kernels" / script)], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)

@@ -5,23 +5,11 @@ block is computed), which a change to how the loops load page ids can silently u
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import run_sm90_script
 
 
 def test_attention_kernels_compile_for_sm90():
-    triton = pytest.importorskip("triton")
-    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
-        pytest.skip("this Triton build has no ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "kernels" / "compile_sm90.py")], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_sm90_script("compile_sm90.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") == 13, proc.stdout  # 12 variants and the FP8-operand check
     assert "pipelined loops 3, want >= 3" in proc.stdout and "pipelined loops 1, want >= 1" in proc.stdout

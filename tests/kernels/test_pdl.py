@@ -7,17 +7,13 @@ data, differently from one replay to the next)."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from radixrt.kernels import pdl
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import run_sm90_script
 
 
 def test_pdl_is_off_for_cpu_tensors_and_adds_no_launch_option():
@@ -27,12 +23,7 @@ def test_pdl_is_off_for_cpu_tensors_and_adds_no_launch_option():
 
 
 def test_pdl_kernels_compile_for_sm90_and_wait_before_reading_activations():
-    triton = pytest.importorskip("triton")
-    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
-        pytest.skip("this Triton build has no ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "kernels" / "compile_pdl_sm90.py")], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_sm90_script("compile_pdl_sm90.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 12 and all(line.startswith("ok ") for line in lines), proc.stdout
