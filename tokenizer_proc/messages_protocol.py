@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError, field_validator
 from .errors import bad_request, from_validation_error
 from .openai_base import _Strict
 from .openai_protocol import ChatCompletionRequest
+from .protocol_errors import renamed
 from .tool_protocol import FunctionDefinition
 
 
@@ -196,9 +197,15 @@ def to_chat_request(req: MessagesRequest, stream: bool | None = None) -> ChatCom
         "stream": bool(req.stream if stream is None else stream), "stop": req.stop_sequences or None,
         "tool_choice": choice, "parallel_tool_calls": parallel,
     }
+    tools = []
+    for i, t in enumerate(req.tools or ()):
+        try:
+            tools.append(t.chat_dict())
+        except ValidationError as e:  # named by the Messages field: tools.<i>.input_schema / .name
+            raise renamed(from_validation_error(e), {"parameters": f"tools.{i}.input_schema",
+                                                     "name": f"tools.{i}.name"}) from None
+    body["tools"] = tools or None
     try:
-        if req.tools:
-            body["tools"] = [t.chat_dict() for t in req.tools]
         return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as e:
         raise from_validation_error(e) from None

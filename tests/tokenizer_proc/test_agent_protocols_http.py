@@ -230,6 +230,9 @@ BAD_MESSAGES = [
      "temperature"),
     ({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
       "tools": [{"type": "bash_20250124", "name": "bash"}]}, 400, "tools"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"name": "f", "input_schema": {"type": "object"}},
+                {"name": "g", "input_schema": {"type": "string"}}]}, 400, "tools.1.input_schema"),
     ({"max_tokens": 8, "model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
 ]
 
