@@ -46,7 +46,7 @@ def compile_ptx(module: str, kernel: str, pointers: dict[str, str], const: dict,
             sig[n] = "constexpr"
             continue
         sig[n] = f"*{pointers[n]}" if n in pointers else "fp32" if n in FLOATS else "i32"
-        if n in pointers or (n.startswith("stride") and n not in ("stride_pt_b",) and "_m" not in n[-4:]):
+        if n in pointers or (n.startswith("stride") and n != "stride_pt_b"):  # page-table rows: any width
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)

@@ -1,5 +1,7 @@
-"""Programmatic dependent launch (kernels/pdl.py): off on the CPU; the decode path's kernels keep the
-PDL contract in their sm_90 PTX (compiled without a GPU); and on a Hopper GPU a CUDA graph of a
+"""Programmatic dependent launch (kernels/pdl.py): off on the CPU; the decode path's kernels' sm_90 PTX
+(compiled without a GPU) has the wait and the trigger, no store or atomic before the wait, and the
+M = 1 GEMVs' and the norm's weight loads before it (the PTX check cannot tell an activation load from
+a weight load: the GPU test below covers that); and on a Hopper GPU a CUDA graph of a
 decode layer's kernel chain gives the same results with PDL as without, replay after replay (a
 kernel reading its predecessor's output before `griddepcontrol.wait` would read stale or partial
 data, differently from one replay to the next)."""
@@ -22,7 +24,7 @@ def test_pdl_is_off_for_cpu_tensors_and_adds_no_launch_option():
     assert pdl.launch_options(True) == {"launch_pdl": True}
 
 
-def test_pdl_kernels_compile_for_sm90_and_wait_before_reading_activations():
+def test_pdl_kernels_compile_for_sm90_with_no_store_before_the_wait():
     proc = run_sm90_script("compile_pdl_sm90.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
