@@ -1,5 +1,6 @@
 /* Native CPU kernels: paged attention reading K/V straight from the pool's slots (no gather), for
- * decodes and short extends, and a float32 RMSNorm with its residual add.
+ * decodes and short extends, a float32 RMSNorm with its residual add, and (cpu_native_gemm.h) the
+ * float32 linear of small passes.
  *
  * Compiled once per machine by radixrt/worker/cpu_native.py (cc -O3 -march=native -fopenmp -shared) and
  * called through ctypes; the OpenMP runtime is the one torch already loaded (libgomp.so.1), so the
@@ -255,3 +256,6 @@ void radixrt_rms_norm(const float *x, const float *res, const float *w, float *o
         for (int64_t i = 0; i < h; i++) orow[i] = w[i] * (orow[i] * inv);
     }
 }
+
+/* The float32 linear of small passes (radixrt_pack_linear_f32, radixrt_linear_f32): cpu_native_gemm.h */
+#include "cpu_native_gemm.h"

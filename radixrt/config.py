@@ -235,6 +235,10 @@ class Env:
     fp8_triton_gemm: bool = True
     # RADIXRT_CPU_PACKED_LINEAR=0: CPU linears always through F.linear (no oneDNN packed weights)
     cpu_packed_linear: bool = True
+    # RADIXRT_CPU_NATIVE_LINEAR: float32 CPU linears of up to 128 rows through the native kernel
+    # (kernels/cpu_native_gemm.h): "auto" on Intel CPUs with AVX-512, "1" on any CPU with AVX-512,
+    # "0" never (models/linear.py)
+    cpu_native_linear: str = "auto"
     # RADIXRT_CPU_THREADS=N: the CPU worker's torch threads when --cpu-threads is not given (the test
     # suite sets 1: two pytest workers share the machine); unset: all cores (worker_proc.cpu_threads)
     cpu_threads: int | None = None
@@ -254,6 +258,8 @@ class Env:
             fp8_skinny_max_rows=int(os.environ.get("RADIXRT_FP8_SKINNY_MAX_ROWS", "16")),
             fp8_triton_gemm=os.environ.get("RADIXRT_FP8_TRITON_GEMM", "1") not in ("0", "false"),
             cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
+            cpu_native_linear={"0": "0", "false": "0", "1": "1", "true": "1"}.get(
+                os.environ.get("RADIXRT_CPU_NATIVE_LINEAR", "auto").strip().lower(), "auto"),
             cpu_threads=_positive_int_or_none("RADIXRT_CPU_THREADS"),
             pass_trace=Path(trace) if (trace := os.environ.get("RADIXRT_PASS_TRACE")) else None,
             kv_prefault=os.environ.get("RADIXRT_KV_PREFAULT", "1") not in ("0", "false"),

@@ -25,6 +25,15 @@ the packed call keeps the weight read near one pass. The packed copies are made 
 loaded (`prepack_cpu_linears`: ~0.5 s for the default model, which would otherwise land on the first
 request) and again whenever a weight changes (its version counter or storage), and cost a second
 copy of the weights in host memory.
+
+Before both, float32 CPU calls of NATIVE_LINEAR_ROWS (1..128) rows take the native kernel
+(`radixrt.worker.cpu_native.linear`, kernels/cpu_native_gemm.h: a register-blocked AVX-512 GEMM over
+a weight packed in 32-column panels, each panel read from memory once per call with the next ones
+prefetched under the arithmetic) where `native_linear_enabled()`: RADIXRT_CPU_NATIVE_LINEAR "auto"
+(default) on Intel CPUs with AVX-512, "1" on any CPU with AVX-512, "0" never. On the 2-vCPU Xeon VM of
+2026-12-02 it ran the default model's layer at 0.51-0.75x oneDNN's packed time at 1-64 rows (MKL at 1
+row: 0.78x) and lost above ~256 rows (docs/kernels.md, "CPU linears"); it was not measured on AMD
+CPUs, hence "auto". Its packed copy replaces oneDNN's where oneDNN would take no calls.
 """
 
 from __future__ import annotations
@@ -61,6 +70,27 @@ def cpu_packed_rows(vendor: str) -> range:
 
 CPU_PACKED_ROWS = cpu_packed_rows(cpu_vendor())
 
+# Rows of float32 CPU calls that take the native linear where it is enabled (module docstring)
+NATIVE_LINEAR_ROWS = range(1, 129)
+_native_on: bool | None = None
+
+
+def native_linear_enabled() -> bool:
+    """Whether float32 CPU calls of NATIVE_LINEAR_ROWS rows take the native linear (module docstring):
+    RADIXRT_CPU_NATIVE_LINEAR allows it on this CPU and the native library loads with AVX-512 (which
+    compiles it on the first call of the machine). Decided once per process."""
+    global _native_on
+    if _native_on is None:
+        from radixrt.config import Env
+
+        setting = Env.read().cpu_native_linear
+        _native_on = False
+        if setting == "1" or (setting == "auto" and cpu_vendor() == "GenuineIntel"):
+            from radixrt.worker import cpu_native
+
+            _native_on = cpu_native.linear_supported()
+    return _native_on
+
 
 def skinny_enabled() -> bool:
     from radixrt.config import Env
@@ -83,6 +113,7 @@ class Linear(nn.Linear):
     _skinny = skinny_enabled()
     _cpu_packed = cpu_packed_enabled()
     _packed = None  # (weight key, oneDNN packed weight) for float32 and bf16 CPU calls (module docstring)
+    _native = None  # (weight key, native packed weight) for float32 CPU calls (module docstring)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the per-shape bound keeps calls of 17..256 rows, routed nowhere unless TUNED lists the shape,
@@ -92,19 +123,36 @@ class Linear(nn.Linear):
 
             if skinny_linear_supported(x, self.weight):
                 return skinny_linear(x, self.weight, self.bias, workspace=self._scratch(x.device))
-        elif (self._cpu_packed and x.device.type == "cpu" and x.dim() == 2 and x.dtype == self.weight.dtype
-              and (x.dtype == torch.bfloat16
-                   or (x.dtype == torch.float32 and x.shape[0] in CPU_PACKED_ROWS))):
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
+        elif x.device.type == "cpu" and x.dim() == 2 and x.dtype == self.weight.dtype:
+            if x.dtype == torch.float32 and x.shape[0] in NATIVE_LINEAR_ROWS and native_linear_enabled():
+                from radixrt.worker import cpu_native
+
+                return cpu_native.linear(x.contiguous(), self._native_weight(), self.out_features, self.bias)
+            if self._cpu_packed and (x.dtype == torch.bfloat16 or (x.dtype == torch.float32
+                                                                    and x.shape[0] in CPU_PACKED_ROWS)):
+                return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def _key(self) -> tuple[int, int | None]:
+        w = self.weight
+        return (w.data_ptr(), None if w.is_inference() else w._version)
+
+    def _native_weight(self) -> torch.Tensor:
+        """The weight packed for the native linear (`cpu_native.pack_linear`), made again when the
+        weight's storage or version counter changed since the last call."""
+        key = self._key()
+        if self._native is None or self._native[0] != key:
+            from radixrt.worker import cpu_native
+
+            self._native = (key, cpu_native.pack_linear(self.weight))
+        return self._native[1]
 
     def _packed_weight(self) -> torch.Tensor:
         """The weight in oneDNN's blocked layout (an opaque mkldnn tensor, [N, K] float32), made again
         when the weight's storage or version counter changed since the last call."""
-        w = self.weight
-        key = (w.data_ptr(), None if w.is_inference() else w._version)
+        key = self._key()
         if self._packed is None or self._packed[0] != key:
-            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach()))
+            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
         return self._packed[1]
 
     def _routed_rows(self) -> int:
@@ -144,13 +192,23 @@ class Linear(nn.Linear):
 
 
 def prepack_cpu_linears(model: nn.Module) -> int:
-    """Make the oneDNN packed weight of every float32 or bf16 CPU `Linear` in `model` now (module docstring),
-    so that the first decode pass does not pay for it. Returns how many were packed (0 when the
-    path is off or the model is not a float32 or bf16 CPU one)."""
+    """Make the packed weights of every float32 or bf16 CPU `Linear` in `model` now (module docstring),
+    so that the first decode pass does not pay for them: the native one for float32 where the native
+    linear is enabled, oneDNN's where some row counts will take it (bf16; float32 rows of
+    CPU_PACKED_ROWS beyond NATIVE_LINEAR_ROWS, or all of them without the native linear). Returns how
+    many Linears were packed (0 when both paths are off or the model is not a float32 or bf16 CPU one)."""
+    native = native_linear_enabled()
+    dnn_f32 = (not native or CPU_PACKED_ROWS.start < NATIVE_LINEAR_ROWS.start
+               or CPU_PACKED_ROWS.stop > NATIVE_LINEAR_ROWS.stop)
     n = 0
     for m in model.modules():
-        if (isinstance(m, Linear) and m._cpu_packed and m.weight.device.type == "cpu"
+        if not (isinstance(m, Linear) and m.weight.device.type == "cpu"
                 and m.weight.dtype in (torch.float32, torch.bfloat16)):
+            continue
+        f32 = m.weight.dtype == torch.float32
+        if f32 and native:
+            m._native_weight()
+        if m._cpu_packed and (not f32 or dnn_f32):
             m._packed_weight()
-            n += 1
+        n += int((f32 and native) or (m._cpu_packed and (not f32 or dnn_f32)))
     return n

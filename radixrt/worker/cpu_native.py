@@ -12,7 +12,9 @@ threads (`torch.set_num_threads`).
 
 `decode_attention(q, k_buf, v_buf, plan, scale) -> out` runs one layer of a pass's rows (decodes and
 short extends); a `DecodePlan` (built once per pass from slot lists by `DecodePlan.build`) holds the
-items and the merge lists as int64 numpy arrays.
+items and the merge lists as int64 numpy arrays. `rms_norm` is RMSNorm with its residual add;
+`pack_linear` / `linear` the float32 linear of small passes (`kernels/cpu_native_gemm.h`, AVX-512
+only: `linear_supported`).
 """
 
 from __future__ import annotations
@@ -92,6 +94,12 @@ def _compile() -> ctypes.CDLL | None:
     fn = lib.radixrt_rms_norm
     fn.argtypes = [p, p, p, p, p, i64, i64, f32]
     fn.restype = None
+    lib.radixrt_linear_f32_supported.argtypes = []
+    lib.radixrt_linear_f32_supported.restype = ctypes.c_int
+    lib.radixrt_pack_linear_f32.argtypes = [p, p, i64, i64]
+    lib.radixrt_pack_linear_f32.restype = None
+    lib.radixrt_linear_f32.argtypes = [p, p, p, p, i64, i64, i64, p]
+    lib.radixrt_linear_f32.restype = ctypes.c_int
     return lib
 
 
@@ -252,3 +260,50 @@ def takes_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
             and (residual is None or (residual.dtype == torch.float32 and residual.is_contiguous()
                                       and residual.shape == x.shape))
             and _lib is not None)
+
+
+# Panel width of the packed linear weight (GEMM_NR in kernels/cpu_native_gemm.h)
+LINEAR_PANEL = 32
+
+
+def linear_supported() -> bool:
+    """Whether the native float32 linear is available: the library loads and was built with AVX-512."""
+    lib = load()
+    return lib is not None and bool(lib.radixrt_linear_f32_supported())
+
+
+def pack_linear(w: torch.Tensor) -> torch.Tensor:
+    """The packed form of a float32 CPU weight w [N, K] for `linear`: a new float32 tensor of
+    ceil(N / 32) * K * 32 elements, column panels of 32 outputs [panel][K][32], zero past N.
+    Raises RuntimeError when `linear_supported()` is False, ValueError for another dtype or shape."""
+    if not linear_supported():
+        raise RuntimeError("the native CPU linear is not available (no library, or no AVX-512)")
+    if w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu":
+        raise ValueError(f"pack_linear takes a float32 CPU [N, K] weight, got {tuple(w.shape)} {w.dtype} {w.device}")
+    w = w.detach().contiguous()
+    n, k = w.shape
+    wp = torch.empty(-(-n // LINEAR_PANEL) * k * LINEAR_PANEL, dtype=torch.float32)
+    assert wp.data_ptr() % 64 == 0  # the kernel's aligned panel loads (torch's CPU allocator: 64 bytes)
+    _lib.radixrt_pack_linear_f32(w.data_ptr(), wp.data_ptr(), n, k)
+    return wp
+
+
+def linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, n] = x [M, K] W^T (+ bias [n]) in float32, with wp = `pack_linear(W)` (W [n, K]); x float32,
+    contiguous, M >= 1. One OpenMP-parallel call over column panels (torch's intra-op threads); W is
+    read from memory once per call (kernels/cpu_native_gemm.h). Meant for M up to ~128 (decodes,
+    short extends): larger M runs, but the large-GEMM libraries are faster there.
+    Raises RuntimeError when the library is not loaded, ValueError for bad shapes or dtypes."""
+    lib = _lib
+    if lib is None:
+        raise RuntimeError("native CPU kernels are not available")
+    m, k = x.shape
+    if (x.dtype != torch.float32 or not x.is_contiguous() or m < 1
+            or wp.numel() != -(-n // LINEAR_PANEL) * k * LINEAR_PANEL
+            or (bias is not None and (bias.dtype != torch.float32 or bias.numel() != n or not bias.is_contiguous()))):
+        raise ValueError(f"native linear: x {tuple(x.shape)} {x.dtype}, packed weight of {wp.numel()} for N = {n}")
+    y = torch.empty(m, n, dtype=torch.float32)
+    xp = torch.empty(m * k, dtype=torch.float32)
+    lib.radixrt_linear_f32(x.data_ptr(), wp.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+                           m, n, k, xp.data_ptr())
+    return y

@@ -1,4 +1,6 @@
-"""The float32 CPU path of radixrt.models.linear.Linear through oneDNN with a packed weight."""
+"""The float32 CPU path of radixrt.models.linear.Linear through oneDNN with a packed weight (the native
+linear, which takes float32 calls of up to 128 rows before it where enabled, is off here; its tests:
+tests/kernels/test_cpu_native_linear.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,13 @@ import torch.nn.functional as F
 from radixrt.models.linear import CPU_PACKED_ROWS, Linear
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def _native_linear_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    import radixrt.models.linear as linear_mod
+
+    monkeypatch.setattr(linear_mod, "_native_on", False)
 
 
 def _linear(n: int = 96, k: int = 64, bias: bool = True) -> Linear:
