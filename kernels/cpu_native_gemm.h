@@ -15,10 +15,12 @@
  * a few thousand here and a whole panel fits in L2.
  *
  * Software prefetch: the panel GEMM_PF_DIST panels ahead is prefetched into L2 under the current
- * panel's arithmetic, one 64-byte line per K step, by the first two row blocks (each half of it; a
- * single block prefetches both halves). Without it a panel's first block waits for DRAM: on the
- * 2-vCPU Xeon VM of 2026-12-02 the default model's layer at 32 rows ran in ~1.6 ms without and
- * ~1.2-1.3 ms with (bench/kernels/cpu_linear_bench.py; oneDNN's packed linear 1.7 ms).
+ * panel's arithmetic, each row block taking an equal share of its 2K lines spread evenly over its K
+ * steps (a single block: two lines per step), so the requests go out at an even rate through the
+ * whole panel. Without it a panel's first block waits for DRAM: on the 2-vCPU Xeon VM of 2026-12-02
+ * the default model's layer at 32 rows ran in ~1.6 ms without, ~1.3 ms with the prefetch issued by
+ * the first two blocks only and ~1.2 ms spread over all of them (bench/kernels/cpu_linear_bench.py;
+ * oneDNN's packed linear 1.7 ms).
  *
  * AVX-512 only (32 vector registers); elsewhere radixrt_linear_f32_supported() returns 0 and the
  * caller keeps torch's linear.
@@ -49,10 +51,12 @@ void radixrt_pack_linear_f32(const float *w, float *wp, int64_t n, int64_t k) {
 }
 
 /* One MR-row block of one panel: xb [k][MR] (repacked rows), w the panel [k][32], y the block's first
- * output (row stride ldy), ncols the panel's valid columns; pf / pf2: lines to prefetch (or NULL). */
+ * output (row stride ldy), ncols the panel's valid columns; pf: a run of lines to prefetch, pf_rate /
+ * 65536 of a line per k step (or NULL); pf2: a second run, one line per k step (or NULL). */
 #define DEFINE_GEMM_BLOCK(MR)                                                                          \
     static void gemm_block_##MR(const float *xb, const float *w, int64_t k, const float *bias, float *y, \
-                                int64_t ldy, int64_t ncols, const float *pf, const float *pf2) {      \
+                                int64_t ldy, int64_t ncols, const float *pf, const float *pf2,       \
+                                int64_t pf_rate) {                                                 \
         __m512 acc0[MR], acc1[MR];                                                                     \
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                        \
             acc0[i] = _mm512_setzero_ps();                                                             \
@@ -61,7 +65,7 @@ void radixrt_pack_linear_f32(const float *w, float *wp, int64_t n, int64_t k) {
         _Pragma("GCC unroll 2") for (int64_t kk = 0; kk < k; kk++) {                                   \
             __m512 b0 = _mm512_load_ps(w + kk * GEMM_NR);                                              \
             __m512 b1 = _mm512_load_ps(w + kk * GEMM_NR + 16);                                         \
-            if (pf) _mm_prefetch((const char *)(pf + kk * 16), _MM_HINT_T1);                           \
+            if (pf) _mm_prefetch((const char *)(pf + ((kk * pf_rate) >> 16) * 16), _MM_HINT_T1);       \
             if (pf2) _mm_prefetch((const char *)(pf2 + kk * 16), _MM_HINT_T1);                         \
             _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                    \
                 __m512 a = _mm512_set1_ps(xb[kk * MR + i]);                                            \
@@ -93,7 +97,7 @@ DEFINE_GEMM_BLOCK(12)
 #undef DEFINE_GEMM_BLOCK
 
 typedef void (*gemm_block_fn)(const float *, const float *, int64_t, const float *, float *, int64_t, int64_t,
-                              const float *, const float *);
+                              const float *, const float *, int64_t);
 static const gemm_block_fn gemm_blocks[GEMM_MR + 1] = {
     0, gemm_block_1, gemm_block_2, gemm_block_3, gemm_block_4, gemm_block_5, gemm_block_6,
     gemm_block_7, gemm_block_8, gemm_block_9, gemm_block_10, gemm_block_11, gemm_block_12};
@@ -123,10 +127,13 @@ int radixrt_linear_f32(const float *x, const float *wp, const float *bias, float
             int64_t r0 = 0;
             for (int64_t b = 0; b < nblk; b++) {
                 int64_t mr = base + (b < extra);
-                const float *pf = ahead && b < 2 ? ahead + b * k * 16 : 0;
+                /* block b prefetches lines [2k b / nblk, 2k (b + 1) / nblk) of the panel ahead (2k lines
+                 * of 16 floats), spread over its k steps (pf_rate lines per step, 16.16 fixed point) */
+                const float *pf = ahead ? ahead + (2 * k * b / nblk) * 16 : 0;
                 const float *pf2 = ahead && nblk == 1 ? ahead + k * 16 : 0;
+                int64_t pf_rate = nblk == 1 ? 65536 : 2 * 65536 / nblk;
                 gemm_blocks[mr](xp + r0 * k, w, k, bias ? bias + p * GEMM_NR : 0, y + r0 * n + p * GEMM_NR, n,
-                                ncols, pf, pf2);
+                                ncols, pf, pf2, pf_rate);
                 r0 += mr;
             }
         }
