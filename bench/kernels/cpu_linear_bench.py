@@ -54,7 +54,8 @@ def main() -> None:
                 F.linear(x, w)
 
     results = []
-    print("| rows | native us | oneDNN packed us | MKL us | native GFLOP/s | native / oneDNN | max rel. error |")
+    print("| rows | native us | oneDNN packed us | MKL us | native GFLOP/s | native / oneDNN "
+          "| max rel. error |")
     print("|---|---|---|---|---|---|---|")
     for m in (int(r) for r in ns.rows.split(",")):
         xs = [torch.randn(m, k) for _, k in SHAPES]
@@ -76,7 +77,8 @@ def main() -> None:
         row = {"rows": m, **{f"{k}_us": round(v, 1) for k, v in best.items()}, "max_rel_err": err,
                "native_gflops": round(flops / best["native"] / 1e3, 1)}
         results.append(row)
-        print(f"| {m} | {best['native']:.0f} | {best['onednn']:.0f} | {best['mkl']:.0f} | {row['native_gflops']:.0f} "
+        print(f"| {m} | {best['native']:.0f} | {best['onednn']:.0f} | {best['mkl']:.0f} "
+              f"| {row['native_gflops']:.0f} "
               f"| {best['native'] / best['onednn']:.2f} | {err:.1e} |")
     if ns.out:
         with open(ns.out, "w") as f:

@@ -279,7 +279,8 @@ def pack_linear(w: torch.Tensor) -> torch.Tensor:
     if not linear_supported():
         raise RuntimeError("the native CPU linear is not available (no library, or no AVX-512)")
     if w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu":
-        raise ValueError(f"pack_linear takes a float32 CPU [N, K] weight, got {tuple(w.shape)} {w.dtype} {w.device}")
+        raise ValueError(f"pack_linear takes a float32 CPU [N, K] weight, got {tuple(w.shape)} {w.dtype} "
+                         f"{w.device}")
     w = w.detach().contiguous()
     n, k = w.shape
     wp = torch.empty(-(-n // LINEAR_PANEL) * k * LINEAR_PANEL, dtype=torch.float32)
@@ -300,10 +301,12 @@ def linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor | None 
     m, k = x.shape
     if (x.dtype != torch.float32 or not x.is_contiguous() or m < 1
             or wp.numel() != -(-n // LINEAR_PANEL) * k * LINEAR_PANEL
-            or (bias is not None and (bias.dtype != torch.float32 or bias.numel() != n or not bias.is_contiguous()))):
-        raise ValueError(f"native linear: x {tuple(x.shape)} {x.dtype}, packed weight of {wp.numel()} for N = {n}")
+            or (bias is not None and (bias.dtype != torch.float32 or bias.numel() != n
+                                      or not bias.is_contiguous()))):
+        raise ValueError(f"native linear: x {tuple(x.shape)} {x.dtype}, packed weight of {wp.numel()} "
+                         f"for N = {n}")
     y = torch.empty(m, n, dtype=torch.float32)
     xp = torch.empty(m * k, dtype=torch.float32)
-    lib.radixrt_linear_f32(x.data_ptr(), wp.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
-                           m, n, k, xp.data_ptr())
+    lib.radixrt_linear_f32(x.data_ptr(), wp.data_ptr(), None if bias is None else bias.data_ptr(),
+                           y.data_ptr(), m, n, k, xp.data_ptr())
     return y

@@ -94,8 +94,8 @@ def test_a_changed_weight_is_packed_again(native_on: None) -> None:
     torch.testing.assert_close(out, F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
 
 
-def test_prepack_makes_the_native_copy_only_where_onednn_takes_no_calls(native_on: None,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepack_makes_the_native_copy_only_where_onednn_takes_no_calls(
+        native_on: None, monkeypatch: pytest.MonkeyPatch) -> None:
     import radixrt.models.linear as linear_mod
     from radixrt.models.linear import Linear, prepack_cpu_linears
 
@@ -115,5 +115,6 @@ def test_prepack_makes_the_native_copy_only_where_onednn_takes_no_calls(native_o
     assert all(lin._native is not None and lin._packed is not None for lin in (other[0], other[2]))
     x = torch.randn(4, 64)
     with torch.inference_mode():
-        ref = F.linear(torch.relu(F.linear(x, other[0].weight, other[0].bias)), other[2].weight, other[2].bias)
+        hidden = torch.relu(F.linear(x, other[0].weight, other[0].bias))
+        ref = F.linear(hidden, other[2].weight, other[2].bias)
         torch.testing.assert_close(other(x), ref, rtol=1e-5, atol=1e-5)
