@@ -108,8 +108,11 @@ class TokenOutBatch:
     output_ids: int32 [sum of new tokens], request i's tokens are output_ids[offsets[i]:offsets[i+1]].
     logprobs: float32, one entry per new token of each request that asked (return_logprob), in
     request order; requests that did not ask contribute nothing. top_logprob_ids / top_logprobs:
-    int32/float32, per new token of each asking request, k = top_logprobs_nums[i] values (0 for a
-    request that did not ask), so the receiver needs no record of what each request asked for.
+    int32/float32, per new token of each asking request, k = top_logprobs_nums[i] values.
+    top_logprobs_nums[i] is -1 for a request that did not ask (no entries in any of the three
+    arrays) and k >= 0 for one that did, so the receiver needs no record of what each request asked
+    for. (Until 2026-12-02 a request that did not ask also had 0 there, and the receiver, unable to
+    tell it from an asking request with k = 0, dropped the logprobs of every batch mixing the two.)
     finish_reasons[i]: None while running; "stop" | "length" | "abort" when finished.
     error[i]: a client-facing message when the request was rejected (finish_reason "abort").
     """

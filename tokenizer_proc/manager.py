@@ -240,8 +240,9 @@ class TokenizerManager:
     def _dispatch(self, batch: protocol.TokenOutBatch) -> None:
         """Split a batch per rid and enqueue each slice on its request's queue.
 
-        Logprobs are used only when laid out as TokenOutBatch documents (one per output token; top
-        rows of the request's own k); a batch that does not add up loses its logprobs, not its tokens.
+        Logprobs are used only when laid out as TokenOutBatch documents (one per output token of each
+        request whose top_logprobs_nums entry is >= 0, in request order; top rows of that k); a batch
+        that does not add up loses its logprobs, not its tokens.
         """
         offsets = batch.offsets.tolist()
         rids = batch.rids
@@ -265,28 +266,34 @@ class TokenizerManager:
                         _item(pt, i), _item(ct, i), _item(cached, i), _item(errs, i)))
             return
         lens = [offsets[i + 1] - offsets[i] for i in range(n)]
-        ks = [_item(batch.top_logprobs_nums, i) or 0 for i in range(n)]  # as the batch says
-        has_lp = batch.logprobs.size == batch.output_ids.size and batch.logprobs.size > 0
+        asked = [(_item(batch.top_logprobs_nums, i) or 0) >= 0 for i in range(n)]  # -1: did not ask
+        ks = [max(0, _item(batch.top_logprobs_nums, i) or 0) for i in range(n)]  # as the batch says
+        n_lp = sum(m for m, a in zip(lens, asked, strict=True) if a)
+        has_lp = batch.logprobs.size == n_lp and batch.logprobs.size > 0
         top_ok = sum(m * k for m, k in zip(lens, ks, strict=True)) == batch.top_logprob_ids.size
         if not top_ok or (batch.logprobs.size and not has_lp):
             self._num_layout_errors += 1
             (logger.warning if self._num_layout_errors == 1 else logger.debug)(
                 "TokenOutBatch logprob layout does not match the requests' top_logprobs_num; dropping "
                 "the logprobs that do not add up (%d batches so far)", self._num_layout_errors)
-        top_pos = 0
+        top_pos = lp_pos = 0
         for i, rid in enumerate(rids):
             start, m, k = offsets[i], lens[i], ks[i]
-            top_ids = top_lps = None
+            top_ids = top_lps = lps = None
             if k > 0 and top_ok:
                 top_ids = batch.top_logprob_ids[top_pos:top_pos + m * k].reshape(m, k)
                 top_lps = batch.top_logprobs[top_pos:top_pos + m * k].reshape(m, k)
             top_pos += m * k
+            if asked[i]:
+                if has_lp:
+                    lps = batch.logprobs[lp_pos:lp_pos + m]
+                lp_pos += m
             queue = queues.get(rid)
             if queue is None:
                 continue
             queue.put_nowait(TokenChunk(
                 rid=rid, ids=out_ids[start:start + m],
-                logprobs=batch.logprobs[start:start + m] if has_lp else None,
+                logprobs=lps,
                 top_ids=top_ids, top_logprobs=top_lps,
                 finish_reason=_item(batch.finish_reasons, i), matched_stop=_item(batch.matched_stop, i),
                 prompt_tokens=_item(batch.prompt_tokens, i),

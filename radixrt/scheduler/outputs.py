@@ -82,7 +82,7 @@ def _pack(reqs: list[Req]) -> TokenOutBatch:
             out.logprobs, out.top_ids, out.top_vals = [], [], []
     batch = TokenOutBatch()
     batch.rids = [r.rid for r in reqs]
-    batch.top_logprobs_nums = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
+    batch.top_logprobs_nums = [r.top_logprobs_num if r.return_logprob else -1 for r in reqs]
     batch.finish_reasons = [r.finish_reason for r in reqs]
     batch.matched_stop = [r.matched_stop for r in reqs]
     batch.prompt_tokens = [len(r.prompt_ids) for r in reqs]

@@ -147,6 +147,26 @@ def test_completions_integer_logprobs_shape(server: Server) -> None:
         assert val == pytest.approx(max(top.values()), abs=1e-4)
 
 
+def test_logprobs_survive_a_batch_with_requests_that_did_not_ask(server: Server) -> None:
+    """A request asking for logprobs decodes in the same passes as one that does not (the streamed
+    request in flight): it still gets one logprob per token, and the top rows it asked for. (The
+    tokenizer process dropped the logprobs of every such mixed batch until 2026-12-02, found by a
+    fresh-user test: the empty lists came back with status 200.)"""
+    alone = complete(server, "The capital of France is", max_tokens=6, logprobs=2)
+    with good_request_in_flight(server, max_tokens=64):
+        mixed = complete(server, "The capital of France is", max_tokens=6, logprobs=2)
+        chat = client(server).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}], temperature=0, max_tokens=6,
+            logprobs=True, top_logprobs=2)
+    assert mixed.text == alone.text
+    assert mixed.logprobs.tokens == alone.logprobs.tokens and len(mixed.logprobs.token_logprobs) == 6
+    assert mixed.logprobs.token_logprobs == pytest.approx(alone.logprobs.token_logprobs, abs=1e-3)
+    assert all(len(top) == 2 for top in mixed.logprobs.top_logprobs)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens > 0
+    assert all(len(t.top_logprobs) == 2 for t in content)
+
+
 # --------------------------------------------------------------------------- n, stops, lengths
 def test_n_four_gives_four_indexed_choices(server: Server) -> None:
     r = client(server).chat.completions.create(

@@ -150,7 +150,7 @@ def _batch(items: list[tuple[str, list[int], str | None, str | None, int]],
                 tids.extend(ti)
                 tvals.extend(tv)
         out.rids.append(rid)
-        out.top_logprobs_nums.append(req.top_logprobs_num if req is not None and req.return_logprob else 0)
+        out.top_logprobs_nums.append(req.top_logprobs_num if req is not None and req.return_logprob else -1)
         out.finish_reasons.append(finish)
         out.matched_stop.append(None)
         out.prompt_tokens.append(len(req.input_ids) if req is not None else 0)

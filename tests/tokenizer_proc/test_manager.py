@@ -44,6 +44,19 @@ def test_dispatch_splits_per_rid_with_top_logprobs() -> None:
     assert qa.empty() and qb.empty()
 
 
+def test_dispatch_mixed_batch_gives_logprobs_only_to_the_requests_that_asked() -> None:
+    """top_logprobs_nums -1: "a" did not ask (no entries); "gone" asked with k = 1 (its entries are
+    skipped with it); "b" asked with k = 0 (logprobs, no top rows)."""
+    m, qa, qb = _manager()
+    batch = _batch([7], [-2.0, -4.0])
+    batch.top_logprobs_nums = [-1, 1, 0]
+    batch.top_logprobs = np.array([-7.0], np.float32)
+    m._dispatch(batch)
+    a, b = qa.get_nowait(), qb.get_nowait()
+    assert a.ids == [10, 11] and a.logprobs is None and a.top_ids is None
+    assert b.ids == [13] and b.logprobs.tolist() == [-4.0] and b.top_ids is None
+
+
 def test_dispatch_with_a_bad_top_layout_keeps_tokens() -> None:
     m, qa, qb = _manager()
     m._dispatch(_batch([1, 2, 3], []))
