@@ -52,11 +52,22 @@ LOG_INTERVAL_S = 10.0
 
 class WorkerLink:
     """PassLauncher over ZeroMQ: `launch` sends the ForwardBatch to the worker (the handle is its
-    batch id); `finish` waits for the ForwardResult, calling `serve(wait_start_s)` every
-    WAIT_POLL_MS meanwhile so the tokenizer channel is answered while a long pass runs."""
+    batch id); `finish` waits for the ForwardResult, calling `serve(wait_start_s)` meanwhile so the
+    tokenizer channel is answered while a pass runs: as soon as a message arrives on `tok_sock` (when
+    given), else every WAIT_POLL_MS. Taking arrivals in during the pass means that the requests of a
+    burst that came in while it ran are already queued when its result does, and the next pass is
+    scheduled at once (before 2026-12-03 they were read only after the result, or after WAIT_POLL_MS:
+    on the H200 the device then idled ~21 ms after the first pass of the `shared-prefix` burst while
+    127 requests were read and admitted, docs/benchmarks.md)."""
 
-    def __init__(self, tx: Sender | FanoutSender, rx: Receiver, serve: Callable[[float], None]) -> None:
+    def __init__(self, tx: Sender | FanoutSender, rx: Receiver, serve: Callable[[float], None],
+                 tok_sock: zmq.Socket | None = None) -> None:
         self.tx, self.rx, self.serve = tx, rx, serve
+        self.poller: zmq.Poller | None = None
+        if tok_sock is not None:
+            self.poller = zmq.Poller()
+            self.poller.register(rx.sock, zmq.POLLIN)
+            self.poller.register(tok_sock, zmq.POLLIN)
 
     def launch(self, batch: ForwardBatch) -> int:
         self.tx.send(batch)
@@ -67,7 +78,14 @@ class WorkerLink:
 
     def finish(self, handle: int) -> ForwardResult:
         t0 = time.perf_counter()
-        while (res := self.rx.recv(timeout_ms=WAIT_POLL_MS)) is None:
+        if self.poller is None:
+            while (res := self.rx.recv(timeout_ms=WAIT_POLL_MS)) is None:
+                self.serve(t0)
+            return res
+        while (res := self.rx.recv(timeout_ms=0)) is None:  # the result first, whenever it is there
+            self.poller.poll(WAIT_POLL_MS)  # a result or a tokenizer message, or WAIT_POLL_MS
+            if (res := self.rx.recv(timeout_ms=0)) is not None:
+                return res
             self.serve(t0)
         return res
 
@@ -112,7 +130,7 @@ class SchedulerLoop:
         self.launcher = Sender(ctx, addrs.launcher_in)
         self.health_waiters: dict[str, str] = {}  # probe rid -> control req_id
         self.last_log_s = time.monotonic()
-        link = WorkerLink(self.tx_worker, self.rx_worker, self._serve_while_waiting)
+        link = WorkerLink(self.tx_worker, self.rx_worker, self._serve_while_waiting, self.rx_tok.sock)
         self.pipeline = PassPipeline(self.sched, link, overlap=not args.disable_overlap_schedule)
         self.pass_trace = maybe_trace(self.pipeline, Env.read().pass_trace)  # RADIXRT_PASS_TRACE
         self.steps_at_last_log = 0

@@ -24,17 +24,22 @@ def _result(fb: protocol.ForwardBatch) -> protocol.ForwardResult:
     return protocol.ForwardResult(batch_id=fb.batch_id, next_token_ids=np.full(len(fb.req_rows), 5, np.int32))
 
 
+def _running_loop(addrs: IpcAddresses) -> tuple[Receiver, Receiver, Sender, Sender]:
+    """A SchedulerLoop on its own thread, with the test as worker and tokenizer process: the
+    worker's input, the tokenizer's input, the channel into the scheduler and the result channel."""
+    ctx = zmq.Context.instance()
+    worker_in = Receiver(ctx, addrs.worker_in, protocol.SCHEDULER_TO_WORKER)
+    tok_in = Receiver(ctx, addrs.tokenizer_in, protocol.SCHEDULER_TO_TOKENIZER)
+    Receiver(ctx, addrs.launcher_in, protocol.CHILD_TO_LAUNCHER)
+    loop = SchedulerLoop(ServerArgs(device="cpu", chunked_prefill_size=2048), addrs, INFO)
+    threading.Thread(target=loop.run, daemon=True).start()
+    return worker_in, tok_in, Sender(ctx, addrs.scheduler_in), Sender(ctx, addrs.scheduler_results)
+
+
 def test_overlap_for_short_passes_and_late_binding_after_a_long_prefill() -> None:
     addrs = IpcAddresses.create()
-    ctx = zmq.Context.instance()
     try:
-        worker_in = Receiver(ctx, addrs.worker_in, protocol.SCHEDULER_TO_WORKER)
-        tok_in = Receiver(ctx, addrs.tokenizer_in, protocol.SCHEDULER_TO_TOKENIZER)
-        Receiver(ctx, addrs.launcher_in, protocol.CHILD_TO_LAUNCHER)
-        loop = SchedulerLoop(ServerArgs(device="cpu", chunked_prefill_size=2048), addrs, INFO)
-        threading.Thread(target=loop.run, daemon=True).start()
-        to_sched = Sender(ctx, addrs.scheduler_in)
-        results = Sender(ctx, addrs.scheduler_results)
+        worker_in, tok_in, to_sched, results = _running_loop(addrs)
         long_prompt = np.arange(1, LATE_BINDING_PREFILL_TOKENS + 200, dtype=np.int32) % 900 + 1
         sampling = {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}
         to_sched.send(protocol.GenerateReq(rid="long", input_ids=long_prompt, sampling=sampling))
@@ -90,5 +95,37 @@ def test_a_long_pass_that_leaves_requests_waiting_keeps_overlap() -> None:
         assert len(second.req_rows) == 3 and int(second.extend_lens.sum()) == 1 + 2 * 16
         results.send(_result(first))
         results.send(_result(second))
+    finally:
+        addrs.cleanup()
+
+
+def test_arrivals_during_a_pass_are_taken_in_as_they_come(monkeypatch) -> None:
+    """While a pass runs, the scheduler wakes for each tokenizer message, not on a timer: with the
+    timer set to 30 s a control request is answered, and a prompt that came in is queued (seen by
+    get_server_info), long before the pass's result arrives."""
+    from radixrt.scheduler import scheduler_proc
+
+    monkeypatch.setattr(scheduler_proc, "WAIT_POLL_MS", 30_000)
+    addrs = IpcAddresses.create()
+    try:
+        worker_in, tok_in, to_sched, results = _running_loop(addrs)
+        sampling = {"temperature": 0.0, "max_new_tokens": 2, "ignore_eos": True}
+        prompt = np.arange(1, LATE_BINDING_PREFILL_TOKENS + 200, dtype=np.int32) % 900 + 1
+        to_sched.send(protocol.GenerateReq(rid="long", input_ids=prompt, sampling=sampling))
+        first = worker_in.recv(timeout_ms=5000)
+        assert first is not None
+        time.sleep(0.1)  # the loop is now waiting for `first`'s result
+        t0 = time.monotonic()
+        to_sched.send(protocol.GenerateReq(rid="late", input_ids=np.arange(1, 40, dtype=np.int32),
+                                           sampling=sampling))
+        to_sched.send(protocol.ControlReq(req_id="i1", kind="get_server_info"))
+        info = tok_in.recv(timeout_ms=5000)
+        assert info is not None and info.req_id == "i1" and time.monotonic() - t0 < 5.0
+        assert info.data["scheduler"]["num_waiting_reqs"] == 1  # "late", queued during the pass
+        assert worker_in.recv(timeout_ms=200) is None  # still inside the pass
+        results.send(_result(first))
+        second = worker_in.recv(timeout_ms=5000)
+        assert second is not None and protocol.ForwardMode(second.mode) != protocol.ForwardMode.DECODE
+        assert len(second.req_rows) == 2  # "late" joins the pass right after the long one
     finally:
         addrs.cleanup()
