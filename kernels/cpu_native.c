@@ -1,6 +1,7 @@
 /* Native CPU kernels: paged attention reading K/V straight from the pool's slots (no gather), for
- * decodes and short extends, a float32 RMSNorm with its residual add, and (cpu_native_gemm.h) the
- * float32 linear of small passes.
+ * decodes and short extends, a float32 RMSNorm with its residual add, (cpu_native_gemm.h) the
+ * float32 linear of small passes, and (cpu_native_ops.h) the rotary embedding, SiLU-and-mul and the
+ * K/V store.
  *
  * Compiled once per machine by radixrt/worker/cpu_native.py (cc -O3 -march=native -fopenmp -shared) and
  * called through ctypes; the OpenMP runtime is the one torch already loaded (libgomp.so.1), so the
@@ -131,15 +132,16 @@ static void attend_unit_any(const float *qt, int nq, int64_t dc, const void *k_b
 #undef UNIT_CALL
 }
 
-/* Returns 0, or -1 when d > MAXD or d is not a multiple of 16. Shapes (all int64 index arrays, fp32 tensors contiguous):
+/* Returns 0, or -1 when d > MAXD or d is not a multiple of 16. Shapes (all int64 index arrays, fp32 tensors contiguous
+ * but q, whose rows are q_row_stride floats apart):
  *   q [n_rows, hq, d] fp32: the decode rows' queries; k_buf, v_buf [slots, hkv, d] fp32 or bf16;
  *   item i: slots[item_slot_off[i] : + item_ntok[i]], members mem_row[item_mem_off[i] : + item_nmem[i]]
  *   (rows of q), partial of its m-th member = item_part_off[i] + m; item_causal[i] 1: its m-th member
  *   attends only the first item_ntok[i] - item_nmem[i] + m + 1 slots (an extend's new tokens);
  *   part_o [n_parts, hq, d], part_lse [n_parts, hq] fp32 scratch;
  *   row r's partials: row_parts[row_part_ptr[r] : row_part_ptr[r + 1]]; out [n_rows, hq, d] fp32. */
-int radixrt_decode_attention(const float *q, const void *k_buf, const void *v_buf, int kv_bf16,
-                             int64_t hq, int64_t hkv, int64_t d, int64_t n_items,
+int radixrt_decode_attention(const float *q, int64_t q_row_stride, const void *k_buf, const void *v_buf,
+                             int kv_bf16, int64_t hq, int64_t hkv, int64_t d, int64_t n_items,
                              const int64_t *item_slot_off, const int64_t *item_ntok,
                              const int64_t *item_mem_off, const int64_t *item_nmem,
                              const int64_t *item_part_off, const int64_t *item_causal, const int64_t *mem_row,
@@ -174,7 +176,7 @@ int radixrt_decode_attention(const float *q, const void *k_buf, const void *v_bu
         memset(qt, 0, sizeof(float) * d * lanes);
         for (int m = 0; m < nq; m++) { /* vector v = member * rep + head-in-group */
             int64_t v = v0 + m, mem = v / rep, r = v % rep;
-            const float *src = q + (mem_row[item_mem_off[i] + mem] * hq + h * rep + r) * d;
+            const float *src = q + mem_row[item_mem_off[i] + mem] * q_row_stride + (h * rep + r) * d;
             for (int64_t x = 0; x < d; x++) qf[x * lanes + m] = src[x];
         }
         /* a causal item: lane m's member attends the first lim[m] slots, the unit the first n */
@@ -259,3 +261,6 @@ void radixrt_rms_norm(const float *x, const float *res, const float *w, float *o
 
 /* The float32 linear of small passes (radixrt_pack_linear_f32, radixrt_linear_f32): cpu_native_gemm.h */
 #include "cpu_native_gemm.h"
+
+/* Rotary embedding, SiLU-and-mul and the K/V store: cpu_native_ops.h */
+#include "cpu_native_ops.h"

@@ -14,13 +14,16 @@
  * micro-kernel, Goto and van de Geijn 2008), without the K blocking that large GEMMs need: K is at most
  * a few thousand here and a whole panel fits in L2.
  *
- * Software prefetch: the panel GEMM_PF_DIST panels ahead is prefetched into L2 under the current
- * panel's arithmetic, each row block taking an equal share of its 2K lines spread evenly over its K
+ * Software prefetch: the panel GEMM_PF_DIST ahead (the next one) is prefetched into L2 under the
+ * current panel's arithmetic, each row block taking an equal share of its 2K lines spread evenly over its K
  * steps (a single block: two lines per step), so the requests go out at an even rate through the
  * whole panel. Without it a panel's first block waits for DRAM: on the 2-vCPU Xeon VM of 2026-12-02
  * the default model's layer at 32 rows ran in ~1.6 ms without, ~1.3 ms with the prefetch issued by
  * the first two blocks only and ~1.2 ms spread over all of them (bench/kernels/cpu_linear_bench.py;
- * oneDNN's packed linear 1.7 ms).
+ * oneDNN's packed linear 1.7 ms). The panel one ahead (GEMM_PF_DIST 1) rather than two: on the same
+ * kind of VM on 2026-12-03 (36 weight copies, medians of alternated builds) the layer took 5-9% less
+ * at every row count from 4 to 128 (32 rows: 854-906 against 917-947 us); prefetching at twice the
+ * rate, or two or four panels ahead, took longer, and no software prefetch at all ~35% longer.
  *
  * AVX-512 only (32 vector registers); elsewhere radixrt_linear_f32_supported() returns 0 and the
  * caller keeps torch's linear.
@@ -32,7 +35,7 @@
 
 #define GEMM_NR 32
 #define GEMM_MR 12
-#define GEMM_PF_DIST 2
+#define GEMM_PF_DIST 1
 
 int radixrt_linear_f32_supported(void) { return 1; }
 

@@ -32,10 +32,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
         return fused_rms_norm(x, weight, eps, residual)
     if x.dtype == torch.float32:
-        from radixrt.worker import cpu_native
-
-        if cpu_native.takes_rms_norm(x, weight, residual):  # the add and the norm in one C loop
-            return cpu_native.rms_norm(x, weight, eps, residual)
+        native = _cpu_native()
+        if native is not None and native.takes_rms_norm(x, weight, residual):  # add and norm: one C loop
+            return native.rms_norm(x, weight, eps, residual)
     if residual is not None:
         x = x + residual
     new_residual = x
@@ -77,7 +76,8 @@ def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.
 def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     """q [T, Hq, D] and k [T, Hkv, D] as one [T, Hq + Hkv, D] view when k's heads follow q's in
     every row (the q|k|v columns of a fused QKV output), else None."""
-    if (q.dtype != k.dtype or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.stride() != k.stride()
+    if (q.dtype != k.dtype or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]
+            or q.stride()[1:] != k.stride()[1:] or (q.shape[0] > 1 and q.stride(0) != k.stride(0))
             or q.stride(2) != 1 or q.stride(1) != q.shape[2]
             or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()):
         return None
@@ -99,16 +99,23 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
             (see `rope.build_cos_sin_cache`).
 
     Returns:
-        (q_rot [T, Hq, D], k_rot [T, Hkv, D]) in the input dtype.
+        (q_rot [T, Hq, D], k_rot [T, Hkv, D]) in the input dtype: q and k themselves, rotated in
+        place, on CUDA and where k's heads follow q's (a fused QKV output) in float32 on a CPU with
+        the native library loaded (`radixrt.worker.cpu_native.rotary_`); new tensors elsewhere.
     """
     if q.is_cuda:  # in place on q and k (views of the fused QKV output)
         from radixrt.kernels import apply_rotary as fused_rotary
 
         fused_rotary(q, k, positions, cos_sin_cache)
         return q, k
+    qk = _adjacent_heads(q, k)  # one pass over q and k together: 3 ops instead of 10 (CPU decode)
+    if qk is not None and q.dtype == torch.float32:
+        native = _cpu_native()
+        if native is not None and native.takes_rotary(qk, positions, cos_sin_cache):
+            native.rotary_(qk, qk.shape[1], positions, cos_sin_cache)  # in place, one C loop
+            return q, k
     cos, sin = _cos_sin(positions, cos_sin_cache, q.dtype)
     half = q.shape[-1] // 2
-    qk = _adjacent_heads(q, k)  # one pass over q and k together: 3 ops instead of 10 (CPU decode)
     if qk is not None:
         rot = (qk * cos).addcmul_(torch.roll(qk, half, dims=-1), sin)  # [T, Hq + Hkv, D]
         return rot[:, :q.shape[1]], rot[:, q.shape[1]:]
@@ -129,5 +136,22 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         from radixrt.kernels import silu_and_mul as fused_silu_and_mul
 
         return fused_silu_and_mul(x)
+    if x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous() and x.device.type == "cpu":
+        native = _cpu_native()
+        if native is not None:  # one C loop instead of chunk, silu and mul
+            return native.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate).mul_(up)
+
+
+def _cpu_native():  # noqa: ANN202 - the module, or None
+    """radixrt.worker.cpu_native when its library is loaded (the worker loads it at start-up), else None."""
+    global _native_mod
+    if _native_mod is None:
+        from radixrt.worker import cpu_native
+
+        _native_mod = cpu_native
+    return _native_mod if _native_mod._lib is not None else None
+
+
+_native_mod = None

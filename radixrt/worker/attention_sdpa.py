@@ -443,8 +443,15 @@ class SdpaAttnBackend(AttentionBackend):
         """q [T, Hq, D], k/v [T, Hkv, D] -> o [T, Hq, D]; stores k/v at meta.out_cache_loc first."""
         meta = self.meta
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
-        k_buf.index_copy_(0, meta.out_cache_loc, k.to(k_buf.dtype))
-        v_buf.index_copy_(0, meta.out_cache_loc, v.to(v_buf.dtype))
+        if not (self.native and cpu_native.store_kv(k_buf, v_buf, k, v, meta.out_cache_loc)):
+            k_buf.index_copy_(0, meta.out_cache_loc, k.to(k_buf.dtype))
+            v_buf.index_copy_(0, meta.out_cache_loc, v.to(v_buf.dtype))
+        plan = self.native_plan
+        if (plan is not None and plan.all_rows and q.shape[0] == plan.q_rows.numel()
+                and q.dtype == torch.float32):
+            # every row through the native kernel, in order: it reads q in place and writes o
+            return cpu_native.decode_attention(q, k_buf, v_buf, plan, scale,
+                                               out=torch.empty(q.shape, dtype=torch.float32))
         o = torch.empty_like(q)
         for p in self.plans:
             ob = self._attend_extend(p, q, k, v, k_buf, v_buf, scale)  # [1, Hq, L, D]

@@ -89,7 +89,7 @@ def _compile() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(out))
     fn = lib.radixrt_decode_attention
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    fn.argtypes = [p, p, p, i32, i64, i64, i64, i64, p, p, p, p, p, p, p, p, f32, p, p, i64, p, p, p]
+    fn.argtypes = [p, i64, p, p, i32, i64, i64, i64, i64, p, p, p, p, p, p, p, p, f32, p, p, i64, p, p, p]
     fn.restype = ctypes.c_int
     fn = lib.radixrt_rms_norm
     fn.argtypes = [p, p, p, p, p, i64, i64, f32]
@@ -100,6 +100,12 @@ def _compile() -> ctypes.CDLL | None:
     lib.radixrt_pack_linear_f32.restype = None
     lib.radixrt_linear_f32.argtypes = [p, p, p, p, i64, i64, i64, p]
     lib.radixrt_linear_f32.restype = ctypes.c_int
+    lib.radixrt_rotary_f32.argtypes = [p, i64, i64, i64, i64, p, p]
+    lib.radixrt_rotary_f32.restype = None
+    lib.radixrt_silu_mul_f32.argtypes = [p, p, i64, i64]
+    lib.radixrt_silu_mul_f32.restype = None
+    lib.radixrt_store_kv_f32.argtypes = [p, p, p, p, i64, p, i64, i64]
+    lib.radixrt_store_kv_f32.restype = None
     return lib
 
 
@@ -148,6 +154,7 @@ class DecodePlan:
     row_part_ptr: np.ndarray
     row_parts: np.ndarray
     n_parts: int
+    all_rows: bool  # q_rows is 0..n_rows-1: the plan covers every row of q, in order
     # per (Hq, D): the float32 scratch (part_o, part_lse, out) and the kernel's pointer arguments that
     # do not change between layers; made at the first layer's call, reused by the others
     _scratch: dict | None = None
@@ -193,7 +200,8 @@ class DecodePlan:
             if slot_parts else np.zeros(0, dtype=np.int64),
             item_slot_off=i64(slot_off), item_ntok=i64(ntok), item_mem_off=i64(mem_off), item_nmem=i64(nmem),
             item_part_off=i64(part_off), item_causal=i64(causal_flags), mem_row=i64(mem_row),
-            row_part_ptr=ptr, row_parts=i64([p for x in row_parts for p in x]), n_parts=parts)
+            row_part_ptr=ptr, row_parts=i64([p for x in row_parts for p in x]), n_parts=parts,
+            all_rows=q_rows == list(range(len(q_rows))))
 
 
 def _ptr(a: np.ndarray | torch.Tensor) -> int:
@@ -201,10 +209,13 @@ def _ptr(a: np.ndarray | torch.Tensor) -> int:
 
 
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: DecodePlan,
-                     scale: float) -> torch.Tensor:
+                     scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of the plan's rows: q [T, Hq, D] (any float dtype; rows plan.q_rows), pool
-    buffers [slots, Hkv, D] float32 or bfloat16 (`supports`) -> [n_rows, Hq, D] float32, a buffer of
-    the plan that the next call with the same plan overwrites (copy it out first).
+    buffers [slots, Hkv, D] float32 or bfloat16 (`supports`) -> [n_rows, Hq, D] float32: `out` when
+    given (float32, contiguous, [n_rows, Hq, D]), else a buffer of the plan that the next call with the
+    same plan overwrites (copy it out first). When the plan's rows are all of q's in order
+    (`plan.all_rows`) and q is float32 with contiguous heads ([T, Hq, D] with strides (any, D, 1): the
+    q columns of a fused QKV output), the kernel reads q in place; else it gathers the rows first.
     Raises RuntimeError when the library is not loaded or rejects the shapes."""
     lib = load()
     if lib is None:
@@ -217,19 +228,30 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     if scratch is None:
         part_o = torch.empty(plan.n_parts, hq, d, dtype=torch.float32)
         part_lse = torch.empty(plan.n_parts, hq, dtype=torch.float32)
-        out = torch.empty(n_rows, hq, d, dtype=torch.float32)
+        buf = torch.empty(n_rows, hq, d, dtype=torch.float32)
         items = (len(plan.item_ntok), _ptr(plan.item_slot_off), _ptr(plan.item_ntok), _ptr(plan.item_mem_off),
                  _ptr(plan.item_nmem), _ptr(plan.item_part_off), _ptr(plan.item_causal), _ptr(plan.mem_row),
                  _ptr(plan.slots))
         rest = (_ptr(part_o), _ptr(part_lse), n_rows, _ptr(plan.row_part_ptr), _ptr(plan.row_parts),
-                _ptr(out))
-        scratch = plan._scratch[(hq, d)] = (out, items, rest, (part_o, part_lse))
-    out, items, rest, _ = scratch
-    qd = q.index_select(0, plan.q_rows)
-    if qd.dtype != torch.float32:
-        qd = qd.float()
-    rc = lib.radixrt_decode_attention(_ptr(qd), _ptr(k_buf), _ptr(v_buf), int(k_buf.dtype == torch.bfloat16),
-                                      hq, hkv, d, *items, scale, *rest)
+                _ptr(buf))
+        scratch = plan._scratch[(hq, d)] = (buf, items, rest, (part_o, part_lse))
+    buf, items, rest, _ = scratch
+    if out is not None:
+        if out.dtype != torch.float32 or not out.is_contiguous() or out.shape != (n_rows, hq, d):
+            raise ValueError(f"decode_attention: out {tuple(out.shape)} {out.dtype}, want "
+                             f"[{n_rows}, {hq}, {d}] float32 contiguous")
+        rest = (*rest[:-1], _ptr(out))
+    else:
+        out = buf
+    if (plan.all_rows and q.dtype == torch.float32 and q.shape[0] == n_rows and q.stride(2) == 1
+            and q.stride(1) == d):
+        qd = q  # read in place, rows q.stride(0) floats apart
+    else:
+        qd = q.index_select(0, plan.q_rows)
+        if qd.dtype != torch.float32:
+            qd = qd.float()
+    rc = lib.radixrt_decode_attention(_ptr(qd), qd.stride(0), _ptr(k_buf), _ptr(v_buf),
+                                      int(k_buf.dtype == torch.bfloat16), hq, hkv, d, *items, scale, *rest)
     if rc != 0:
         raise RuntimeError(f"native CPU decode attention rejected head_dim {d}")
     return out
@@ -310,3 +332,56 @@ def linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor | None 
     lib.radixrt_linear_f32(x.data_ptr(), wp.data_ptr(), None if bias is None else bias.data_ptr(),
                            y.data_ptr(), m, n, k, xp.data_ptr())
     return y
+
+
+def rotary_(x: torch.Tensor, nh: int, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+    """The rotary embedding (NeoX "rotate-half" layout, as `models.ops.apply_rotary`) in place on the
+    first `nh` heads of each row of x [T, H, D] float32 (H >= nh; strides (any, D, 1): the q|k columns
+    of a fused QKV output), at positions [T] int64 (contiguous) with cos_sin_cache [max_positions, D]
+    float32 contiguous (cos in [:D/2], sin in [D/2:]). One C loop for q and k of a layer (torch: 3 ops
+    and the table's gather). Raises RuntimeError when the library is not loaded."""
+    lib = _lib
+    if lib is None:
+        raise RuntimeError("native CPU kernels are not available")
+    lib.radixrt_rotary_f32(x.data_ptr(), x.shape[0], x.stride(0), nh, x.shape[2], positions.data_ptr(),
+                           cos_sin_cache.data_ptr())
+
+
+def takes_rotary(q: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> bool:
+    """Whether `rotary_` takes these tensors: float32 CPU, heads contiguous, an even head dim, int64
+    contiguous positions, a float32 contiguous table of the same head dim, and the library loaded."""
+    return (_lib is not None and q.dtype == torch.float32 and q.device.type == "cpu" and q.stride(2) == 1
+            and q.stride(1) == q.shape[2] and q.shape[2] % 2 == 0 and positions.dtype == torch.int64
+            and positions.is_contiguous() and cos_sin_cache.dtype == torch.float32
+            and cos_sin_cache.is_contiguous() and cos_sin_cache.shape[-1] == q.shape[2])
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: x [T, 2I] float32 contiguous CPU -> silu(x[:, :I]) * x[:, I:] [T, I] float32, one C
+    loop (torch: chunk, silu, mul). Raises RuntimeError when the library is not loaded."""
+    lib = _lib
+    if lib is None:
+        raise RuntimeError("native CPU kernels are not available")
+    t, n = x.shape[0], x.shape[1] // 2
+    out = torch.empty(t, n, dtype=torch.float32)
+    lib.radixrt_silu_mul_f32(x.data_ptr(), out.data_ptr(), t, n)
+    return out
+
+
+def store_kv(k_buf: torch.Tensor, v_buf: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slots: torch.Tensor) -> bool:
+    """k_buf[slots] = k, v_buf[slots] = v in one C loop, when they qualify: float32 CPU pool buffers
+    [S, Hkv, D] contiguous, k and v [T, Hkv, D] float32 with contiguous rows and the same row stride
+    (the k and v columns of a fused QKV output), slots [T] int64 contiguous. Returns False, storing
+    nothing, when they do not qualify (the caller stores through torch) or the library is not loaded."""
+    lib = _lib
+    w = k_buf.shape[1] * k_buf.shape[2]
+    if (lib is None or k_buf.dtype != torch.float32 or v_buf.dtype != torch.float32
+            or k.dtype != torch.float32 or v.dtype != torch.float32 or k.stride() != v.stride() or k.stride(2) != 1
+            or k.stride(1) != k.shape[2] or k.shape[1] * k.shape[2] != w or v.shape != k.shape
+            or slots.dtype != torch.int64 or not slots.is_contiguous() or slots.numel() != k.shape[0]
+            or not k_buf.is_contiguous() or not v_buf.is_contiguous()):
+        return False
+    lib.radixrt_store_kv_f32(k_buf.data_ptr(), v_buf.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0),
+                             slots.data_ptr(), slots.numel(), w)
+    return True

@@ -29,6 +29,9 @@ def test_rms_norm_matches_hf(dtype: torch.dtype, with_residual: bool) -> None:
 
 
 def test_silu_and_mul() -> None:
+    """Exact on the torch path; the native C loop (taken once its library is loaded, float32) within
+    float32 rounding of torch's, its exp included (tests/kernels/test_cpu_native_ops.py)."""
     torch.manual_seed(0)
     x = torch.randn(3, 2 * 40)
-    torch.testing.assert_close(ops.silu_and_mul(x), F.silu(x[:, :40]) * x[:, 40:], rtol=0, atol=0)
+    tol = {"rtol": 2e-6, "atol": 1e-6} if ops._cpu_native() is not None else {"rtol": 0, "atol": 0}
+    torch.testing.assert_close(ops.silu_and_mul(x), F.silu(x[:, :40]) * x[:, 40:], **tol)

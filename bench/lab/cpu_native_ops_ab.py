@@ -1,0 +1,84 @@
+"""A/B in one process: the native rotary, SiLU-and-mul, K/V store and in-place attention rows
+(kernels/cpu_native_ops.h, 2026-12-03) against the torch ops they replace, on the pass of
+bench/lab/cpu_extend_profile.py (32 new tokens over a cached 1,800-token prefix, default model,
+float32).
+
+    .venv/bin/python bench/lab/cpu_native_ops_ab.py [--rounds 6] [--reps 9]
+
+B restores the torch paths by patching: cpu_native.takes_rotary and store_kv answer False,
+ops.silu_and_mul is the chunk / silu / mul of before, and DecodePlan.build marks no plan
+`all_rows` (so q is gathered and o scattered as before). Alternates A and B `--rounds` times, each
+the median of `--reps` passes; prints the medians per round and over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "lab"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from cpu_extend_profile import build  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    from radixrt.models import ops
+    from radixrt.worker import cpu_native
+
+    eng, runner, batch = build(1800, 32, args.threads)
+    native = {"takes_rotary": cpu_native.takes_rotary, "store_kv": cpu_native.store_kv,
+              "silu_and_mul": ops.silu_and_mul, "build": cpu_native.DecodePlan.build}
+
+    def torch_silu(x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)
+
+    def build_no_all_rows(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        plan = native["build"](*a, **k)
+        plan.all_rows = False
+        return plan
+
+    def use(side: str) -> None:
+        if side == "A":
+            cpu_native.takes_rotary, cpu_native.store_kv = native["takes_rotary"], native["store_kv"]
+            ops.silu_and_mul, cpu_native.DecodePlan.build = native["silu_and_mul"], native["build"]
+        else:
+            cpu_native.takes_rotary = lambda *a: False
+            cpu_native.store_kv = lambda *a: False
+            ops.silu_and_mul, cpu_native.DecodePlan.build = torch_silu, staticmethod(build_no_all_rows)
+
+    def timed(reps: int) -> float:
+        xs = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            runner.forward(batch)
+            xs.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(xs)
+
+    res: dict[str, list[float]] = {"A": [], "B": []}
+    for r in range(args.rounds):
+        for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
+            use(side)
+            timed(2)  # warm
+            res[side].append(timed(args.reps))
+        print(f"round {r}: A (native ops) {res['A'][-1]:.2f} ms, B (torch ops) {res['B'][-1]:.2f} ms",
+              flush=True)
+    use("A")
+    a, b = statistics.median(res["A"]), statistics.median(res["B"])
+    print(f"32-token extend over 1,800 cached, median of rounds: A {a:.2f} ms, B {b:.2f} ms, A/B {a / b:.3f}")
+
+
+if __name__ == "__main__":
+    main()
