@@ -377,7 +377,8 @@ def store_kv(k_buf: torch.Tensor, v_buf: torch.Tensor, k: torch.Tensor, v: torch
     lib = _lib
     w = k_buf.shape[1] * k_buf.shape[2]
     if (lib is None or k_buf.dtype != torch.float32 or v_buf.dtype != torch.float32
-            or k.dtype != torch.float32 or v.dtype != torch.float32 or k.stride() != v.stride() or k.stride(2) != 1
+            or k.dtype != torch.float32 or v.dtype != torch.float32 or k.stride() != v.stride()
+            or k.stride(2) != 1
             or k.stride(1) != k.shape[2] or k.shape[1] * k.shape[2] != w or v.shape != k.shape
             or slots.dtype != torch.int64 or not slots.is_contiguous() or slots.numel() != k.shape[0]
             or not k_buf.is_contiguous() or not v_buf.is_contiguous()):
