@@ -22,7 +22,7 @@
  * the first two blocks only and ~1.2 ms spread over all of them (bench/kernels/cpu_linear_bench.py;
  * oneDNN's packed linear 1.7 ms). The panel one ahead (GEMM_PF_DIST 1) rather than two: on the same
  * kind of VM on 2026-12-03 (36 weight copies, medians of alternated builds) the layer took 5-9% less
- * at every row count from 4 to 128 (32 rows: 854-906 against 917-947 us); prefetching at twice the
+ * at 4, 12, 32, 64 and 128 rows (32 rows: 854-906 against 917-947 us); prefetching at twice the
  * rate, or two or four panels ahead, took longer, and no software prefetch at all ~35% longer.
  *
  * AVX-512 only (32 vector registers); elsewhere radixrt_linear_f32_supported() returns 0 and the

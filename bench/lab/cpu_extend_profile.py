@@ -12,7 +12,7 @@ Prints:
   1. plain timing (perf_counter, no instrumentation): the whole `runner.forward(batch)` and its steps
      (stage, backend.prepare, model forward, LM head, sampling), median of --reps after warm-up;
   2. groups by lightweight perf_counter wrappers (monkeypatched here, nothing in radixrt changed):
-     linears by kind, native attention (q gather / C call / o scatter), K/V store, rotary, norms,
+     linears by kind, the native attention call, the K/V store, rotary, norms,
      activation, embedding, LM head, sampling, plan, staging, and the rest of the model forward
      ("Python glue": module calls, split/view/reshape, wrapper overhead);
   3. torch.profiler (CPU, record_shapes): per aten op self-CPU per pass, and per group (same labels as

@@ -9,6 +9,8 @@ cast back to the input dtype before the weight multiply; rotary tables in float3
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 
@@ -144,7 +146,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate).mul_(up)
 
 
-def _cpu_native():  # noqa: ANN202 - the module, or None
+def _cpu_native() -> ModuleType | None:
     """radixrt.worker.cpu_native when its library is loaded (the worker loads it at start-up), else None."""
     global _native_mod
     if _native_mod is None:
@@ -154,4 +156,4 @@ def _cpu_native():  # noqa: ANN202 - the module, or None
     return _native_mod if _native_mod._lib is not None else None
 
 
-_native_mod = None
+_native_mod: ModuleType | None = None

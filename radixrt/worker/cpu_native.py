@@ -372,7 +372,8 @@ def store_kv(k_buf: torch.Tensor, v_buf: torch.Tensor, k: torch.Tensor, v: torch
              slots: torch.Tensor) -> bool:
     """k_buf[slots] = k, v_buf[slots] = v in one C loop, when they qualify: float32 CPU pool buffers
     [S, Hkv, D] contiguous, k and v [T, Hkv, D] float32 with contiguous rows and the same row stride
-    (the k and v columns of a fused QKV output), slots [T] int64 contiguous. Returns False, storing
+    (the k and v columns of a fused QKV output), slots [T] int64 contiguous, each below S (not checked:
+    the scheduler's allocator gives them). Returns False, storing
     nothing, when they do not qualify (the caller stores through torch) or the library is not loaded."""
     lib = _lib
     w = k_buf.shape[1] * k_buf.shape[2]

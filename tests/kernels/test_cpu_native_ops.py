@@ -51,8 +51,9 @@ def test_rotary_at_position_zero_is_the_identity() -> None:
     before = qkv.clone()
     cache = build_cos_sin_cache(64, 16, 10000.0, None, "cpu")
     q, k = qkv[:, :128].view(2, 2, 64), qkv[:, 128:].view(2, 1, 64)
-    ops.apply_rotary(q, k, torch.zeros(2, dtype=torch.int64), cache)
-    assert torch.equal(qkv, before)
+    qr, kr = ops.apply_rotary(q, k, torch.zeros(2, dtype=torch.int64), cache)
+    assert qr.data_ptr() == q.data_ptr()  # the native path
+    assert torch.equal(qr, before[:, :128].view(2, 2, 64)) and torch.equal(kr, before[:, 128:].view(2, 1, 64))
 
 
 @pytest.mark.parametrize("t,n", [(1, 1536), (32, 1536), (5, 40), (2, 17)])

@@ -115,12 +115,11 @@ def test_arrivals_during_a_pass_are_taken_in_as_they_come(monkeypatch) -> None:
         first = worker_in.recv(timeout_ms=5000)
         assert first is not None
         time.sleep(0.1)  # the loop is now waiting for `first`'s result
-        t0 = time.monotonic()
         to_sched.send(protocol.GenerateReq(rid="late", input_ids=np.arange(1, 40, dtype=np.int32),
                                            sampling=sampling))
         to_sched.send(protocol.ControlReq(req_id="i1", kind="get_server_info"))
         info = tok_in.recv(timeout_ms=5000)
-        assert info is not None and info.req_id == "i1" and time.monotonic() - t0 < 5.0
+        assert info is not None and info.req_id == "i1"
         assert info.data["scheduler"]["num_waiting_reqs"] == 1  # "late", queued during the pass
         assert worker_in.recv(timeout_ms=200) is None  # still inside the pass
         results.send(_result(first))
