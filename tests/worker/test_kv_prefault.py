@@ -7,7 +7,7 @@ import torch
 
 from radixrt import protocol
 from radixrt.worker.kv_pool import OS_PAGE_BYTES, PagedKVPool
-from radixrt.worker.worker_proc import _serve
+from radixrt.worker.worker_proc import PREFAULT_IDLE_MS, _serve
 
 
 def test_prefault_walks_every_slot_once_and_keeps_the_contents() -> None:
@@ -60,8 +60,10 @@ class Inbox:
     def __init__(self, script: list) -> None:
         self.script = list(script)
         self.blocking = 0
+        self.timeouts: list[int | None] = []  # of each receive
 
     def recv(self, timeout_ms: int | None = None):
+        self.timeouts.append(timeout_ms)
         while self.script:
             msg = self.script.pop(0)
             if msg is not None or timeout_ms is not None:
@@ -85,3 +87,6 @@ def test_serve_prefaults_only_while_idle_then_blocks() -> None:
     _serve(Runner(log, slices=3), inbox, Results())
     assert log == ["prefault", "launch 1", "prefault", "prefault", "launch 2"]
     assert inbox.blocking == 1  # batch 2: received with a blocking wait once the prefault ended
+    # the first slice after a message waits PREFAULT_IDLE_MS; the next one follows with a plain poll
+    idle = PREFAULT_IDLE_MS
+    assert inbox.timeouts == [idle, 0, 0, idle, 0, None, 0]
