@@ -73,6 +73,14 @@ typedef int32_t i8v __attribute__((vector_size(32)));
 DEFINE_VEC_MATH(v16, i16v, vmax, exp_neg16)
 DEFINE_VEC_MATH(v8, i8v, vmax8, exp_neg8)
 
+/* exp(x) for any float x (clamped to [-87, 88]: exp(88) < FLT_MAX), as exp_neg16 with
+ * the upper clamp: degree-6 Taylor of 2^f, relative error ~1.2e-7. */
+static inline v16 exp16(v16 x) {
+    const v16 hi = (v16){0} + 88.0f;
+    const i16v below = x < hi; /* min(x, 88) lane-wise; exp_neg16 clamps at -87 */
+    return exp_neg16((v16)(((i16v)x & below) | ((i16v)hi & ~below)));
+}
+
 static inline float exp_neg(float x) {
     v16 v = {x};
     return exp_neg16(v)[0];

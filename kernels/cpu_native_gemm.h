@@ -25,6 +25,10 @@
  * at 4, 12, 32, 64 and 128 rows (32 rows: 854-906 against 917-947 us); prefetching at twice the
  * rate, or two or four panels ahead, took longer, and no software prefetch at all ~35% longer.
  *
+ * SwiGLU (radixrt_linear_silu_f32): a fused [gate; up] weight packed with gate rows in each panel's
+ * first 16 columns and the same up rows in its last 16 (radixrt_pack_gate_up_f32) ends each block as
+ * silu(gate) * up for 16 output columns, computed in registers; the [M, 2I] output is never stored.
+ *
  * AVX-512 only (32 vector registers); elsewhere radixrt_linear_f32_supported() returns 0 and the
  * caller keeps torch's linear.
  */
@@ -59,7 +63,7 @@ void radixrt_pack_linear_f32(const float *w, float *wp, int64_t n, int64_t k) {
 #define DEFINE_GEMM_BLOCK(MR)                                                                          \
     static void gemm_block_##MR(const float *xb, const float *w, int64_t k, const float *bias, float *y, \
                                 int64_t ldy, int64_t ncols, const float *pf, const float *pf2,       \
-                                int64_t pf_rate) {                                                 \
+                                int64_t pf_rate, int silu) {                                       \
         __m512 acc0[MR], acc1[MR];                                                                     \
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                        \
             acc0[i] = _mm512_setzero_ps();                                                             \
@@ -77,6 +81,14 @@ void radixrt_pack_linear_f32(const float *w, float *wp, int64_t n, int64_t k) {
             }                                                                                          \
         }                                                                                              \
         __mmask16 m0 = ncols >= 16 ? 0xffff : (__mmask16)((1u << ncols) - 1);                          \
+        if (silu) { /* acc0: gate columns, acc1: the same columns of up; y gets silu(gate) * up */     \
+            _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                    \
+                const v16 g = (v16)acc0[i];                                                            \
+                _mm512_mask_storeu_ps(y + i * ldy, m0,                                                 \
+                                      (__m512)(g / (exp16((v16){0} - g) + 1.0f) * (v16)acc1[i]));       \
+            }                                                                                          \
+            return;                                                                                    \
+        }                                                                                              \
         __mmask16 m1 = ncols >= 32 ? 0xffff : ncols <= 16 ? 0 : (__mmask16)((1u << (ncols - 16)) - 1); \
         __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();                   \
         __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();              \
@@ -100,17 +112,19 @@ DEFINE_GEMM_BLOCK(12)
 #undef DEFINE_GEMM_BLOCK
 
 typedef void (*gemm_block_fn)(const float *, const float *, int64_t, const float *, float *, int64_t, int64_t,
-                              const float *, const float *, int64_t);
+                              const float *, const float *, int64_t, int);
 static const gemm_block_fn gemm_blocks[GEMM_MR + 1] = {
     0, gemm_block_1, gemm_block_2, gemm_block_3, gemm_block_4, gemm_block_5, gemm_block_6,
     gemm_block_7, gemm_block_8, gemm_block_9, gemm_block_10, gemm_block_11, gemm_block_12};
 
-/* y [m, n] = x [m, k] W^T (+ bias [n]); wp the packed W; xp scratch of m * k floats. All contiguous
- * float32; wp 64-byte aligned. Returns 0, or -1 when m < 1. */
-int radixrt_linear_f32(const float *x, const float *wp, const float *bias, float *y, int64_t m, int64_t n,
-                       int64_t k, float *xp) {
+/* y [m, n] = x [m, k] W^T (+ bias [n]) with wp the packed W (silu 0), or (silu 1) y [m, n] =
+ * silu(x Wg^T) * (x Wu^T) with wp = radixrt_pack_gate_up_f32(W = [Wg; Wu]) and no bias; xp scratch of
+ * m * k floats. All contiguous float32; wp 64-byte aligned. Returns 0, or -1 when m < 1. */
+static int linear_f32(const float *x, const float *wp, const float *bias, float *y, int64_t m, int64_t n,
+                      int64_t k, float *xp, int silu) {
     if (m < 1) return -1;
-    int64_t panels = (n + GEMM_NR - 1) / GEMM_NR;
+    const int64_t cols = silu ? GEMM_NR / 2 : GEMM_NR; /* output columns per panel */
+    int64_t panels = (n + cols - 1) / cols;
     int64_t nblk = (m + GEMM_MR - 1) / GEMM_MR;
     int64_t base = m / nblk, extra = m % nblk; /* the first `extra` blocks take one row more */
 #pragma omp parallel
@@ -126,7 +140,7 @@ int radixrt_linear_f32(const float *x, const float *wp, const float *bias, float
         for (int64_t p = 0; p < panels; p++) {
             const float *w = wp + p * k * GEMM_NR;
             const float *ahead = p + GEMM_PF_DIST < panels ? w + GEMM_PF_DIST * k * GEMM_NR : 0;
-            int64_t ncols = n - p * GEMM_NR < GEMM_NR ? n - p * GEMM_NR : GEMM_NR;
+            int64_t ncols = n - p * cols < cols ? n - p * cols : cols;
             int64_t r0 = 0;
             for (int64_t b = 0; b < nblk; b++) {
                 int64_t mr = base + (b < extra);
@@ -135,13 +149,41 @@ int radixrt_linear_f32(const float *x, const float *wp, const float *bias, float
                 const float *pf = ahead ? ahead + (2 * k * b / nblk) * 16 : 0;
                 const float *pf2 = ahead && nblk == 1 ? ahead + k * 16 : 0;
                 int64_t pf_rate = nblk == 1 ? 65536 : 2 * 65536 / nblk;
-                gemm_blocks[mr](xp + r0 * k, w, k, bias ? bias + p * GEMM_NR : 0, y + r0 * n + p * GEMM_NR, n,
-                                ncols, pf, pf2, pf_rate);
+                gemm_blocks[mr](xp + r0 * k, w, k, bias ? bias + p * cols : 0, y + r0 * n + p * cols, n,
+                                ncols, pf, pf2, pf_rate, silu);
                 r0 += mr;
             }
         }
     }
     return 0;
+}
+
+int radixrt_linear_f32(const float *x, const float *wp, const float *bias, float *y, int64_t m, int64_t n,
+                       int64_t k, float *xp) {
+    return linear_f32(x, wp, bias, y, m, n, k, xp, 0);
+}
+
+/* wp [ceil(n / 16) * k * 32] <- w [2n, k] = [Wg; Wu] (gate rows, then up rows, as a fused gate_up
+ * weight): panel p holds gate rows 16p..16p+15 in its columns 0-15 and the same up rows in 16-31
+ * (zero past n), so that one panel's outputs are 16 columns of silu(gate) * up. */
+void radixrt_pack_gate_up_f32(const float *w, float *wp, int64_t n, int64_t k) {
+    const int64_t half = GEMM_NR / 2, panels = (n + half - 1) / half;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = wp + p * k * GEMM_NR;
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t j = 0; j < GEMM_NR; j++) {
+                int64_t col = p * half + j % half;
+                dst[kk * GEMM_NR + j] = col < n ? w[(col + (j < half ? 0 : n)) * k + kk] : 0.0f;
+            }
+    }
+}
+
+/* y [m, n] = silu(x Wg^T) * (x Wu^T) (SwiGLU, Shazeer 2020), the SiLU in the GEMM's epilogue; wp =
+ * radixrt_pack_gate_up_f32([Wg; Wu]). As radixrt_linear_f32 otherwise. */
+int radixrt_linear_silu_f32(const float *x, const float *wp, float *y, int64_t m, int64_t n, int64_t k,
+                            float *xp) {
+    return linear_f32(x, wp, 0, y, m, n, k, xp, 1);
 }
 
 #else /* no AVX-512: callers keep torch's linear */
@@ -155,6 +197,16 @@ void radixrt_pack_linear_f32(const float *w, float *wp, int64_t n, int64_t k) {
 int radixrt_linear_f32(const float *x, const float *wp, const float *bias, float *y, int64_t m, int64_t n,
                        int64_t k, float *xp) {
     (void)x, (void)wp, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)xp;
+    return -1;
+}
+
+void radixrt_pack_gate_up_f32(const float *w, float *wp, int64_t n, int64_t k) {
+    (void)w, (void)wp, (void)n, (void)k;
+}
+
+int radixrt_linear_silu_f32(const float *x, const float *wp, float *y, int64_t m, int64_t n, int64_t k,
+                            float *xp) {
+    (void)x, (void)wp, (void)y, (void)m, (void)n, (void)k, (void)xp;
     return -1;
 }
 

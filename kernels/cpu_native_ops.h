@@ -5,14 +5,6 @@
  * index_copy_ 26 us per layer at 32 rows), so one call replaces each group. Parallel over rows only
  * when a call is large enough to pay for waking the threads. */
 
-/* exp(x) for any float x (clamped to [-87, 88]: exp(88) < FLT_MAX), as exp_neg16 (cpu_native.c) with
- * the upper clamp: degree-6 Taylor of 2^f, relative error ~1.2e-7. */
-static inline v16 exp16(v16 x) {
-    const v16 hi = (v16){0} + 88.0f;
-    const i16v below = x < hi; /* min(x, 88) lane-wise; exp_neg16 clamps at -87 */
-    return exp_neg16((v16)(((i16v)x & below) | ((i16v)hi & ~below)));
-}
-
 /* Rotary embedding (Su et al. 2021), NeoX "rotate-half" layout as in HF Llama, in place:
  * rows r < t of x at x + r * row_stride hold nh heads of d floats (d even); head vector p becomes
  * p[i] = a c_i - b s_i, p[i + d/2] = b c_i + a s_i for a = p[i], b = p[i + d/2], with

@@ -43,6 +43,8 @@ import torch.nn.functional as F
 import triton
 from torch import nn
 
+from radixrt.models import ops
+
 # Most rows skinny_linear_supported may route (= radixrt.kernels.gemv.MAX_M_DOT); each Linear bounds
 # its calls by the rows routed for its own shape (_routed_rows), the per-call decision is
 # skinny_linear_supported's.
@@ -114,6 +116,10 @@ class Linear(nn.Linear):
     _cpu_packed = cpu_packed_enabled()
     _packed = None  # (weight key, oneDNN packed weight) for float32 and bf16 CPU calls (module docstring)
     _native = None  # (weight key, native packed weight) for float32 CPU calls (module docstring)
+    # a fused [gate; up] weight [2I, K] (the MLP's gate_up_proj, set by the model): `silu_and_mul` is
+    # its caller, and the native weight prepacked for it is `cpu_native.pack_gate_up`'s
+    gated = False
+    _native_gated = None  # (weight key, cpu_native.pack_gate_up weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the per-shape bound keeps calls of 17..256 rows, routed nowhere unless TUNED lists the shape,
@@ -132,6 +138,30 @@ class Linear(nn.Linear):
                                                                     and x.shape[0] in CPU_PACKED_ROWS)):
                 return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """SwiGLU of this Linear's fused [gate; up] weight [2I, K]: x [M, K] -> silu(x Wg^T) * (x Wu^T)
+        [M, I], i.e. `ops.silu_and_mul(self(x))`. Float32 CPU calls of NATIVE_LINEAR_ROWS rows without
+        a bias, where the native linear is enabled and forward is not overridden, are one native GEMM
+        with the SiLU and the product in its epilogue (`cpu_native.linear_silu`: the [M, 2I] output is
+        never written, nor read back by a second call); every other call is that expression."""
+        if (x.device.type == "cpu" and x.dim() == 2 and x.dtype == torch.float32
+                and self.weight.dtype == torch.float32 and self.bias is None
+                and x.shape[0] in NATIVE_LINEAR_ROWS and type(self).forward is Linear.forward
+                and native_linear_enabled()):
+            from radixrt.worker import cpu_native
+
+            return cpu_native.linear_silu(x.contiguous(), self._native_gated_weight(), self.out_features // 2)
+        return ops.silu_and_mul(self(x))
+
+    def _native_gated_weight(self) -> torch.Tensor:
+        """The weight packed for `cpu_native.linear_silu`, made again when the weight changed."""
+        key = self._key()
+        if self._native_gated is None or self._native_gated[0] != key:
+            from radixrt.worker import cpu_native
+
+            self._native_gated = (key, cpu_native.pack_gate_up(self.weight))
+        return self._native_gated[1]
 
     def _key(self) -> tuple[int, int | None]:
         w = self.weight
@@ -207,7 +237,7 @@ def prepack_cpu_linears(model: nn.Module) -> int:
             continue
         f32 = m.weight.dtype == torch.float32
         if f32 and native:
-            m._native_weight()
+            m._native_gated_weight() if m.gated and m.bias is None else m._native_weight()
         if m._cpu_packed and (not f32 or dnn_f32):
             m._packed_weight()
         n += int((f32 and native) or (m._cpu_packed and (not f32 or dnn_f32)))

@@ -100,6 +100,10 @@ def _compile() -> ctypes.CDLL | None:
     lib.radixrt_pack_linear_f32.restype = None
     lib.radixrt_linear_f32.argtypes = [p, p, p, p, i64, i64, i64, p]
     lib.radixrt_linear_f32.restype = ctypes.c_int
+    lib.radixrt_pack_gate_up_f32.argtypes = [p, p, i64, i64]
+    lib.radixrt_pack_gate_up_f32.restype = None
+    lib.radixrt_linear_silu_f32.argtypes = [p, p, p, i64, i64, i64, p]
+    lib.radixrt_linear_silu_f32.restype = ctypes.c_int
     lib.radixrt_rotary_f32.argtypes = [p, i64, i64, i64, i64, p, p]
     lib.radixrt_rotary_f32.restype = None
     lib.radixrt_silu_mul_f32.argtypes = [p, p, i64, i64]
@@ -331,6 +335,47 @@ def linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor | None 
     xp = torch.empty(m * k, dtype=torch.float32)
     lib.radixrt_linear_f32(x.data_ptr(), wp.data_ptr(), None if bias is None else bias.data_ptr(),
                            y.data_ptr(), m, n, k, xp.data_ptr())
+    return y
+
+
+def pack_gate_up(w: torch.Tensor) -> torch.Tensor:
+    """The packed form of a fused float32 CPU [gate; up] weight w [2I, K] (gate rows, then up rows) for
+    `linear_silu`: a new float32 tensor of ceil(I / 16) * K * 32 elements, panels [panel][K][32] whose
+    columns 0-15 are gate rows 16p..16p+15 and 16-31 the same up rows (zero past I).
+    Raises RuntimeError when `linear_supported()` is False, ValueError for another dtype or shape."""
+    if not linear_supported():
+        raise RuntimeError("the native CPU linear is not available (no library, or no AVX-512)")
+    if w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu" or w.shape[0] % 2:
+        raise ValueError(f"pack_gate_up takes a float32 CPU [2I, K] weight, got {tuple(w.shape)} {w.dtype} "
+                         f"{w.device}")
+    w = w.detach().contiguous()
+    n, k = w.shape[0] // 2, w.shape[1]
+    half = LINEAR_PANEL // 2
+    wp = torch.empty(-(-n // half) * k * LINEAR_PANEL, dtype=torch.float32)
+    assert wp.data_ptr() % 64 == 0  # the kernel's aligned panel loads (torch's CPU allocator: 64 bytes)
+    _lib.radixrt_pack_gate_up_f32(w.data_ptr(), wp.data_ptr(), n, k)
+    return wp
+
+
+def linear_silu(x: torch.Tensor, wp: torch.Tensor, n: int) -> torch.Tensor:
+    """SwiGLU through the native linear: y [M, n] = silu(x Wg^T) * (x Wu^T) in float32 for x [M, K]
+    float32 contiguous (M >= 1) and wp = `pack_gate_up([Wg; Wu])` (Wg, Wu [n, K]): the same GEMM as
+    `linear`, with the SiLU and the product in its epilogue, so the [M, 2n] gate_up output is never
+    written (what `linear` then `silu_and_mul` compute, to float32 rounding: the epilogue's exp is
+    exp16's polynomial, as `silu_and_mul`'s). Raises RuntimeError when the library is not loaded,
+    ValueError for bad shapes or dtypes."""
+    lib = _lib
+    if lib is None:
+        raise RuntimeError("native CPU kernels are not available")
+    m, k = x.shape
+    half = LINEAR_PANEL // 2
+    if (x.dtype != torch.float32 or not x.is_contiguous() or m < 1
+            or wp.numel() != -(-n // half) * k * LINEAR_PANEL):
+        raise ValueError(f"native linear_silu: x {tuple(x.shape)} {x.dtype}, packed weight of {wp.numel()} "
+                         f"for I = {n}")
+    y = torch.empty(m, n, dtype=torch.float32)
+    xp = torch.empty(m * k, dtype=torch.float32)
+    lib.radixrt_linear_silu_f32(x.data_ptr(), wp.data_ptr(), y.data_ptr(), m, n, k, xp.data_ptr())
     return y
 
 
