@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -115,13 +116,24 @@ def _start(args: ServerArgs, addrs: IpcAddresses, ctx: zmq.Context, model_dir: P
 PREFAULT_IDLE_MS = 20
 
 
+# CPU: after sending the result of a pass with prompt rows (first tokens), wait this long before
+# launching the next pass (_serve), so that the scheduler and tokenizer processes deliver those tokens
+# on idle cores instead of competing with the pass's OpenMP threads
+PREFILL_HANDOFF_S = 0.002
+
+
 def _serve(runner, inbox: Receiver, results: Sender | _Dropped) -> None:
     """Loop until a shutdown control message. A failing batch is fatal: it is logged and re-raised.
 
     At most one pass is pending (launched, result not yet sent). While one is, the loop polls for
     the next ForwardBatch and the pending pass's completion at once: a batch that arrives first is
     launched behind the pending pass (the device goes straight from one to the next), then the
-    pending result is sent. With --disable-overlap-schedule the scheduler sends a pass only after
+    pending result is sent. On CPU, where a launch computes the whole pass on every core, a result
+    that carries first tokens (the pass had prompt rows, extend_len > 1) goes out first and the next
+    pass starts PREFILL_HANDOFF_S later: the scheduler and tokenizer processes need a core each to
+    pass the tokens on, and with the pass's threads on every core they waited for one (the first
+    token reached the tokenizer 3-6 ms after the result left the worker, against ~1.3 ms with the
+    pause; docs/scheduling.md). With --disable-overlap-schedule the scheduler sends a pass only after
     the previous result, so every pass is launched and finished alone. On CPU `launch` computes
     the whole pass, so nothing is ever left pending for long.
 
@@ -137,6 +149,8 @@ def _serve(runner, inbox: Receiver, results: Sender | _Dropped) -> None:
     # once idle the slices follow each other with a poll between them, so that a pass that arrives
     # waits for at most one slice and the whole pool is written in its few seconds of slice time
     prefault = getattr(runner, "prefault_step", None)
+    on_cpu = getattr(getattr(runner, "device", None), "type", None) == "cpu"
+    pending_prefill = False  # the pending pass had prompt rows (its result carries first tokens)
     prefault_wait = PREFAULT_IDLE_MS  # 0 while idle slices run back to back (a poll between each two)
     while True:
         if pending is None and prefault is not None:
@@ -168,6 +182,8 @@ def _serve(runner, inbox: Receiver, results: Sender | _Dropped) -> None:
         if pending is not None and runner.poll(pending):  # already done (always so on CPU): send first
             results.send(runner.finish(pending))
             pending = None
+            if on_cpu and pending_prefill:  # let the first tokens through before the cores are taken
+                time.sleep(PREFILL_HANDOFF_S)
         try:
             launched = runner.launch(msg)
         except Exception:
@@ -178,6 +194,7 @@ def _serve(runner, inbox: Receiver, results: Sender | _Dropped) -> None:
         if pending is not None:
             results.send(runner.finish(pending))
             pending = None
+        pending_prefill = len(msg.extend_lens) > 0 and int(msg.extend_lens.max()) > 1
         if len(msg.grammar_deferred) and not _await_mask(runner, inbox, launched, msg.batch_id):
             log.info("worker shutting down")
             return
