@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from radixrt.attention.base import AttentionBackend, ForwardMeta
-from radixrt.models import ops
+from radixrt.models import native_layers, ops
 from radixrt.models.linear import Linear
 from radixrt.models.model_config import ModelConfig
 from radixrt.models.rope import build_cos_sin_cache
@@ -181,8 +181,11 @@ class LlamaForCausalLM(nn.Module):
         assert self.cos_sin_cache is not None, "call init_rope() after moving the model to its device"
         h = self.model.embed_tokens(input_ids)  # [T, H]
         residual: torch.Tensor | None = None
-        for layer in self.model.layers:
-            h, residual = layer(h, residual, positions, self.cos_sin_cache, backend)
+        if native_layers.layer_calls(self, h, positions, backend):  # float32 CPU: the same C calls, no glue
+            h, residual = native_layers.run(self, h, positions, backend)
+        else:
+            for layer in self.model.layers:
+                h, residual = layer(h, residual, positions, self.cos_sin_cache, backend)
         h, _ = self.model.norm(h, residual)
         return h
 

@@ -212,6 +212,27 @@ def _ptr(a: np.ndarray | torch.Tensor) -> int:
     return a.ctypes.data if isinstance(a, np.ndarray) else a.data_ptr()
 
 
+def plan_args(plan: DecodePlan, hq: int, d: int) -> tuple[torch.Tensor, tuple, tuple]:
+    """The plan's float32 scratch for Hq heads of D and the kernel's pointer arguments (made at the first
+    call for (hq, d), then reused): (buf [n_rows, hq, d], the 9 item arguments that follow `d`, the 6
+    arguments that follow `scale`, the last of them `buf`'s pointer, the output)."""
+    if plan._scratch is None:
+        plan._scratch = {}
+    scratch = plan._scratch.get((hq, d))
+    if scratch is None:
+        n_rows = plan.q_rows.numel()
+        part_o = torch.empty(plan.n_parts, hq, d, dtype=torch.float32)
+        part_lse = torch.empty(plan.n_parts, hq, dtype=torch.float32)
+        buf = torch.empty(n_rows, hq, d, dtype=torch.float32)
+        items = (len(plan.item_ntok), _ptr(plan.item_slot_off), _ptr(plan.item_ntok), _ptr(plan.item_mem_off),
+                 _ptr(plan.item_nmem), _ptr(plan.item_part_off), _ptr(plan.item_causal), _ptr(plan.mem_row),
+                 _ptr(plan.slots))
+        rest = (_ptr(part_o), _ptr(part_lse), n_rows, _ptr(plan.row_part_ptr), _ptr(plan.row_parts),
+                _ptr(buf))
+        scratch = plan._scratch[(hq, d)] = (buf, items, rest, (part_o, part_lse))
+    return scratch[0], scratch[1], scratch[2]
+
+
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: DecodePlan,
                      scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of the plan's rows: q [T, Hq, D] (any float dtype; rows plan.q_rows), pool
@@ -226,20 +247,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         raise RuntimeError("native CPU decode attention is not available")
     n_rows, hq, d = plan.q_rows.numel(), q.shape[1], q.shape[2]
     hkv = k_buf.shape[1]
-    if plan._scratch is None:
-        plan._scratch = {}
-    scratch = plan._scratch.get((hq, d))
-    if scratch is None:
-        part_o = torch.empty(plan.n_parts, hq, d, dtype=torch.float32)
-        part_lse = torch.empty(plan.n_parts, hq, dtype=torch.float32)
-        buf = torch.empty(n_rows, hq, d, dtype=torch.float32)
-        items = (len(plan.item_ntok), _ptr(plan.item_slot_off), _ptr(plan.item_ntok), _ptr(plan.item_mem_off),
-                 _ptr(plan.item_nmem), _ptr(plan.item_part_off), _ptr(plan.item_causal), _ptr(plan.mem_row),
-                 _ptr(plan.slots))
-        rest = (_ptr(part_o), _ptr(part_lse), n_rows, _ptr(plan.row_part_ptr), _ptr(plan.row_parts),
-                _ptr(buf))
-        scratch = plan._scratch[(hq, d)] = (buf, items, rest, (part_o, part_lse))
-    buf, items, rest, _ = scratch
+    buf, items, rest = plan_args(plan, hq, d)
     if out is not None:
         if out.dtype != torch.float32 or not out.is_contiguous() or out.shape != (n_rows, hq, d):
             raise ValueError(f"decode_attention: out {tuple(out.shape)} {out.dtype}, want "

@@ -1,0 +1,73 @@
+"""A/B in one process: the float32 CPU layer loop as direct native calls (radixrt/models/native_layers.py,
+2026-12-03) against the module path, on the pass of bench/lab/cpu_extend_profile.py (`--extend` new
+tokens over a cached `--prefix`-token prefix, default model, float32).
+
+    .venv/bin/python bench/lab/cpu_native_layers_ab.py [--prefix 1800] [--extend 32] [--rounds 6] [--reps 9]
+
+B patches `native_layers.layer_calls` to answer False (every layer through its modules). Alternates A
+and B `--rounds` times (order flipped every round), each the median of `--reps` passes; prints the
+medians per round and over the rounds, and whether A's and B's sampled tokens agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "lab"))
+
+from cpu_extend_profile import build  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prefix", type=int, default=1800)
+    ap.add_argument("--extend", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    from radixrt.models import native_layers
+
+    eng, runner, batch = build(args.prefix, args.extend, args.threads)
+    native = native_layers.layer_calls
+
+    def use(side: str) -> None:
+        native_layers.layer_calls = native if side == "A" else (lambda *a: False)
+
+    def timed(reps: int) -> float:
+        xs = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            runner.forward(batch)
+            xs.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(xs)
+
+    outs = {}
+    for side in ("A", "B"):
+        use(side)
+        res = runner.forward(batch)
+        outs[side] = res.next_token_ids
+    same = list(outs["A"]) == list(outs["B"])
+    print(f"sampled tokens A {outs['A']} B {outs['B']}: {'same' if same else 'DIFFERENT'}")
+    res: dict[str, list[float]] = {"A": [], "B": []}
+    for r in range(args.rounds):
+        for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
+            use(side)
+            timed(2)  # warm
+            res[side].append(timed(args.reps))
+        print(f"round {r}: A (native calls) {res['A'][-1]:.2f} ms, B (modules) {res['B'][-1]:.2f} ms",
+              flush=True)
+    use("A")
+    a, b = statistics.median(res["A"]), statistics.median(res["B"])
+    print(f"{args.extend}-token extend over {args.prefix} cached, median of rounds: A {a:.2f} ms, "
+          f"B {b:.2f} ms, A/B {a / b:.3f}")
+
+
+if __name__ == "__main__":
+    main()
