@@ -38,6 +38,11 @@ def main() -> None:
     from radixrt.worker import cpu_native
 
     eng, runner, batch = build(1800, 32, args.threads)
+    from radixrt.models import native_layers
+
+    # both sides over the module path, where these ops are separate calls (models/native_layers.py,
+    # which serves such passes since 2026-12-03, calls the native ops directly)
+    native_layers.layer_calls = lambda *a: False
     native = {"takes_rotary": cpu_native.takes_rotary, "store_kv": cpu_native.store_kv,
               "silu_and_mul": ops.silu_and_mul, "build": cpu_native.DecodePlan.build}
 
