@@ -83,3 +83,25 @@ def test_passes_that_do_not_qualify(runner: ModelRunner) -> None:
     assert not native_layers.layer_calls(model, h.double(), pos, backend)
     assert not native_layers.layer_calls(model, torch.zeros(129, model.config.hidden_size), torch.arange(129),
                                          backend)  # more rows than the native linear takes
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama3", "qwen3"])
+def test_tiny_families(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen2 (q|k|v bias) and Llama-3 (scaled rotary) take the native loop bit-equal to the modules;
+    Qwen3 (per-head q/k norm) never takes it."""
+    import radixrt.models.linear as linear_mod
+    from tests.models.tiny import save_tiny_model
+
+    if not linear_mod.native_linear_enabled():
+        pytest.skip("the native linear is off on this CPU (RADIXRT_CPU_NATIVE_LINEAR)")
+    save_tiny_model(family, tmp_path)
+    args = ServerArgs(device="cpu", dtype="float32", page_size=4, max_total_tokens=1024, context_length=256,
+                      max_running_requests=4)
+    runner = ModelRunner(args, tmp_path)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (5, 23, 40)]
+    fast_h, fast_tok, fast_runs = _hidden_per_pass(runner, prompts, 16, True, monkeypatch)
+    slow_h, slow_tok, _ = _hidden_per_pass(runner, prompts, 16, False, monkeypatch)
+    assert fast_tok == slow_tok and len(fast_h) == len(slow_h)
+    assert all(torch.equal(a, b) for a, b in zip(fast_h, slow_h, strict=True))
+    assert fast_runs == (0 if family == "qwen3" else len(fast_h))
