@@ -62,8 +62,10 @@ def layer_calls(model: LlamaForCausalLM, h: torch.Tensor, positions: torch.Tenso
     pool = getattr(backend, "pool", None)
     meta = getattr(backend, "meta", None)
     if (plan is None or not plan.all_rows or plan.q_rows.numel() != h.shape[0] or pool is None or meta is None
-            or pool.k_buffers[0].dtype != torch.float32 or not pool.k_buffers[0].is_contiguous()
+            or any(b.dtype != torch.float32 or not b.is_contiguous()
+                   for b in (pool.k_buffers[0], pool.v_buffers[0]))
             or meta.out_cache_loc.dtype != torch.int64 or not meta.out_cache_loc.is_contiguous()
+            or meta.out_cache_loc.numel() != h.shape[0]
             or positions.dtype != torch.int64 or not positions.is_contiguous()):
         return False
     cs = model.cos_sin_cache
