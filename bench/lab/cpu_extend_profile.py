@@ -140,6 +140,39 @@ def install(runner) -> None:
 
 
 # ----------------------------------------------------------------------------- set-up
+def alternate_ab(runner, batch, use, rounds: int, reps: int, names: tuple[str, str],
+                 check_tokens: bool = True) -> tuple[float, float]:
+    """Same-process A/B of `runner.forward(batch)`: `use("A")` / `use("B")` switch the code paths.
+    Optionally prints whether the two sides sample the same tokens; then alternates the sides `rounds`
+    times (order flipped every round), each 2 warm passes and the median of `reps` timed ones, printing
+    each round. Leaves side A in use. Returns the medians over the rounds (ms) of A and B."""
+    def timed(n: int) -> float:
+        xs = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            runner.forward(batch)
+            xs.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(xs)
+
+    if check_tokens:
+        outs = {}
+        for side in ("A", "B"):
+            use(side)
+            outs[side] = runner.forward(batch).next_token_ids
+        same = list(outs["A"]) == list(outs["B"])
+        print(f"sampled tokens A {outs['A']} B {outs['B']}: {'same' if same else 'DIFFERENT'}")
+    res: dict[str, list[float]] = {"A": [], "B": []}
+    for r in range(rounds):
+        for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
+            use(side)
+            timed(2)  # warm
+            res[side].append(timed(reps))
+        print(f"round {r}: A ({names[0]}) {res['A'][-1]:.2f} ms, B ({names[1]}) {res['B'][-1]:.2f} ms",
+              flush=True)
+    use("A")
+    return statistics.median(res["A"]), statistics.median(res["B"])
+
+
 def build(prefix: int, extend: int, threads: int):
     torch.set_num_threads(threads)
     from radixrt import Engine

@@ -13,16 +13,14 @@ prints the medians per round and over the rounds, and whether A's and B's sample
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "lab"))
 
-from cpu_extend_profile import build  # noqa: E402
+from cpu_extend_profile import alternate_ab, build  # noqa: E402
 
 
 def main() -> None:
@@ -50,31 +48,7 @@ def main() -> None:
     def use(side: str) -> None:
         Linear.silu_and_mul = fused if side == "A" else unfused
 
-    def timed(reps: int) -> float:
-        xs = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            runner.forward(batch)
-            xs.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(xs)
-
-    outs = {}
-    for side in ("A", "B"):
-        use(side)
-        res = runner.forward(batch)
-        outs[side] = res.next_token_ids
-    same = list(outs["A"]) == list(outs["B"])
-    print(f"sampled tokens A {outs['A']} B {outs['B']}: {'same' if same else 'DIFFERENT'}")
-    res: dict[str, list[float]] = {"A": [], "B": []}
-    for r in range(args.rounds):
-        for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
-            use(side)
-            timed(2)  # warm
-            res[side].append(timed(args.reps))
-        print(f"round {r}: A (fused) {res['A'][-1]:.2f} ms, B (linear + silu_and_mul) {res['B'][-1]:.2f} ms",
-              flush=True)
-    use("A")
-    a, b = statistics.median(res["A"]), statistics.median(res["B"])
+    a, b = alternate_ab(runner, batch, use, args.rounds, args.reps, ("fused", "linear + silu_and_mul"))
     print(f"{args.extend}-token extend over {args.prefix} cached, median of rounds: A {a:.2f} ms, "
           f"B {b:.2f} ms, A/B {a / b:.3f}")
 

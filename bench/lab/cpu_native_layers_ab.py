@@ -12,16 +12,14 @@ medians per round and over the rounds, and whether A's and B's sampled tokens ag
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "lab"))
 
-from cpu_extend_profile import build  # noqa: E402
+from cpu_extend_profile import alternate_ab, build  # noqa: E402
 
 
 def main() -> None:
@@ -40,31 +38,7 @@ def main() -> None:
     def use(side: str) -> None:
         native_layers.layer_calls = native if side == "A" else (lambda *a: False)
 
-    def timed(reps: int) -> float:
-        xs = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            runner.forward(batch)
-            xs.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(xs)
-
-    outs = {}
-    for side in ("A", "B"):
-        use(side)
-        res = runner.forward(batch)
-        outs[side] = res.next_token_ids
-    same = list(outs["A"]) == list(outs["B"])
-    print(f"sampled tokens A {outs['A']} B {outs['B']}: {'same' if same else 'DIFFERENT'}")
-    res: dict[str, list[float]] = {"A": [], "B": []}
-    for r in range(args.rounds):
-        for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
-            use(side)
-            timed(2)  # warm
-            res[side].append(timed(args.reps))
-        print(f"round {r}: A (native calls) {res['A'][-1]:.2f} ms, B (modules) {res['B'][-1]:.2f} ms",
-              flush=True)
-    use("A")
-    a, b = statistics.median(res["A"]), statistics.median(res["B"])
+    a, b = alternate_ab(runner, batch, use, args.rounds, args.reps, ("native calls", "modules"))
     print(f"{args.extend}-token extend over {args.prefix} cached, median of rounds: A {a:.2f} ms, "
           f"B {b:.2f} ms, A/B {a / b:.3f}")
 

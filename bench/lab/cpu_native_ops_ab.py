@@ -14,9 +14,7 @@ the median of `--reps` passes; prints the medians per round and over the rounds.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +23,7 @@ sys.path.insert(0, str(ROOT / "bench" / "lab"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from cpu_extend_profile import build  # noqa: E402
+from cpu_extend_profile import alternate_ab, build  # noqa: E402
 
 
 def main() -> None:
@@ -64,24 +62,8 @@ def main() -> None:
             cpu_native.store_kv = lambda *a: False
             ops.silu_and_mul, cpu_native.DecodePlan.build = torch_silu, staticmethod(build_no_all_rows)
 
-    def timed(reps: int) -> float:
-        xs = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            runner.forward(batch)
-            xs.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(xs)
-
-    res: dict[str, list[float]] = {"A": [], "B": []}
-    for r in range(args.rounds):
-        for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
-            use(side)
-            timed(2)  # warm
-            res[side].append(timed(args.reps))
-        print(f"round {r}: A (native ops) {res['A'][-1]:.2f} ms, B (torch ops) {res['B'][-1]:.2f} ms",
-              flush=True)
-    use("A")
-    a, b = statistics.median(res["A"]), statistics.median(res["B"])
+    a, b = alternate_ab(runner, batch, use, args.rounds, args.reps, ("native ops", "torch ops"),
+                        check_tokens=False)
     print(f"32-token extend over 1,800 cached, median of rounds: A {a:.2f} ms, B {b:.2f} ms, A/B {a / b:.3f}")
 
 
