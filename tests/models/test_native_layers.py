@@ -4,7 +4,9 @@ path, on the default model: bit-equal hidden states, and the passes it must not 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,15 +76,26 @@ def test_native_layer_loop_is_bit_equal_to_the_module_path(runner: ModelRunner, 
         assert 0 < fast_runs < len(fast_h)  # the first pass (300-token extend) is not one of them
 
 
+def _backend(runner: ModelRunner, rows: int, plan: bool = True) -> SimpleNamespace:
+    """A stand-in attention backend whose native plan (when `plan`) covers `rows` decode rows in order."""
+    p = None
+    if plan:
+        p = cpu_native.DecodePlan.build(list(range(rows)),
+                                        [(np.arange(1, 9, dtype=np.int64), [r]) for r in range(rows)])
+    return SimpleNamespace(native_plan=p, pool=runner.pool,
+                           meta=SimpleNamespace(out_cache_loc=torch.arange(rows, dtype=torch.int64)))
+
+
 def test_passes_that_do_not_qualify(runner: ModelRunner) -> None:
-    model, backend = runner.model, runner.backend
+    """Each case differs from a qualifying 4-row (or 129-row) pass by the one property it names."""
+    model = runner.model
     h = torch.zeros(4, model.config.hidden_size)
     pos = torch.arange(4)
-    backend.native_plan = None  # no native plan (a long extend): the module path
-    assert not native_layers.layer_calls(model, h, pos, backend)
-    assert not native_layers.layer_calls(model, h.double(), pos, backend)
+    # no native plan (a long extend): the module path
+    assert not native_layers.layer_calls(model, h, pos, _backend(runner, 4, plan=False))
+    assert not native_layers.layer_calls(model, h.double(), pos, _backend(runner, 4))
     assert not native_layers.layer_calls(model, torch.zeros(129, model.config.hidden_size), torch.arange(129),
-                                         backend)  # more rows than the native linear takes
+                                         _backend(runner, 129))  # more rows than the native linear takes
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama3", "qwen3"])
