@@ -17,10 +17,12 @@ is counted and flagged. A chunk counts len(choice.token_ids) if the server sends
 `return_token_ids`), else len(choice.logprobs.tokens) if present (`--extra-body '{"logprobs": 0}'`), else
 1 if it carries text: a server that holds back text of incomplete UTF-8 needs one of the first two.
 
-Transport: each completion streams over a fresh connection of a minimal asyncio HTTP/1.1 client
-(`--transport raw`, the default for http:// URLs) with orjson-encoded bodies; `--transport httpx`
-(and any https:// URL) goes through httpx, which delayed a burst of 128 2K-token requests by
-140-240 ms before any reached the server (docs/benchmarks.md, "Serving path: pass timelines").
+Transport: completions stream over a minimal asyncio HTTP/1.1 client (`--transport raw`, the default
+for http:// URLs) with orjson-encoded bodies, on keep-alive connections opened before the clock starts
+(`--connections keep-alive`, the default: one per request that can be in flight at once), or on a
+fresh connection per request (`--connections close`); `--transport httpx` (and any https:// URL)
+goes through httpx, which delayed a burst of 128 2K-token requests by 140-240 ms before any reached
+the server (docs/benchmarks.md, "Serving path: pass timelines").
 
 Usage: python bench/serving.py --base-url http://127.0.0.1:30000 --workload random --num-prompts 64
 (run with --help for every flag); from Python: run_benchmark(BenchConfig(...)) -> dict.
@@ -123,6 +125,14 @@ class BenchConfig:
     # bytes leave: a burst of 128 x 2K-token requests reached a no-op server 140-240 ms after the
     # sends began through httpx, 57-73 ms through the raw client (docs/benchmarks.md, 2026-12-02)
     transport: str = "raw"
+    # raw transport only. "keep-alive": requests reuse idle HTTP/1.1 connections from a pool that is
+    # opened before the clock starts (one per request that can be in flight at once, at most
+    # POOL_MAX), as a client holding connections to the server does (the openai SDK's httpx pool, a
+    # gateway's upstream pool). "close": a fresh connection per request, closed after it (the
+    # default until 2026-12-03). Opening 128 connections in the burst of `shared-prefix` delayed its
+    # first request's arrival at a no-op server by 20 ms on the 2-vCPU VM and 41 ms on the H200 host
+    # (bench/lab/client_burst.py, docs/benchmarks.md).
+    connections: str = "keep-alive"
 
     def __post_init__(self) -> None:
         if self.request_rate <= 0:
@@ -139,6 +149,8 @@ class BenchConfig:
             raise ValueError("ramp_up_s must be >= 0")
         if self.transport not in ("raw", "httpx"):
             raise ValueError(f"transport must be raw or httpx, got {self.transport!r}")
+        if self.connections not in ("keep-alive", "close"):
+            raise ValueError(f"connections must be keep-alive or close, got {self.connections!r}")
 
 
 # ----------------------------------------------------------------------------- one request
@@ -157,21 +169,89 @@ class _HTTPStatus(Exception):
         super().__init__(f"HTTP {status}: {text[:300]}")
 
 
-async def _raw_sse(cfg: BenchConfig, body: bytes, path: str = "/v1/completions") -> AsyncIterator[bytes]:
-    """POST `body` (JSON) to cfg.base_url + path over a fresh HTTP/1.1 connection (closed after) and
-    yield the response body's lines (bytes, line ends removed) as they arrive.
+POOL_MAX = 1024  # most connections a keep-alive pool opens before the clock
+
+
+class ConnectionPool:
+    """Idle HTTP/1.1 keep-alive connections to one server, for the raw transport.
+
+    `acquire` hands out an idle connection (or opens one), `release` takes back a connection whose
+    response was read to its end, `warm(n)` opens n connections ahead. One event loop only."""
+
+    def __init__(self, base_url: str) -> None:
+        url = urlsplit(base_url)
+        self.host, self.port = url.hostname, url.port or 80
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.opened = 0  # connections opened in all (warm-up included)
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        self.opened += 1
+        return await asyncio.open_connection(self.host, self.port, limit=1 << 22)
+
+    async def acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        """(reader, writer, reused): an idle connection the server has not closed, else a new one."""
+        while self.idle:
+            reader, writer = self.idle.pop()
+            if not writer.is_closing() and not reader.at_eof():
+                return reader, writer, True
+            writer.close()
+        return (*await self._open(), False)
+
+    def release(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.idle.append((reader, writer))
+
+    async def warm(self, n: int) -> None:
+        """Open connections until n are idle (at most POOL_MAX)."""
+        need = min(n, POOL_MAX) - len(self.idle)
+        if need > 0:
+            self.idle.extend(await asyncio.gather(*(self._open() for _ in range(need))))
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+async def _raw_sse(cfg: BenchConfig, body: bytes, path: str = "/v1/completions",
+                   pool: ConnectionPool | None = None) -> AsyncIterator[bytes]:
+    """POST `body` (JSON) to cfg.base_url + path and yield the response body's lines (bytes, line ends
+    removed) as they arrive.
+
+    Without `pool`: over a fresh HTTP/1.1 connection, closed after. With `pool`: over one of its
+    connections (keep-alive); the connection goes back to the pool when its response was read to the
+    end (a reader that stops early, e.g. at `data: [DONE]`, has the rest read when it closes this
+    generator: at most 1 s) and the server did not ask to close it. A reused connection that the
+    server closed before answering is replaced by a fresh one, once.
 
     Reads chunked, content-length and close-delimited bodies. Raises _HTTPStatus on a status other
     than 200 (after reading the body), OSError / EOFError (asyncio.IncompleteReadError) when the
     connection fails or ends early, ValueError on a malformed response."""
     url = urlsplit(cfg.base_url)
-    reader, writer = await asyncio.open_connection(url.hostname, url.port or 80, limit=1 << 22)
+    auth = f"authorization: Bearer {cfg.api_key}\r\n" if cfg.api_key else ""
+    close = "" if pool else "connection: close\r\n"
+    request = (f"POST {url.path.rstrip('/')}{path} HTTP/1.1\r\nhost: {url.netloc}\r\n"
+               f"content-type: application/json\r\naccept: text/event-stream\r\n{auth}"
+               f"content-length: {len(body)}\r\n{close}\r\n").encode() + body
+    if pool is None:
+        reader, writer = await asyncio.open_connection(url.hostname, url.port or 80, limit=1 << 22)
+        reused = False
+    else:
+        reader, writer, reused = await pool.acquire()
+    done = keep = False  # done: the response was read to its end and the connection may serve another
+    body_pieces: AsyncIterator[bytes] | None = None
     try:
-        auth = f"authorization: Bearer {cfg.api_key}\r\n" if cfg.api_key else ""
-        writer.write(f"POST {url.path.rstrip('/')}{path} HTTP/1.1\r\nhost: {url.netloc}\r\n"
-                     f"content-type: application/json\r\naccept: text/event-stream\r\n{auth}"
-                     f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
-        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        try:
+            writer.write(request)
+            raw_head = await reader.readuntil(b"\r\n\r\n")
+        except (OSError, asyncio.IncompleteReadError):
+            if not reused:
+                raise
+            writer.close()  # the server closed the idle connection: once more on a fresh one
+            assert pool is not None
+            reader, writer = await pool._open()
+            writer.write(request)
+            raw_head = await reader.readuntil(b"\r\n\r\n")
+        head = raw_head.decode("latin-1").split("\r\n")
         parts = head[0].split()
         if len(parts) < 2 or not parts[1].isdigit():
             raise ValueError(f"bad HTTP status line {head[0][:80]!r}")
@@ -179,29 +259,49 @@ async def _raw_sse(cfg: BenchConfig, body: bytes, path: str = "/v1/completions")
         fields = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
         chunked = "chunked" in fields.get("transfer-encoding", "").lower()
         length = None if chunked or "content-length" not in fields else int(fields["content-length"])
+        keep = pool is not None and (chunked or length is not None) \
+            and "close" not in fields.get("connection", "").lower()
 
         async def pieces() -> AsyncIterator[bytes]:
+            nonlocal done
             if chunked:
                 while size := int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16):
                     yield (await reader.readexactly(size + 2))[:-2]
+                while await reader.readuntil(b"\r\n") != b"\r\n":  # trailer fields, then the blank line
+                    pass
             elif length is not None:
                 if length:
                     yield await reader.readexactly(length)
             else:
                 while data := await reader.read(1 << 16):
                     yield data
+            done = keep
 
+        body_pieces = pieces()
         if status != 200:
-            raise _HTTPStatus(status, b"".join([p async for p in pieces()]).decode(errors="replace"))
+            raise _HTTPStatus(status, b"".join([p async for p in body_pieces]).decode(errors="replace"))
         buf = b""
-        async for piece in pieces():
+        async for piece in body_pieces:
             *lines, buf = (buf + piece).split(b"\n")
             for line in lines:
                 yield line.rstrip(b"\r")
         if buf:
             yield buf.rstrip(b"\r")
     finally:
-        writer.close()
+        if keep and not done and body_pieces is not None:
+            try:  # the reader stopped before the end (at [DONE]): read the rest, keep the connection
+                await asyncio.wait_for(_drain(body_pieces), 1.0)
+            except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                pass
+        if pool is not None and done:
+            pool.release(reader, writer)
+        else:
+            writer.close()
+
+
+async def _drain(pieces: AsyncIterator[bytes]) -> None:
+    async for _ in pieces:
+        pass
 
 
 async def _httpx_sse(client: httpx.AsyncClient, body: bytes) -> AsyncIterator[bytes]:
@@ -214,15 +314,16 @@ async def _httpx_sse(client: httpx.AsyncClient, body: bytes) -> AsyncIterator[by
 
 
 async def send_request(client: httpx.AsyncClient, cfg: BenchConfig, model: str, out: RequestOutcome,
-                       prompt_ids: list[int]) -> RequestOutcome:
+                       prompt_ids: list[int], pool: ConnectionPool | None = None) -> RequestOutcome:
     """Stream one completion into `out` (errors are recorded in out.error, never raised). The body
     is encoded with orjson (~10x stdlib json on a 2K-token prompt); cfg.transport picks the client
-    (`client` is used only by the httpx transport and for https URLs)."""
+    (`client` is used only by the httpx transport and for https URLs); the raw transport takes its
+    connection from `pool` when given (keep-alive), else opens one for this request."""
     body = _dumps(_request_body(cfg, model, prompt_ids, out.output_len))
     last = [0.0]
     out.start_s = time.perf_counter()
     raw = cfg.transport == "raw" and cfg.base_url.startswith("http://")
-    lines = _raw_sse(cfg, body) if raw else _httpx_sse(client, body)
+    lines = _raw_sse(cfg, body, pool=pool) if raw else _httpx_sse(client, body)
 
     async def consume() -> None:
         async for line in lines:
@@ -257,6 +358,7 @@ class _RunState:
     model: str
     semaphore: asyncio.Semaphore | None
     pbar: tqdm
+    pool: ConnectionPool | None = None  # the raw transport's keep-alive connections (cfg.connections)
     outcomes: list[RequestOutcome] = field(default_factory=list)
     synthetic_answers: int = 0
     t_start_s: float = 0.0  # perf_counter when the measured sessions started (the duration's clock)
@@ -270,10 +372,10 @@ async def _run_session(state: _RunState, session: Session, seed: int) -> None:
         prompt = next_prompt(prompt, answer, turn)
         out = RequestOutcome(session.session_id, k, len(prompt), turn.output_len)
         if state.semaphore is None:
-            await send_request(state.client, state.cfg, state.model, out, prompt)
+            await send_request(state.client, state.cfg, state.model, out, prompt, state.pool)
         else:
             async with state.semaphore:
-                await send_request(state.client, state.cfg, state.model, out, prompt)
+                await send_request(state.client, state.cfg, state.model, out, prompt, state.pool)
         state.outcomes.append(out)
         state.pbar.update(1)
         if not out.ok:
@@ -337,7 +439,8 @@ async def _warmup(state: _RunState) -> None:
     rng = np.random.default_rng([spec.seed, 0x5EED])
     for i in range(state.cfg.warmup_requests):
         ids = rng.integers(spec.min_token_id, spec.vocab_size, size=16).tolist()
-        out = await send_request(state.client, state.cfg, state.model, RequestOutcome(-1, i, 16, 4), ids)
+        out = await send_request(state.client, state.cfg, state.model, RequestOutcome(-1, i, 16, 4), ids,
+                                 state.pool)
         if not out.ok:
             raise RuntimeError(f"warm-up request failed: {out.error}")
 
@@ -357,15 +460,25 @@ async def run_once(cfg: BenchConfig, workload: Workload, max_concurrency: int | 
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         with tqdm(total=workload.num_requests, disable=cfg.disable_tqdm, unit="req",
                   desc=f"{workload.spec.name} c={max_concurrency or 'inf'}") as pbar:
-            state = _RunState(client, cfg, model, sem, pbar)
-            if cfg.flush_cache:
-                await _flush_cache(client)
-            await _warmup(state)
-            ramp = (max_concurrency or 0, cfg.ramp_up_s)
-            duration_s = await _run_sessions(state, workload.sessions, cfg.request_rate, workload.spec.seed,
-                                             ramp)
+            raw = cfg.transport == "raw" and cfg.base_url.startswith("http://")
+            pool = ConnectionPool(cfg.base_url) if raw and cfg.connections == "keep-alive" else None
+            state = _RunState(client, cfg, model, sem, pbar, pool)
+            try:
+                if cfg.flush_cache:
+                    await _flush_cache(client)
+                await _warmup(state)
+                if pool is not None:  # one connection per request that can be in flight at once
+                    await pool.warm(min(max_concurrency or len(workload.sessions), len(workload.sessions)))
+                ramp = (max_concurrency or 0, cfg.ramp_up_s)
+                duration_s = await _run_sessions(state, workload.sessions, cfg.request_rate,
+                                                 workload.spec.seed, ramp)
+            finally:
+                if pool is not None:
+                    pool.close()
     metrics = summarize(state.outcomes, duration_s)
     metrics["max_concurrency"] = max_concurrency
+    metrics["connections"] = cfg.connections if pool is not None else "close"
+    metrics["connections_opened"] = pool.opened if pool is not None else None
     metrics["start_perf_s"] = state.t_start_s  # time.perf_counter() at the duration's start
     metrics["ramp_up_s"] = cfg.ramp_up_s
     metrics["request_rate"] = cfg.request_rate if np.isfinite(cfg.request_rate) else "inf"
@@ -465,6 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extra-body", default="{}", help="JSON object merged into every request body")
     p.add_argument("--transport", choices=["raw", "httpx"], default="raw",
                    help="the streaming client: a minimal asyncio HTTP/1.1 one (raw) or httpx")
+    p.add_argument("--connections", choices=["keep-alive", "close"], default="keep-alive",
+                   help="raw transport: reuse connections opened before the clock (keep-alive), or a "
+                        "fresh connection per request (close)")
     p.add_argument("--no-request-token-ids", action="store_true",
                    help="do not send return_token_ids (for servers that reject unknown fields)")
     add_workload_args(p)
@@ -483,7 +599,7 @@ def config_from_args(ns: argparse.Namespace) -> BenchConfig:
                        plot_dir=ns.plot_dir, disable_tqdm=ns.disable_tqdm,
                        extra_body=json.loads(ns.extra_body),
                        request_token_ids=not ns.no_request_token_ids, ramp_up_s=ns.ramp_up_s,
-                       transport=ns.transport)
+                       transport=ns.transport, connections=ns.connections)
 
 
 def main(argv: list[str] | None = None) -> int:

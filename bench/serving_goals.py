@@ -113,13 +113,14 @@ def _pick(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def http_part(url: str, small: bool, vocab: int, res: dict[str, Any], save: Any,
-              throughput_only: bool = False, transport: str = "raw") -> None:
+              throughput_only: bool = False, transport: str = "raw", connections: str = "keep-alive") -> None:
     """Throughput of the three workloads, then (unless throughput_only) TTFT at c1 / c16 (burst
-    and ramped) and long/short; `transport`: the load generator's client (BenchConfig.transport)."""
+    and ramped) and long/short; `transport` / `connections`: the load generator's client
+    (BenchConfig.transport / .connections)."""
     from bench import gpu_phases
     from bench.server_stats import wait_idle
 
-    bench = partial(_bench, transport=transport)
+    bench = partial(_bench, transport=transport, connections=connections)
 
     sizes = gpu_phases.SMALL if small else gpu_phases.FULL
     gpu_phases.warmup(url, sizes, vocab, True, res.setdefault("warmup", {}))
@@ -211,6 +212,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--throughput-only", action="store_true", help="only the three throughput workloads")
     p.add_argument("--transport", choices=["raw", "httpx"], default="raw",
                    help="the load generator's HTTP client (bench/serving.py BenchConfig.transport)")
+    p.add_argument("--connections", choices=["keep-alive", "close"], default="keep-alive",
+                   help="the load generator's connections (bench/serving.py BenchConfig.connections)")
     p.add_argument("--trace-dir", default=None, help="RADIXRT_PASS_TRACE of the Engine (DIR/engine.jsonl) "
                                                      "and of the server (DIR/server.jsonl)")
     p.add_argument("--role", choices=["engine"], help=argparse.SUPPRESS)
@@ -243,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="serving_goals_"))
     model_dir = make_dummy_model_dir(ns.config_dir or _default_config_dir(ns.small), tmp / "model")
     report: dict[str, Any] = {"tool": "bench/serving_goals.py", "small": ns.small, "device": ns.device,
-                              "transport": ns.transport}
+                              "transport": ns.transport, "connections": ns.connections}
     out = Path(ns.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -269,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         info = httpx.get(server.url + "/get_server_info", timeout=30, trust_env=False).json()
         vocab = int(info["worker"]["vocab_size"])
         http["chunked_prefill_size"] = info["scheduler"].get("chunked_prefill_size")
-        http_part(server.url, ns.small, vocab, http, save, ns.throughput_only, ns.transport)
+        http_part(server.url, ns.small, vocab, http, save, ns.throughput_only, ns.transport, ns.connections)
     except Exception as e:  # noqa: BLE001 - keep what was measured
         http["error"] = f"{type(e).__name__}: {e}"
         http["server_log_tail"] = server.log_tail()

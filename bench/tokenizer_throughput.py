@@ -387,12 +387,14 @@ class StreamResult:
     itl_s: list[float] = field(default_factory=list)
 
 
-async def _raw_request(host: str, port: int, body: bytes) -> StreamResult:
-    """One streamed completion over a fresh connection; parses each event with orjson."""
+async def _raw_request(host: str, port: int, body: bytes, conn: Any = None) -> StreamResult:
+    """One streamed completion over a fresh connection, or over `conn` ((reader, writer), kept open:
+    keep-alive); parses each event with orjson."""
     res = StreamResult(start_s=time.perf_counter())
-    reader, writer = await asyncio.open_connection(host, port)
+    reader, writer = conn if conn is not None else await asyncio.open_connection(host, port)
+    close = b"" if conn is not None else b"connection: close\r\n"
     writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                 b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+                 b"content-length: " + str(len(body)).encode() + b"\r\n" + close + b"\r\n" + body)
     try:
         head = await reader.readuntil(b"\r\n\r\n")
         if b" 200 " not in head.split(b"\r\n", 1)[0]:
@@ -408,6 +410,7 @@ async def _raw_request(host: str, port: int, body: bytes) -> StreamResult:
                 size_line = await reader.readuntil(b"\r\n")
                 size = int(size_line.strip(), 16)
                 if size == 0:
+                    await reader.readuntil(b"\r\n")  # the blank line after the last chunk
                     break
                 data = await reader.readexactly(size + 2)
                 buf += data[:-2]
@@ -423,7 +426,7 @@ async def _raw_request(host: str, port: int, body: bytes) -> StreamResult:
                     continue
                 payload = ev[6:]
                 if payload == b"[DONE]":
-                    finished = True
+                    finished = conn is None  # keep-alive: read on to the last chunk
                     break
                 obj = orjson.loads(payload)
                 if "error" in obj:
@@ -444,7 +447,8 @@ async def _raw_request(host: str, port: int, body: bytes) -> StreamResult:
                     res.usage_tokens = obj["usage"]["completion_tokens"]
         res.e2e_s = time.perf_counter() - res.start_s
     finally:
-        writer.close()
+        if conn is None:
+            writer.close()
     return res
 
 
@@ -468,13 +472,14 @@ def _body(prompt: list[int], output_len: int) -> bytes:
 
 async def drive(port: int, client_kind: str, streams: int, rounds: int, output_len: int,
                 prompt_len: int, on_start: Any = None, bursts: list[list[float]] | None = None,
-                server_pid: int = 0) -> tuple[list[StreamResult], float]:
+                server_pid: int = 0, keep_alive: bool = False) -> tuple[list[StreamResult], float]:
     """`streams` workers, each sending `rounds` requests one after the other; (results, duration_s).
 
     With `bursts` (a list to fill; --burst, raw client), each round instead sends all `streams`
     requests at once (bodies encoded beforehand) and waits for every one of them; per round it
     appends [perf_counter at the sends, perf_counter when the last stream ended], then the server's
-    event-loop run time (thread_run_s of `server_pid`) at the same two moments.
+    event-loop run time (thread_run_s of `server_pid`) at the same two moments. With `keep_alive`
+    each round's requests go over connections opened before its clock (one each), closed after.
     `on_start()` runs after the warm-up request, just before the measured requests start."""
     rng = np.random.default_rng(1)
     results: list[StreamResult] = []
@@ -500,8 +505,17 @@ async def drive(port: int, client_kind: str, streams: int, rounds: int, output_l
         for _ in range(rounds):
             bodies = [_body(rng.integers(100, 40000, size=prompt_len).tolist(), output_len)
                       for _ in range(streams)]
+            conns = [None] * streams
+            if keep_alive:  # opened (and accepted) before the clock, as bench/serving.py's pool
+                conns = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port)
+                                               for _ in range(streams)))
+                await asyncio.sleep(0.05)
             run0, t_send = thread_run_s(server_pid), time.perf_counter()
-            done = await asyncio.gather(*(_raw_request("127.0.0.1", port, b) for b in bodies))
+            done = await asyncio.gather(*(_raw_request("127.0.0.1", port, b, c)
+                                          for b, c in zip(bodies, conns, strict=True)))
+            for c in conns:
+                if c is not None:
+                    c[1].close()
             run1 = thread_run_s(server_pid)
             results.extend(done)
             bursts.append([t_send, max(r.start_s + (r.e2e_s or 0.0) for r in done), run0, run1])
@@ -624,7 +638,7 @@ def _measure(args: argparse.Namespace, port: int, tok: subprocess.Popen,
 
     results, duration = asyncio.run(drive(port, args.client, args.streams, args.rounds, args.output_len,
                                           args.prompt_len, on_start=start, bursts=bursts,
-                                          server_pid=tok.pid))
+                                          server_pid=tok.pid, keep_alive=args.keep_alive))
     t_end = time.time()
     cpu = {k: proc_cpu_s(pid) - cpu0[k] for k, pid in pids.items()}
     if args.profile:
@@ -774,6 +788,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--burst", action="store_true",
                    help="each round sends all --streams requests at once; the fake scheduler runs them "
                    "as one batch (finishing in one pass); reports the burst's start and end times")
+    p.add_argument("--keep-alive", action="store_true",
+                   help="--burst: each round's requests go over connections opened before its clock")
     p.add_argument("--client-only", action="store_true", help="the client against a trivial SSE server")
     p.add_argument("--profile", default=None, help="cProfile the tokenizer process into this file")
     p.add_argument("--py-spy", default=None, help="py-spy record (raw/collapsed) of the tokenizer process")
@@ -781,6 +797,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-env", action="append", default=[], help="KEY=VALUE for the tokenizer process")
     p.add_argument("--no-pin", action="store_true")
     p.add_argument("--log", default="/tmp/tokenizer_throughput.log")
+    p.add_argument("--model-dir", default=None,
+                   help="a directory with the tokenizer files (default: the default model's)")
     p.add_argument("--output-json", default=None)
     return p
 
@@ -800,7 +818,8 @@ def main(argv: list[str] | None = None) -> int:
     from radixrt.models.loader import resolve_model_dir
     from radixrt.tokenizer_proc.main import load_tokenizer
 
-    model_dir = resolve_model_dir(None, Env.read().cache_dir, "auto")
+    model_dir = (Path(args.model_dir) if args.model_dir
+                 else resolve_model_dir(None, Env.read().cache_dir, "auto"))
     tokenizer = load_tokenizer(model_dir)
     levels = [float(x) for x in args.sweep_pass_ms.split(",") if x.strip()] or [args.pass_ms]
     rows = []

@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-ms", type=float, default=200.0)
     p.add_argument("--summarize-only", action="store_true", help="read OUT_DIR of an earlier run")
     p.add_argument("--transport", choices=["raw", "httpx"], default="raw", help="the load generator's client")
+    p.add_argument("--connections", choices=["keep-alive", "close"], default="keep-alive",
+                   help="the load generator's connections")
     ns = p.parse_args(argv)
     out = Path(ns.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -166,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         from bench import serving_goals
 
         rc = serving_goals.main(["--out", str(report_path), "--throughput-only", "--trace-dir", str(out),
-                                 "--transport", ns.transport, *(["--small"] if ns.small else [])])
+                                 "--transport", ns.transport, "--connections", ns.connections,
+                                 *(["--small"] if ns.small else [])])
     report = json.loads(report_path.read_text())
     text, data = tables(report, out, ns.head_ms)
     (out / "timeline.json").write_text(json.dumps(data, indent=1))

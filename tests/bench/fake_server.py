@@ -38,6 +38,7 @@ class FakeOptions:
     in_flight: int = 0
     max_in_flight: int = 0  # most streams open at once
     seen: list[list[int]] = field(default_factory=list)  # prompt + answer of finished requests
+    client_ports: list[int] = field(default_factory=list)  # the peer port of each completion request
 
 
 def _cached_len(opts: FakeOptions, prompt: list[int]) -> int:
@@ -94,6 +95,7 @@ def make_app(opts: FakeOptions) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await request.json()
+        opts.client_ports.append(request.client.port if request.client else -1)
         prompt = body["prompt"]
         if not body.get("ignore_eos") or not body.get("stream"):
             return JSONResponse({"error": {"message": "the benchmark must stream with ignore_eos"}}, 400)

@@ -174,3 +174,77 @@ def test_raw_transport_sends_the_key_and_path_prefix_and_reports_a_refused_conne
     assert seen[0].startswith(b"POST /prefix/v1/completions HTTP/1.1\r\n")
     assert b"authorization: Bearer K\r\n" in seen[0]
     assert not refused.ok and "ConnectionRefusedError" in refused.error
+
+
+@pytest.mark.parametrize("fail", [None, 17])
+def test_keep_alive_reuses_the_connections_opened_before_the_clock(fail: int | None) -> None:
+    """`connections="keep-alive"` (the default) opens one connection per request that can be in flight
+    before the clock and sends every request over them; `close` opens one per request. Both record the
+    same outcomes, an HTTP error included (its connection is reused too)."""
+    spec = WorkloadSpec(name="multi-turn", num_clients=3, num_turns=3, input_len=17, turn_len=5, output_len=4,
+                        **SMALL)
+    runs, ports = {}, {}
+    for mode in ("keep-alive", "close"):
+        opts = FakeOptions(fail_prompt_len=fail)
+        with fake_server(opts) as url:
+            runs[mode] = run_benchmark(BenchConfig(base_url=url, workload=spec, disable_tqdm=True,
+                                                   connections=mode))["runs"][0]
+        ports[mode] = opts.client_ports
+    keys = ("completed", "failed", "total_output_tokens_stream", "total_output_tokens_usage",
+            "total_input_tokens", "errors")
+    assert {k: runs["keep-alive"][k] for k in keys} == {k: runs["close"][k] for k in keys}
+    n = len(ports["close"])
+    assert n == (1 + 3 if fail == 17 else 1 + 9)  # the warm-up request, then 3 sessions x 3 turns (or 1)
+    assert len(set(ports["close"])) == n
+    # keep-alive: the warm-up request's connection back in the pool plus 2 opened before the clock,
+    # each reused by every later request
+    assert runs["keep-alive"]["connections"] == "keep-alive"
+    assert runs["keep-alive"]["connections_opened"] == 3 == len(set(ports["keep-alive"]))
+    assert len(ports["keep-alive"]) == n
+    assert runs["close"]["connections"] == "close" and runs["close"]["connections_opened"] is None
+    with pytest.raises(ValueError, match="connections"):
+        BenchConfig(connections="pipelined")
+
+
+def test_keep_alive_replaces_a_connection_the_server_closed() -> None:
+    """A pooled connection that the server closed while idle is replaced by a fresh one, once, and
+    the request succeeds; a response marked `connection: close` is not pooled."""
+    import asyncio
+
+    from bench.serving import ConnectionPool, RequestOutcome, send_request
+
+    conns: list[int] = []
+
+    async def main() -> tuple[list[RequestOutcome], int, int]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conns.append(writer.get_extra_info("peername")[1])
+            if len(conns) == 1:  # the first connection: closed at once, before any request
+                writer.close()
+                return
+            head = await reader.readuntil(b"\r\n\r\n")
+            n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(n)
+            ev = (b'data: {"choices":[{"index":0,"text":"a","token_ids":[7],"finish_reason":"length"}],'
+                  b'"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\ndata: [DONE]\n\n')
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
+                         b"content-length: " + str(len(ev)).encode() + b"\r\n\r\n" + ev)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        cfg = BenchConfig(base_url=f"http://127.0.0.1:{port}", timeout_s=10)
+        pool = ConnectionPool(cfg.base_url)
+        await pool.warm(1)
+        await asyncio.sleep(0.05)  # the server has closed it by now
+        outs = [await send_request(None, cfg, "m", RequestOutcome(0, i, 3, 1), [1, 2, 3], pool)  # type: ignore[arg-type]
+                for i in range(2)]
+        server.close()
+        await server.wait_closed()
+        return outs, pool.opened, len(pool.idle)
+
+    outs, opened, idle = asyncio.run(main())
+    assert all(o.ok and o.output_tokens == 1 for o in outs), [o.error for o in outs]
+    # warm 1 (closed by the server), its replacement, then a new one for the second request: the first
+    # response said `connection: close`, so nothing was pooled
+    assert opened == 3 and idle == 0 and len(conns) == 3
