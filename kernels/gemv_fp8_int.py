@@ -192,10 +192,12 @@ class Fp8IntConfig:
 # Best configs per exact (M, N, K), the Qwen2.5-7B decode linears: bench/lab/fp8_gemv_lab.py on an
 # H200, 2026-12-02 (docs/benchmarks.md, "FP8 GEMV without conversion instructions"); us of this
 # config / of the skinny path it replaced. Only split-K-free entries: Fp8Linear's workspace is sized
-# for the skinny configs (tests/kernels/test_fp8_int_gemv.py checks).
+# for the skinny configs (tests/kernels/test_fp8_int_gemv.py checks). qkv and o at M = 1 were retuned
+# with PDL on (bench/lab/fp8_int_retune.py, H200 2026-12-03, back-to-back calls in one graph): 8 x 512
+# loads 16 KB per program before the wait; us of 8 x 512 / of the 4 x 256 before, same run.
 FP8_INT_TUNED: dict[tuple[int, int, int], Fp8IntConfig] = {
-    (1, 4608, 3584): Fp8IntConfig(4, 256),  # qkv 8.21 / 10.35
-    (1, 3584, 3584): Fp8IntConfig(4, 256),  # o 7.23 / 7.92
+    (1, 4608, 3584): Fp8IntConfig(8, 512),  # qkv 7.74 / 8.03
+    (1, 3584, 3584): Fp8IntConfig(8, 512),  # o 5.13 / 7.61
     (1, 37888, 3584): Fp8IntConfig(8, 128),  # gate_up 40.75 / 42.90
     (1, 3584, 18944): Fp8IntConfig(4, 512),  # down 23.42 / 25.18
     (2, 4608, 3584): Fp8IntConfig(8, 128),  # 10.03 / 13.46
@@ -216,8 +218,8 @@ def fp8_int_config(m: int, n: int, k: int) -> Fp8IntConfig:
       - wide weights (N >= 16,384: gate_up 37888 x 3584, thousands of row blocks): 8 M x 128, and
         16 x 128 for a vocabulary-sized N >= 131,072 at M = 1 (the LM head 152064 x 3584, measured
         once: 129.9 us against 135.4 at 8 x 128; M = 2 there is not measured);
-      - otherwise (qkv / o, N 3584-4608, K 3584): 4 x 256 at M = 1, 8 x 128 at M = 2 (M = 1: within
-        2-5% of 4 x 128, 4 x 512 and 8 x 128 there).
+      - otherwise (qkv / o, N 3584-4608, K 3584): 8 x 512 at M = 1 (retuned with PDL on, 2026-12-03:
+        o 5.1 against 7.6 us at 4 x 256), 8 x 128 at M = 2.
     block_k4 is capped at next_pow2(K / 4). The rule reproduces the table at the shapes it lists; the
     thresholds between the measured shapes (N 4608 vs 37888, K 3584 vs 18944) are not measured."""
     tuned = FP8_INT_TUNED.get((m, n, k))
@@ -229,7 +231,7 @@ def fp8_int_config(m: int, n: int, k: int) -> Fp8IntConfig:
     elif n >= 16384:
         block_n, block_k4 = (16 if m == 1 and n >= 131072 else 8 * next_pow2(m)), 128
     else:
-        block_n, block_k4 = (4, 256) if m == 1 else (8, 128)
+        block_n, block_k4 = (8, 512) if m == 1 else (8, 128)
     return Fp8IntConfig(block_n, min(block_k4, next_pow2(k4)))
 
 

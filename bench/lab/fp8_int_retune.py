@@ -1,0 +1,141 @@
+"""FP8 int GEMV (kernels/gemv_fp8_int.py) at M = 1, retuned with programmatic dependent launch on, then
+the batch-1 decode step with the winners (issue 19).
+
+    python3 bench/lab/fp8_int_retune.py [--budget-s 200]          # H200, ~3 min with the engines
+    python3 bench/lab/fp8_int_retune.py --configs "o=8x512,qkv=8x512"   # engines only
+
+FP8_INT_TUNED came from a grid timed before PDL (bench/lab/fp8_gemv_lab.py, 2026-12-02). With PDL
+each call loads its first weight chunk before waiting for its predecessor, so a larger first chunk
+may hide more of a small GEMV's latency. Part 1: per shape (the four Qwen2.5-7B decode linears and
+the LM head), a grid of (block_n, block_k4), each timed as a CUDA graph of back-to-back calls over
+rotating weight copies (fp8_gemv_lab.py's harness) and checked against the fp32 reference. Part 2:
+three Engines on the dummy Qwen2.5-7B (bf16; FP8 as configured; FP8 with part 1's winners, or
+`--configs`), graphs captured with each one's table, the batch-1 decode step in alternated rounds
+(median), and the greedy tokens of the two FP8 engines compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fp8_gemv_lab as lab  # noqa: E402
+
+G8 = lab.G8
+SHAPES = {**lab.LINEARS, "lm_head": (152064, 3584)}
+GRID = [(4, 256), (4, 512), (8, 128), (8, 256), (16, 128), (16, 256), (32, 128), (8, 512), (4, 1024),
+        (8, 1024), (16, 512)]
+
+
+def part1(deadline: float) -> dict[str, tuple[int, int]]:
+    """The best (block_n, block_k4) per shape name."""
+    res: dict = {}
+    best_cfg: dict[str, tuple[int, int]] = {}
+    for name, (n, k) in SHAPES.items():
+        sh = lab.Shape(n, k)
+        x = torch.randn(1, k, device=lab.DEV, dtype=lab.BF16)
+        y = torch.empty(1, n, device=lab.DEV, dtype=lab.BF16)
+        w8, s8 = sh.w8[-1]  # y holds the last call's result: that of the last weight copy
+        ref = x.float() @ (w8.float() * s8[:, None]).t()
+        tuned = G8.fp8_int_config(1, n, k)
+        row: dict = {"tuned": f"{tuned.block_n}x{tuned.block_k4}"}
+        for bn, bk4 in [(tuned.block_n, tuned.block_k4)] + [c for c in GRID if c != (tuned.block_n,
+                                                                                    tuned.block_k4)]:
+            if time.time() > deadline or bk4 > triton.next_power_of_2(k // 4):
+                continue
+            calls = [partial(G8.fp8_int_gemv, x, w, s, None, y, bn, bk4, 1, 4) for w, s in sh.w8]
+            lab._variant(row, f"{bn}x{bk4}", calls, y, ref, (bn, bk4))
+        ok = {kk: v for kk, v in row.items() if isinstance(v, dict) and "us" in v}
+        best = min(ok, key=lambda kk: ok[kk]["us"]) if ok else None
+        row["best"] = best
+        if best:
+            best_cfg[name] = tuple(ok[best]["cfg"])
+        res[name] = row
+        lab.log(f"{name}: tuned {row['tuned']} {row.get(row['tuned'], {}).get('us', math.nan):.2f} us, best "
+                f"{best} {ok[best]['us'] if best else math.nan:.2f} us = "
+                f"{n * k / (ok[best]['us'] * 1e-6) / 1e12 if best else math.nan:.2f} TB/s")
+        lab.REPORT["retune_shapes"] = res
+        lab.save()
+        sh = None
+        torch.cuda.empty_cache()
+    return best_cfg
+
+
+def part2(best: dict[str, tuple[int, int]], rounds: int) -> dict:
+    from bench.fp8_bench import model_dir
+    from bench.gpu_engine import decode_step_ms
+    from radixrt.engine import Engine
+
+    path = model_dir("qwen2.5-7b")
+    saved = dict(G8.FP8_INT_TUNED)
+    retuned = {(1, *SHAPES[name]): G8.Fp8IntConfig(bn, bk4) for name, (bn, bk4) in best.items()}
+    engines = {}
+    out: dict = {"retuned": {str(kk): f"{v.block_n}x{v.block_k4}" for kk, v in retuned.items()}}
+    prompt = [[1000 + i for i in range(128)]]
+    for name, kw, table in (("bf16", {}, saved), ("fp8", {"quantization": "fp8"}, saved),
+                            ("fp8 retuned", {"quantization": "fp8"}, {**saved, **retuned})):
+        G8.FP8_INT_TUNED.clear()
+        G8.FP8_INT_TUNED.update(table)
+        t = time.perf_counter()
+        engines[name] = Engine(model_path=str(path), load_format="dummy", device="cuda",
+                               max_running_requests=16, cuda_graph_max_bs=8, max_total_tokens=8192,
+                               chunked_prefill_size=8192, **kw)
+        out[name] = {"start_s": time.perf_counter() - t, "steps_ms": [],
+                     "tokens": engines[name].generate(prompt, {"temperature": 0.0, "max_new_tokens": 32,
+                                                               "ignore_eos": True})[0]["output_ids"]}
+        lab.log(f"engine {name} started in {out[name]['start_s']:.0f} s")
+    G8.FP8_INT_TUNED.clear()
+    G8.FP8_INT_TUNED.update(saved)
+    for r in range(rounds):
+        for name, eng in engines.items():
+            out[name]["steps_ms"].append(decode_step_ms(eng, 128, 128))
+        lab.log(f"round {r}: " + ", ".join(f"{nm} {out[nm]['steps_ms'][-1]:.3f}" for nm in engines))
+    bf = statistics.median(out["bf16"]["steps_ms"])
+    for name in engines:
+        out[name]["median_ms"] = statistics.median(out[name]["steps_ms"])
+        out[name]["over_bf16"] = out[name]["median_ms"] / bf
+    out["fp8 retuned"]["tokens_equal_fp8"] = out["fp8 retuned"]["tokens"] == out["fp8"]["tokens"]
+    for name in engines:
+        out[name].pop("tokens")
+    rt = out["fp8 retuned"]
+    f8 = out["fp8"]
+    lab.log(f"batch-1 step: bf16 {bf:.3f} ms, fp8 {f8['median_ms']:.3f} ({f8['over_bf16']:.3f}x), "
+            f"fp8 retuned {rt['median_ms']:.3f} ({rt['over_bf16']:.3f}x); greedy tokens equal "
+            f"{rt['tokens_equal_fp8']}")
+    del engines
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budget-s", type=float, default=200)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-engines", action="store_true")
+    p.add_argument("--configs", default="", help='skip part 1: e.g. "o=8x512,qkv=8x512"')
+    ns = p.parse_args()
+    if ns.configs:
+        best = {kv.split("=")[0]: tuple(int(v) for v in kv.split("=")[1].split("x"))
+                for kv in ns.configs.split(",") if kv.strip()}
+    else:
+        best = part1(time.time() + ns.budget_s)
+    if not ns.no_engines:
+        lab.REPORT["retune_engines"] = part2(best, ns.rounds)
+    (lab.OUT / "fp8_int_retune.json").write_text(json.dumps(lab.REPORT, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
