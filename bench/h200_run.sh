@@ -135,6 +135,15 @@ for s in "$@"; do
     pass-timeline) stage pass-timeline 330 python3 bench/lab/pass_timeline.py --out-dir "$OUT/timeline" ;;
     pass-timeline-httpx) stage pass-timeline-httpx 330 python3 bench/lab/pass_timeline.py --transport httpx \
         --out-dir "$OUT/timeline-httpx" ;;
+    pass-timeline-close) stage pass-timeline-close 330 python3 bench/lab/pass_timeline.py --connections close \
+        --out-dir "$OUT/timeline-close" ;;
+    # the load generator alone: a shared-prefix burst to a no-op server (bench/lab/client_burst.py, ~20 s)
+    client-burst) stage client-burst 120 bash -c "python3 bench/lab/client_burst.py --rounds 5; \
+        python3 bench/lab/client_burst.py --rounds 5 --connections keep-alive" ;;
+    # issue 19: the batch-1 decode step kernel by kernel, bf16 / FP8, PDL off / on (~2 min)
+    step-profile) stage step-profile 330 python3 bench/lab/decode_step_profile.py --out "$OUT/step_profile.json" ;;
+    # issue 19: the FP8 int GEMV's M = 1 grid with PDL, then bf16 / FP8 / FP8-retuned engines (~90 s)
+    fp8-retune) stage fp8-retune 330 env OUT="$OUT" python3 bench/lab/fp8_int_retune.py --rounds 4 ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;
