@@ -19,7 +19,8 @@ is counted and flagged. A chunk counts len(choice.token_ids) if the server sends
 
 Transport: completions stream over a minimal asyncio HTTP/1.1 client (`--transport raw`, the default
 for http:// URLs) with orjson-encoded bodies, on keep-alive connections opened before the clock starts
-(`--connections keep-alive`, the default: one per request that can be in flight at once), or on a
+(`--connections keep-alive`, the default: one per request that can be in flight at once when that is
+known, i.e. `--max-concurrency` or an infinite rate; at a finite rate the pool grows as needed), or on a
 fresh connection per request (`--connections close`); `--transport httpx` (and any https:// URL)
 goes through httpx, which delayed a burst of 128 2K-token requests by 140-240 ms before any reached
 the server (docs/benchmarks.md, "Serving path: pass timelines").
@@ -125,10 +126,12 @@ class BenchConfig:
     # bytes leave: a burst of 128 x 2K-token requests reached a no-op server 140-240 ms after the
     # sends began through httpx, 57-73 ms through the raw client (docs/benchmarks.md, 2026-12-02)
     transport: str = "raw"
-    # raw transport only. "keep-alive": requests reuse idle HTTP/1.1 connections from a pool that is
-    # opened before the clock starts (one per request that can be in flight at once, at most
-    # POOL_MAX), as a client holding connections to the server does (the openai SDK's httpx pool, a
-    # gateway's upstream pool). "close": a fresh connection per request, closed after it (the
+    # raw transport only. "keep-alive": requests reuse idle HTTP/1.1 connections from a pool opened
+    # before the clock starts (max_concurrency connections, else one per session when all start at
+    # once; none at a finite rate, where the pool grows as arrivals need it), as a client holding
+    # connections to the server does (the openai SDK's httpx pool, a gateway's upstream pool). At most
+    # POOL_MAX or half the open-files limit are opened ahead. "close": a fresh connection per request,
+    # closed after it (the
     # default until 2026-12-03). Opening 128 connections in the burst of `shared-prefix` delayed its
     # first request's arrival at a no-op server by 20 ms on the 2-vCPU VM and 41 ms on the H200 host
     # (bench/lab/client_burst.py, docs/benchmarks.md).
@@ -172,6 +175,17 @@ class _HTTPStatus(Exception):
 POOL_MAX = 1024  # most connections a keep-alive pool opens before the clock
 
 
+def _pool_max() -> int:
+    """POOL_MAX, or half the soft open-files limit when that is lower (1024 by default on Linux)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return POOL_MAX
+    return POOL_MAX if soft == resource.RLIM_INFINITY else max(1, min(POOL_MAX, soft // 2))
+
+
 class ConnectionPool:
     """Idle HTTP/1.1 keep-alive connections to one server, for the raw transport.
 
@@ -192,7 +206,9 @@ class ConnectionPool:
         """(reader, writer, reused): an idle connection the server has not closed, else a new one."""
         while self.idle:
             reader, writer = self.idle.pop()
-            if not writer.is_closing() and not reader.at_eof():
+            # bytes that arrived while it was idle (an unsolicited 408 before the server closes it, a
+            # stray CRLF) belong to no request of ours: the next request would read them as its answer
+            if not writer.is_closing() and not reader.at_eof() and not getattr(reader, "_buffer", b""):
                 return reader, writer, True
             writer.close()
         return (*await self._open(), False)
@@ -201,10 +217,19 @@ class ConnectionPool:
         self.idle.append((reader, writer))
 
     async def warm(self, n: int) -> None:
-        """Open connections until n are idle (at most POOL_MAX)."""
-        need = min(n, POOL_MAX) - len(self.idle)
-        if need > 0:
-            self.idle.extend(await asyncio.gather(*(self._open() for _ in range(need))))
+        """Open connections until n are idle (at most POOL_MAX, and half the soft open-files limit).
+        Raises OSError when one cannot be opened (those opened by this call are closed first)."""
+        need = min(n, _pool_max()) - len(self.idle)
+        if need <= 0:
+            return
+        opened = await asyncio.gather(*(self._open() for _ in range(need)), return_exceptions=True)
+        conns = [c for c in opened if not isinstance(c, BaseException)]
+        errors = [c for c in opened if isinstance(c, BaseException)]
+        if errors:
+            for _, writer in conns:
+                writer.close()
+            raise errors[0]
+        self.idle.extend(conns)
 
     def close(self) -> None:
         for _, writer in self.idle:
@@ -220,8 +245,10 @@ async def _raw_sse(cfg: BenchConfig, body: bytes, path: str = "/v1/completions",
     Without `pool`: over a fresh HTTP/1.1 connection, closed after. With `pool`: over one of its
     connections (keep-alive); the connection goes back to the pool when its response was read to the
     end (a reader that stops early, e.g. at `data: [DONE]`, has the rest read when it closes this
-    generator: at most 1 s) and the server did not ask to close it. A reused connection that the
-    server closed before answering is replaced by a fresh one, once.
+    generator: at most 1 s, inside the caller's concurrency slot) and the server did not ask to close
+    it. A reused connection that the server closed before answering, or answered with 408 (it timed
+    the idle connection out), is replaced by a fresh one, once; the request is then sent again (its
+    TTFT includes the failed attempt).
 
     Reads chunked, content-length and close-delimited bodies. Raises _HTTPStatus on a status other
     than 200 (after reading the body), OSError / EOFError (asyncio.IncompleteReadError) when the
@@ -253,6 +280,13 @@ async def _raw_sse(cfg: BenchConfig, body: bytes, path: str = "/v1/completions",
             raw_head = await reader.readuntil(b"\r\n\r\n")
         head = raw_head.decode("latin-1").split("\r\n")
         parts = head[0].split()
+        if reused and parts[1:2] == ["408"]:  # the server timed the idle connection out as we sent
+            writer.close()
+            assert pool is not None
+            reader, writer = await pool._open()
+            writer.write(request)
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            parts = head[0].split()
         if len(parts) < 2 or not parts[1].isdigit():
             raise ValueError(f"bad HTTP status line {head[0][:80]!r}")
         status = int(parts[1])
@@ -452,6 +486,15 @@ async def _flush_cache(client: httpx.AsyncClient) -> int:
         return -1
 
 
+def _warm_count(num_sessions: int, max_concurrency: int | None, request_rate: float) -> int:
+    """Connections to open before the clock: --max-concurrency, else every session when they all
+    start at once (infinite rate), else none (arrivals spread over time open connections as they
+    need them, and later requests reuse them)."""
+    if max_concurrency:
+        return min(max_concurrency, num_sessions)
+    return num_sessions if np.isinf(request_rate) else 0
+
+
 async def run_once(cfg: BenchConfig, workload: Workload, max_concurrency: int | None,
                    ) -> tuple[dict, list[RequestOutcome], str]:
     """One measured pass over the workload: (run metrics dict, per-request outcomes, model name)."""
@@ -468,7 +511,7 @@ async def run_once(cfg: BenchConfig, workload: Workload, max_concurrency: int | 
                     await _flush_cache(client)
                 await _warmup(state)
                 if pool is not None:  # one connection per request that can be in flight at once
-                    await pool.warm(min(max_concurrency or len(workload.sessions), len(workload.sessions)))
+                    await pool.warm(_warm_count(len(workload.sessions), max_concurrency, cfg.request_rate))
                 ramp = (max_concurrency or 0, cfg.ramp_up_s)
                 duration_s = await _run_sessions(state, workload.sessions, cfg.request_rate,
                                                  workload.spec.seed, ramp)

@@ -248,3 +248,71 @@ def test_keep_alive_replaces_a_connection_the_server_closed() -> None:
     # warm 1 (closed by the server), its replacement, then a new one for the second request: the first
     # response said `connection: close`, so nothing was pooled
     assert opened == 3 and idle == 0 and len(conns) == 3
+
+
+@pytest.mark.parametrize("when", ["idle", "idle_crlf", "on_send"])
+def test_keep_alive_never_reads_stale_bytes_as_the_next_answer(when: str) -> None:
+    """A server that times an idle keep-alive connection out with `408` and closes it: sent while the
+    connection sits in the pool (`idle`) or in answer to the next request on it (`on_send`, the race);
+    or that leaves a stray CRLF after a response (`idle_crlf`). The next request is answered on a
+    fresh connection, never with those bytes."""
+    import asyncio
+
+    from bench.serving import ConnectionPool, RequestOutcome, send_request
+
+    conns: list[int] = []
+    timeout = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+
+    async def main() -> list[RequestOutcome]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conns.append(writer.get_extra_info("peername")[1])
+            first = len(conns) == 1
+            for served in range(2):
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, OSError):
+                    break
+                await reader.readexactly(int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0]))
+                if first and served == 1 and when == "on_send":
+                    writer.write(timeout)
+                    break
+                ev = (b'data: {"choices":[{"index":0,"text":"a","token_ids":[7],"finish_reason":"length"}],'
+                      b'"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\ndata: [DONE]\n\n')
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: "
+                             + str(len(ev)).encode() + b"\r\n\r\n" + ev)
+                await writer.drain()
+                if first and when == "idle":
+                    await asyncio.sleep(0.05)
+                    writer.write(timeout)
+                    await writer.drain()
+                    await asyncio.sleep(0.5)  # closes only later: the bytes wait in the client's buffer
+                    break
+                if first and when == "idle_crlf":  # then serves the next request on this connection
+                    writer.write(b"\r\n")
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        cfg = BenchConfig(base_url=f"http://127.0.0.1:{port}", timeout_s=10)
+        pool = ConnectionPool(cfg.base_url)
+        outs = []
+        for i in range(2):
+            outs.append(await send_request(None, cfg, "m", RequestOutcome(0, i, 3, 1), [1, 2, 3], pool))  # type: ignore[arg-type]
+            await asyncio.sleep(0.2)
+        pool.close()
+        server.close()
+        await server.wait_closed()
+        return outs
+
+    outs = asyncio.run(main())
+    assert [o.error for o in outs] == [None, None] and all(o.output_tokens == 1 for o in outs)
+    assert len(conns) == 2  # the second request went over a fresh connection
+
+
+def test_pool_opened_ahead_only_when_the_in_flight_count_is_known() -> None:
+    from bench.serving import POOL_MAX, _pool_max, _warm_count
+
+    assert _warm_count(128, None, float("inf")) == 128  # a burst: every session at once
+    assert _warm_count(128, 16, float("inf")) == 16 and _warm_count(8, 16, 2.0) == 8
+    assert _warm_count(128, None, 5.0) == 0  # spread arrivals: the pool grows as they need it
+    assert 1 <= _pool_max() <= POOL_MAX
