@@ -131,10 +131,10 @@ class BenchConfig:
     # once; none at a finite rate, where the pool grows as arrivals need it), as a client holding
     # connections to the server does (the openai SDK's httpx pool, a gateway's upstream pool). At most
     # POOL_MAX or half the open-files limit are opened ahead. "close": a fresh connection per request,
-    # closed after it (the
-    # default until 2026-12-03). Opening 128 connections in the burst of `shared-prefix` delayed its
-    # first request's arrival at a no-op server by 20 ms on the 2-vCPU VM and 41 ms on the H200 host
-    # (bench/lab/client_burst.py, docs/benchmarks.md).
+    # closed after it (the default until 2026-12-03). With fresh connections the first request of
+    # `shared-prefix`'s burst (128 x 2,176 ids) was complete at a no-op server 21 ms after the clock
+    # on the 2-vCPU VM (5 ms with keep-alive) and 41 ms on the H200 host (bench/lab/client_burst.py,
+    # docs/benchmarks.md).
     connections: str = "keep-alive"
 
     def __post_init__(self) -> None:
@@ -198,7 +198,8 @@ class ConnectionPool:
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self.opened = 0  # connections opened in all (warm-up included)
 
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new connection (counted in `opened`), not put in the pool."""
         self.opened += 1
         return await asyncio.open_connection(self.host, self.port, limit=1 << 22)
 
@@ -211,7 +212,7 @@ class ConnectionPool:
             if not writer.is_closing() and not reader.at_eof() and not getattr(reader, "_buffer", b""):
                 return reader, writer, True
             writer.close()
-        return (*await self._open(), False)
+        return (*await self.connect(), False)
 
     def release(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.idle.append((reader, writer))
@@ -222,7 +223,7 @@ class ConnectionPool:
         need = min(n, _pool_max()) - len(self.idle)
         if need <= 0:
             return
-        opened = await asyncio.gather(*(self._open() for _ in range(need)), return_exceptions=True)
+        opened = await asyncio.gather(*(self.connect() for _ in range(need)), return_exceptions=True)
         conns = [c for c in opened if not isinstance(c, BaseException)]
         errors = [c for c in opened if isinstance(c, BaseException)]
         if errors:
@@ -273,20 +274,16 @@ async def _raw_sse(cfg: BenchConfig, body: bytes, path: str = "/v1/completions",
         except (OSError, asyncio.IncompleteReadError):
             if not reused:
                 raise
-            writer.close()  # the server closed the idle connection: once more on a fresh one
+            raw_head = b""
+        if reused and (not raw_head or raw_head.split(b" ", 2)[1:2] == [b"408"]):
+            # the server closed the idle connection, or timed it out (408) as we sent: once more, fresh
             assert pool is not None
-            reader, writer = await pool._open()
+            writer.close()
+            reader, writer = await pool.connect()
             writer.write(request)
             raw_head = await reader.readuntil(b"\r\n\r\n")
         head = raw_head.decode("latin-1").split("\r\n")
         parts = head[0].split()
-        if reused and parts[1:2] == ["408"]:  # the server timed the idle connection out as we sent
-            writer.close()
-            assert pool is not None
-            reader, writer = await pool._open()
-            writer.write(request)
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            parts = head[0].split()
         if len(parts) < 2 or not parts[1].isdigit():
             raise ValueError(f"bad HTTP status line {head[0][:80]!r}")
         status = int(parts[1])

@@ -140,6 +140,18 @@ def install(runner) -> None:
 
 
 # ----------------------------------------------------------------------------- set-up
+def ab_args() -> argparse.Namespace:
+    """The flags of the same-process A/B scripts: --prefix, --extend (the pass that `build` captures),
+    --rounds, --reps (alternate_ab), --threads."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prefix", type=int, default=1800)
+    ap.add_argument("--extend", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=2)
+    return ap.parse_args()
+
+
 def alternate_ab(runner, batch, use, rounds: int, reps: int, names: tuple[str, str],
                  check_tokens: bool = True) -> tuple[float, float]:
     """Same-process A/B of `runner.forward(batch)`: `use("A")` / `use("B")` switch the code paths.

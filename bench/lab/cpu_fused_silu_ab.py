@@ -12,7 +12,6 @@ prints the medians per round and over the rounds, and whether A's and B's sample
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -20,17 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "lab"))
 
-from cpu_extend_profile import alternate_ab, build  # noqa: E402
+from cpu_extend_profile import ab_args, alternate_ab, build  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prefix", type=int, default=1800)
-    ap.add_argument("--extend", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    args = ab_args()
     from radixrt.models import ops
     from radixrt.models.linear import Linear
 

@@ -1,9 +1,9 @@
 """A/B in one process: the native rotary, SiLU-and-mul, K/V store and in-place attention rows
 (kernels/cpu_native_ops.h, 2026-12-03) against the torch ops they replace, on the pass of
-bench/lab/cpu_extend_profile.py (32 new tokens over a cached 1,800-token prefix, default model,
-float32).
+bench/lab/cpu_extend_profile.py (`--extend` new tokens over a cached `--prefix`-token prefix,
+default 32 over 1,800, default model, float32).
 
-    .venv/bin/python bench/lab/cpu_native_ops_ab.py [--rounds 6] [--reps 9]
+    .venv/bin/python bench/lab/cpu_native_ops_ab.py [--prefix 1800] [--extend 32] [--rounds 6] [--reps 9]
 
 B restores the torch paths by patching: cpu_native.takes_rotary and store_kv answer False,
 ops.silu_and_mul is the chunk / silu / mul of before, and DecodePlan.build marks no plan
@@ -13,7 +13,6 @@ the median of `--reps` passes; prints the medians per round and over the rounds.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -23,19 +22,15 @@ sys.path.insert(0, str(ROOT / "bench" / "lab"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from cpu_extend_profile import alternate_ab, build  # noqa: E402
+from cpu_extend_profile import ab_args, alternate_ab, build  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    args = ab_args()
     from radixrt.models import ops
     from radixrt.worker import cpu_native
 
-    eng, runner, batch = build(1800, 32, args.threads)
+    eng, runner, batch = build(args.prefix, args.extend, args.threads)
     from radixrt.models import native_layers
 
     # both sides over the module path, where these ops are separate calls (models/native_layers.py,

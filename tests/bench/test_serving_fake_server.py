@@ -250,11 +250,12 @@ def test_keep_alive_replaces_a_connection_the_server_closed() -> None:
     assert opened == 3 and idle == 0 and len(conns) == 3
 
 
-@pytest.mark.parametrize("when", ["idle", "idle_crlf", "on_send"])
+@pytest.mark.parametrize("when", ["idle", "idle_crlf", "on_send", "on_send_close"])
 def test_keep_alive_never_reads_stale_bytes_as_the_next_answer(when: str) -> None:
     """A server that times an idle keep-alive connection out with `408` and closes it: sent while the
     connection sits in the pool (`idle`) or in answer to the next request on it (`on_send`, the race);
-    or that leaves a stray CRLF after a response (`idle_crlf`). The next request is answered on a
+    or that leaves a stray CRLF after a response (`idle_crlf`), or that closes the connection when the
+    next request arrives on it, unanswered (`on_send_close`). The next request is answered on a
     fresh connection, never with those bytes."""
     import asyncio
 
@@ -273,8 +274,9 @@ def test_keep_alive_never_reads_stale_bytes_as_the_next_answer(when: str) -> Non
                 except (asyncio.IncompleteReadError, OSError):
                     break
                 await reader.readexactly(int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0]))
-                if first and served == 1 and when == "on_send":
-                    writer.write(timeout)
+                if first and served == 1 and when.startswith("on_send"):
+                    if when == "on_send":
+                        writer.write(timeout)
                     break
                 ev = (b'data: {"choices":[{"index":0,"text":"a","token_ids":[7],"finish_reason":"length"}],'
                       b'"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\ndata: [DONE]\n\n')
