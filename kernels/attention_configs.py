@@ -16,7 +16,8 @@ Kinds (the launcher that reads each):
                 program_tokens)
   decode_splits_fp8 the same rule for FP8 pools (choose_num_kv_splits(kv_fp8=True))
   extend        extend_attention with a cached prefix or a long extend (BLOCK_M, BLOCK_N, num_warps,
-                num_stages, USE_TMA: the new tokens' K/V read through TMA tensor descriptors)
+                num_stages, USE_TMA: the new tokens' K/V read through TMA tensor descriptors, M_MAJOR:
+                the grid launches the longest query blocks of every head first, not head by head)
   extend_short  extend_attention when every prompt and prefix is short (short_max tokens or fewer)
   cascade       stage A of cascade_decode_attention (block_m, block_n, num_warps, num_stages)
 Head-dim buckets: "d64" (next_pow2(D) <= 64), "d128" (<= 128), "d256" (larger). The GPU values were
@@ -86,15 +87,20 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     "decode_splits_fp8": {"d64": dict(_SPLITS), "d256": dict(_SPLITS),  # d64 / d256: not measured
                           "d128": {**_SPLITS, "policy": "waves"}},  # occupancy 2, merge_tokens 256
     # head dim 128 (H200, 2026-11-30, 10 configs x 6 prefill shapes): 128 x 64 / 8 warps / 3 stages
-    # won every shape with a cached prefix or a long extend (8,192 new: 1,085 against 1,201 us)
-    "extend": {"d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": False},
-               "d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False},
-               "d256": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "USE_TMA": False}},
+    # won every shape with a cached prefix or a long extend (8,192 new: 1,085 against 1,201 us).
+    # M_MAJOR (H200, 2026-12-03, bench/lab/kv_layout.py): 8,192 new causal 1,036 against 1,075 us,
+    # 4,096 new over 4,096 cached 895 against 950 us; d64 / d256 follow (reasoned: the same tail)
+    "extend": {"d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": False,
+                       "M_MAJOR": True},
+               "d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False,
+                        "M_MAJOR": True},
+               "d256": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "USE_TMA": False,
+                        "M_MAJOR": True}},
     # short prompts over short or no prefixes (16 x 512 new tokens: 154 against 176 us); only d128
     # has a short form (short_max 0 disables it)
     "extend_short": {"d64": {"short_max": 0}, "d256": {"short_max": 0},
                      "d128": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "USE_TMA": False,
-                              "short_max": 1024}},
+                              "M_MAJOR": False, "short_max": 1024}},
     # 128 rows x 64 tokens, 8 warps, 3 stages: the best of 9 tiles x 4 split counts (H200,
     # 2026-11-30, 128 requests sharing 2,048 tokens: 17.7 against 20.3 us); larger heads halve it
     "cascade": {"d64": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3},

@@ -36,16 +36,22 @@ def _extend_attn_kernel(
     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_o_t, stride_o_h, stride_pt_b,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PACK_GQA: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, M_MAJOR: tl.constexpr = False,
 ):
     # USE_TMA: the new tokens' K/V blocks come through the host tensor descriptors k_desc / v_desc
     # (2-D views [T, Hkv * D], blocks [BLOCK_N, D] at column kvh * D: TMA copies on sm_90, fewer
     # address registers); otherwise k_desc / v_desc are unused and the blocks are pointer loads.
     # Scores in the new-token loops are the raw q.k products, scaled inside the softmax update
     # (one FMA per score: online_softmax_step_scaled).
-    # longest query blocks (most causal work) first, to shorten the tail of the launch
-    mb = tl.num_programs(0) - 1 - tl.program_id(0)
-    h = tl.program_id(1)
+    # longest query blocks (most causal work) first, to shorten the tail of the launch: with M_MAJOR
+    # the grid is (head, query block, request) and the longest blocks of every head go first;
+    # otherwise (query block, head, request), longest first within each head
+    if M_MAJOR:
+        mb = tl.num_programs(1) - 1 - tl.program_id(1)
+        h = tl.program_id(0)
+    else:
+        mb = tl.num_programs(0) - 1 - tl.program_id(0)
+        h = tl.program_id(1)
     b = tl.program_id(2)
     ext_len = tl.load(extend_lens + b)
     if mb * BLOCK_M >= ext_len:
@@ -145,7 +151,8 @@ def _pick_config(head_dim: int, device: torch.device, max_extend_len: int = 1 <<
     check(c["BLOCK_M"] % c["BLOCK_N"] == 0, f"extend config: BLOCK_M {c['BLOCK_M']} is not a multiple of "
           f"BLOCK_N {c['BLOCK_N']}")
     return {"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"], "BLOCK_D": next_pow2(head_dim),
-            "num_warps": c["num_warps"], "num_stages": c["num_stages"], "USE_TMA": bool(c.get("USE_TMA"))}
+            "num_warps": c["num_warps"], "num_stages": c["num_stages"], "USE_TMA": bool(c.get("USE_TMA")),
+            "M_MAJOR": bool(c.get("M_MAJOR"))}
 
 
 def _new_kv_descriptors(k_new: torch.Tensor, v_new: torch.Tensor, block_n: int, block_d: int):
@@ -218,7 +225,10 @@ def extend_attention(
 
     cfg = _pick_config(head_dim, q.device, max_extend_len, max_seq_len)
     descs = _new_kv_descriptors(k_new, v_new, cfg["BLOCK_N"], cfg["BLOCK_D"]) if cfg["USE_TMA"] else None
-    grid = (triton.cdiv(max_extend_len, cfg["BLOCK_M"]), num_q_heads, batch_size)
+    num_m_blocks = triton.cdiv(max_extend_len, cfg["BLOCK_M"])
+    grid = (num_m_blocks, num_q_heads, batch_size)
+    if cfg["M_MAJOR"]:
+        grid = (num_q_heads, num_m_blocks, batch_size)
     _extend_attn_kernel[grid](
         q, k_new, v_new, *(descs or (k_new, v_new)), k_buffer, v_buffer, out,
         page_table, prefix_lens, extend_lens, extend_start_loc,
@@ -229,6 +239,7 @@ def extend_attention(
         GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size, HEAD_DIM=head_dim,
         BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         DOT_PRECISION=dot_precision(q.dtype), PACK_GQA=1 < num_q_heads // num_kv_heads <= cfg["BLOCK_M"],
-        USE_TMA=descs is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        USE_TMA=descs is not None, M_MAJOR=cfg["M_MAJOR"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     return out

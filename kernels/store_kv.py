@@ -31,6 +31,7 @@ def _store_kv_kernel(
     tok = tl.program_id(0).to(tl.int64)
     gdc_enter(USE_PDL)  # kernels/pdl.py
     offs_h = tl.arange(0, BLOCK_H)
+    head = offs_h.to(tl.int64)  # int64: a head-major pool's head stride spans the whole buffer
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_h < num_kv_heads)[:, None] & (offs_d < HEAD_DIM)[None, :]
     # slot of this token; int64 so that slot * stride cannot overflow on large pools
@@ -43,9 +44,9 @@ def _store_kv_kernel(
                                                                                fp_downcast_rounding="rtne")
         v = tl.clamp(v.to(tl.float32) * v_inv_scale, -_FP8_MAX, _FP8_MAX).to(v_buf.dtype.element_ty,
                                                                                fp_downcast_rounding="rtne")
-    tl.store(k_buf + slot * stride_kb_s + offs_h[:, None] * stride_kb_h + offs_d[None, :],
+    tl.store(k_buf + slot * stride_kb_s + head[:, None] * stride_kb_h + offs_d[None, :],
              k.to(k_buf.dtype.element_ty), mask=mask)
-    tl.store(v_buf + slot * stride_vb_s + offs_h[:, None] * stride_vb_h + offs_d[None, :],
+    tl.store(v_buf + slot * stride_vb_s + head[:, None] * stride_vb_h + offs_d[None, :],
              v.to(v_buf.dtype.element_ty), mask=mask)
 
 

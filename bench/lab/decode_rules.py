@@ -1,0 +1,121 @@
+"""Whole decode-attention rules (launch config + split-count policy) side by side over the batch x
+context shapes the engine runs, bf16 and FP8 pools, in one GPU run (issue 19).
+
+    python3 bench/lab/decode_rules.py [--out decode-rules.json]
+
+bench/lab/kv_layout.py (H200, 2026-12-03) found one split faster than the per-SM rule's 3 and 2 at
+64 x 4,096 and 128 x 2,048 for most blocks, and 128-key blocks with 8 warps the best mean over the
+two at one split (141.9 / 142.7 us against the default's 145.3 / 149.6; cuDNN 135.8 / 137.3). A
+rule is used at every shape, so each candidate is timed here also where the split count matters
+most: batch 1 (the batch-1 decode step), 16, and the classes of `random` (256 x 768) and
+`shared-prefix` (128 x 2,200). Rules (kind "decode" or "decode_fp8" config, "decode_splits" or
+"decode_splits_fp8" policy):
+  bf16: the default; 8 warps + the "waves" policy (occupancy 2, as FP8 pools use); 4 warps / 3
+        stages + waves; 64-key blocks / 3 stages + waves; 8 warps + the per-SM rule
+  fp8:  the default (4 warps, 3 stages, waves); 2 and 8 warps; 64-key blocks with 3 stages.
+Each is checked against the fp32 reference (FP8: on the dequantized values) before it is timed;
+cuDNN SDPA on contiguous K/V beside it. Timing: CUDA-graph replay, median of do_bench, L2 flushed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kv_layout as kl  # noqa: E402
+
+from bench.common import out_path, run_header, write_json  # noqa: E402
+
+K, AC, B, D, HQ, HKV, PAGE, DEV = kl.K, kl.AC, kl.B, kl.D, kl.HQ, kl.HKV, kl.PAGE, kl.DEV
+SHAPES = [(1, 512), (1, 2048), (1, 8192), (16, 2048), (64, 4096), (128, 2048), (128, 2200), (256, 768)]
+WAVES = {"policy": "waves", "occupancy": 2, "merge_tokens": 256, "program_tokens": 128}
+PER_SM = {"policy": "per_sm", "programs_per_sm": 4, "min_split_tokens": 128}
+BF16_RULES = {
+    "default": {},
+    "128x8w2s waves": {"decode": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}},
+                       "decode_splits": {B: WAVES}},
+    "128x4w3s waves": {"decode": {B: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3}},
+                       "decode_splits": {B: WAVES}},
+    "64x4w3s waves": {"decode": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}},
+                      "decode_splits": {B: WAVES}},
+    "128x8w2s per-SM": {"decode": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}},
+                        "decode_splits": {B: PER_SM}},
+}
+FP8_RULES = {
+    "default": {},
+    "128x2w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 2, "num_stages": 3}}},
+    "128x8w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}}},
+    "64x4w3s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}}},
+    "64x2w4s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}}},
+    "128x4w3s per-SM": {"decode_splits_fp8": {B: PER_SM}},
+}
+
+
+def shape_rows(batch: int, ctx: int, fp8: bool) -> list[dict]:
+    q = torch.randn(batch, HQ, D, device=DEV, dtype=kl.BF16)
+    kc = torch.randn(batch, HKV, ctx, D, device=DEV, dtype=kl.BF16)
+    vc = torch.randn_like(kc)
+    scales: dict = {}
+    if fp8:
+        k8, v8 = (kc / kl.K_SCALE).to(kl.FP8), (vc / kl.V_SCALE).to(kl.FP8)
+        kc, vc = (k8.float() * kl.K_SCALE).to(kl.BF16), (v8.float() * kl.V_SCALE).to(kl.BF16)
+        scales = {"k_scale": kl.K_SCALE, "v_scale": kl.V_SCALE}
+    ref = kl.reference(q[:, :, None], kc, vc, False)[:, :, 0]
+    cudnn = kl.peer_rows(q[:, :, None], kc, vc, False, None).get("cudnn", {}).get("us")
+    kb, vb, table = kl._paged(k8, v8, ctx) if fp8 else kl._paged(kc, vc, ctx)
+    del kc, vc
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+    out = torch.empty_like(q)
+    num_sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    rows = []
+    for name, table_over in (FP8_RULES if fp8 else BF16_RULES).items():
+        with AC.overriding(table_over):
+            splits = K.choose_num_kv_splits(batch, HKV, ctx, num_sms, kv_fp8=fp8)
+            mid_o = torch.empty(batch, HQ, splits, D, device=DEV)
+            mid_lse = torch.empty(batch, HQ, splits, device=DEV)
+            run = partial(K.decode_attention, q, kb, vb, table, seq_lens, PAGE, None, splits, out=out,
+                          mid_o=mid_o, mid_lse=mid_lse, **scales)
+            r = kl.timed(run, out, ref)
+        rows.append({"pool": "fp8" if fp8 else "bf16", "shape": f"{batch} x {ctx}", "rule": name,
+                     "splits": splits, "cudnn_us": cudnn, **r})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None)
+    ns = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("decode_rules needs a CUDA device")
+    torch.manual_seed(0)
+    t0 = time.time()
+    result: dict = {**run_header(), "rows": []}
+    for fp8 in (False, True):
+        for batch, ctx in SHAPES:
+            result["rows"] += shape_rows(batch, ctx, fp8)
+            torch.cuda.empty_cache()
+            print(f"[{time.time() - t0:5.1f}s] {'fp8' if fp8 else 'bf16'} {batch} x {ctx}", flush=True)
+        write_json(out_path(ns.out, "decode-rules.json"), result)
+    for pool in ("bf16", "fp8"):
+        rules = list(FP8_RULES if pool == "fp8" else BF16_RULES)
+        print(f"\n{pool} pool, us (splits); last column cuDNN on contiguous bf16 K/V")
+        print("| shape | " + " | ".join(rules) + " | cuDNN |")
+        print("|---|" + "---|" * (len(rules) + 1))
+        for batch, ctx in SHAPES:
+            shape = f"{batch} x {ctx}"
+            by = {r["rule"]: r for r in result["rows"] if r["pool"] == pool and r["shape"] == shape}
+            cells = [f"{by[n]['us']:.1f} ({by[n]['splits']})" if "us" in by[n] else by[n]["error"][:30]
+                     for n in rules]
+            cud = next(iter(by.values()))["cudnn_us"]
+            print(f"| {shape} | " + " | ".join(cells) + (f" | {cud:.1f} |" if cud else " | - |"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
