@@ -227,7 +227,8 @@ def extend_attention(
     descs = _new_kv_descriptors(k_new, v_new, cfg["BLOCK_N"], cfg["BLOCK_D"]) if cfg["USE_TMA"] else None
     num_m_blocks = triton.cdiv(max_extend_len, cfg["BLOCK_M"])
     grid = (num_m_blocks, num_q_heads, batch_size)
-    if cfg["M_MAJOR"]:
+    m_major = cfg["M_MAJOR"] and num_m_blocks <= 65535  # grid dim 1 is at most 65,535 on CUDA
+    if m_major:
         grid = (num_q_heads, num_m_blocks, batch_size)
     _extend_attn_kernel[grid](
         q, k_new, v_new, *(descs or (k_new, v_new)), k_buffer, v_buffer, out,
@@ -239,7 +240,7 @@ def extend_attention(
         GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size, HEAD_DIM=head_dim,
         BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         DOT_PRECISION=dot_precision(q.dtype), PACK_GQA=1 < num_q_heads // num_kv_heads <= cfg["BLOCK_M"],
-        USE_TMA=descs is not None, M_MAJOR=cfg["M_MAJOR"], num_warps=cfg["num_warps"],
+        USE_TMA=descs is not None, M_MAJOR=m_major, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
     return out

@@ -55,10 +55,11 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
 
 
 def peer_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-              ref: torch.Tensor | None) -> dict[str, dict]:
+              ref: torch.Tensor | None, backends: tuple[str, ...] = tuple(BACKENDS)) -> dict[str, dict]:
     """{backend: {"us", "graph", "gqa", "rel_err"} or {"error"}} for q [B, Hq, Lq, D], k / v
     [B, Hkv, Lk, D] (contiguous; Lq == 1 is decode); causal aligned bottom-right (torch's
-    causal_lower_right bias when Lq < Lk, which not every backend takes)."""
+    causal_lower_right bias when Lq < Lk, which not every backend takes); `backends`: which of
+    BACKENDS to time (default all)."""
     rows: dict[str, dict] = {}
     group = q.shape[1] // k.shape[1]
     mask_kw: dict = {"is_causal": causal}
@@ -66,7 +67,8 @@ def peer_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         from torch.nn.attention.bias import causal_lower_right
 
         mask_kw = {"attn_mask": causal_lower_right(q.shape[2], k.shape[2])}
-    for name, backend in BACKENDS.items():
+    for name in backends:
+        backend = BACKENDS[name]
         row: dict = {}
         for gqa in ("native", "expanded"):
             if gqa == "native":

@@ -67,7 +67,7 @@ def shape_rows(batch: int, ctx: int, fp8: bool) -> list[dict]:
         kc, vc = (k8.float() * kl.K_SCALE).to(kl.BF16), (v8.float() * kl.V_SCALE).to(kl.BF16)
         scales = {"k_scale": kl.K_SCALE, "v_scale": kl.V_SCALE}
     ref = kl.reference(q[:, :, None], kc, vc, False)[:, :, 0]
-    cudnn = kl.peer_rows(q[:, :, None], kc, vc, False, None).get("cudnn", {}).get("us")
+    cudnn = kl.peer_rows(q[:, :, None], kc, vc, False, None, ("cudnn",))["cudnn"].get("us")
     kb, vb, table = kl._paged(k8, v8, ctx) if fp8 else kl._paged(kc, vc, ctx)
     del kc, vc
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
