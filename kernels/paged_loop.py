@@ -80,7 +80,8 @@ def online_softmax_step_scaled(s, qk_scale, m_i, l_i, acc):
 def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
                     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                     ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    V_WIDEN: tl.constexpr = False):
     """Online softmax of the query rows `qb` [ROWS, BLOCK_D] over positions [start, end) of one paged
     sequence (page-table row `pt_row`) in KV head `kvh`, in blocks of BLOCK_N positions.
 
@@ -89,7 +90,14 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
     the caller to normalise or to continue. Positions at and past `end` are masked. Page ids are
     loaded one block ahead (prefetch_pages). An FP8 pool's K/V blocks are converted to qb's dtype
     in registers; its per-layer scales are the caller's (k_scale folded into qk_scale, v_scale
-    multiplied into the returned acc)."""
+    multiplied into the returned acc).
+
+    V_WIDEN (FP8 pools): the V block is widened to qb's dtype before the P V dot, not inside it. The
+    dot contracts over positions, and V's rows are positions: Triton 3.6 otherwise reads the e4m3
+    block from shared memory into the MMA's operand layout one byte per load (4 consecutive
+    positions of one column per register: 128 `ld.shared.b8` per thread and 128-key block at 4
+    warps) and widens after; with the select below the block is read in vectors, widened, stored
+    back as fp16 and read with `ldmatrix.trans` (bench/kernels/compile_sm90.py checks both)."""
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
@@ -106,5 +114,7 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
         s = tl.where(mask_n[None, :], s, float("-inf"))
         p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
         vb = load_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d, kv_mask)
+        if V_WIDEN:  # (masked rows are zero already: the select only keeps the widening apart)
+            vb = tl.where(kv_mask, vb.to(qb.dtype), 0.0)
         acc += tl.dot(p.to(qb.dtype), vb.to(qb.dtype), input_precision=DOT_PRECISION)
     return m_i, l_i, acc

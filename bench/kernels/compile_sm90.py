@@ -88,6 +88,23 @@ def check_fp8_mma() -> bool:
     return ok
 
 
+def check_fp8_v_widen() -> bool:
+    """kv_dot "f16v" (kernels/paged_loop.py V_WIDEN) over an e4m3 pool reads V from shared memory in
+    vectors and transposes it as fp16 (`ldmatrix ... .trans`), where "f16" reads it one byte per load
+    (`ld.shared.b8`). Prints one ok / FAIL line with the byte-load and ldmatrix.trans counts."""
+    dec = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128,
+               DOT_PRECISION="tf32", HAS_KV_START=False, DIRECT_OUT=True, MERGE_PREFIX=False, PREFIX_SLOTS=0)
+    forms = {}
+    for kv_dot in ("f16", "f16v"):
+        ptx = compile_variant("kernels.decode_attention", "_decode_split_kernel", {**dec, "KV_DOT": kv_dot},
+                              4, 3, pool="fp8e4nv")["ptx"]
+        forms[kv_dot] = (ptx.count("ld.shared.b8"), len(re.findall(r"ldmatrix\S*\.trans", ptx)))
+    ok = forms["f16v"][0] == 0 and forms["f16v"][1] > 0
+    print(f"{'ok   ' if ok else 'FAIL '} decode FP8 V widened before its dot (ld.shared.b8, ldmatrix.trans): "
+          + ", ".join(f"{k} {v}" for k, v in forms.items()), flush=True)
+    return ok
+
+
 def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
     """(name, module, kernel, constexprs, num_warps, num_stages, pipelined loops) at the GPU configs
     of Qwen2.5-7B shapes (GQA 7, head dim 128, page 16). `pipelined loops`: how many waits with
@@ -149,6 +166,7 @@ def main() -> int:
               f"{warps} warps {stages} stages  async waits {r['async_waits']} "
               f"(pipelined loops {pipelined}, want >= {want_pipelined})", flush=True)
     failed += not check_fp8_mma()
+    failed += not check_fp8_v_widen()
     return 1 if failed else 0
 
 

@@ -12,7 +12,9 @@ most: batch 1 (the batch-1 decode step), 16, and the classes of `random` (256 x 
 "decode_splits_fp8" policy):
   bf16: the default; 8 warps + the "waves" policy (occupancy 2, as FP8 pools use); 4 warps / 3
         stages + waves; 64-key blocks / 3 stages + waves; 8 warps + the per-SM rule
-  fp8:  the default (4 warps, 3 stages, waves); 2 and 8 warps; 64-key blocks with 3 stages.
+  fp8:  the default (kv_dot "f16", 4 warps, 3 stages, waves); kv_dot "f16v" (V widened before its
+        dot: no byte loads from shared memory, kernels/paged_loop.py V_WIDEN) at four blocks; "f16"
+        with 8 and 2 warps.
 Each is checked against the fp32 reference (FP8: on the dequantized values) before it is timed;
 cuDNN SDPA on contiguous K/V beside it. Timing: CUDA-graph replay, median of do_bench, L2 flushed.
 """
@@ -49,11 +51,12 @@ BF16_RULES = {
 }
 FP8_RULES = {
     "default": {},
-    "128x2w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 2, "num_stages": 3}}},
+    "f16v": {"decode_fp8": {B: {"kv_dot": "f16v"}}},
+    "f16v 64x4w3s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "kv_dot": "f16v"}}},
+    "f16v 128x4w2s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16v"}}},
+    "f16v 128x8w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "kv_dot": "f16v"}}},
     "128x8w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}}},
-    "64x4w3s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}}},
-    "64x2w4s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}}},
-    "128x4w3s per-SM": {"decode_splits_fp8": {B: PER_SM}},
+    "128x2w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 2, "num_stages": 3}}},
 }
 
 

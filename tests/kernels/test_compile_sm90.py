@@ -1,7 +1,8 @@
 """The attention kernels compile for sm_90 (H100/H200) at their GPU configs, on a machine without a
 GPU: the CPU tests run them in Triton's interpreter, which accepts code the compiler rejects. Their
 paged loops are software-pipelined where the config has >= 3 stages (K/V blocks in flight while a
-block is computed), which a change to how the loops load page ids can silently undo."""
+block is computed), which a change to how the loops load page ids can silently undo; kv_dot "f16v"
+reads an FP8 pool's V without byte loads from shared memory."""
 
 from __future__ import annotations
 
@@ -11,5 +12,7 @@ from .conftest import run_sm90_script
 def test_attention_kernels_compile_for_sm90():
     proc = run_sm90_script("compile_sm90.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok ") == 13, proc.stdout  # 12 variants and the FP8-operand check
+    # 12 variants, the FP8-operand check and the FP8 V-widening check (no byte loads from shared memory)
+    assert proc.stdout.count("ok ") == 14, proc.stdout
+    assert "V widened before its dot" in proc.stdout
     assert "pipelined loops 3, want >= 3" in proc.stdout and "pipelined loops 1, want >= 1" in proc.stdout
