@@ -63,8 +63,11 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # H200, 2026-11-30 (bench/lab/sweep_attention.py, decode part, graph replay): over 7 batch x
     # context shapes x 8 configs of 2-6 stages, 128-key blocks with 2 stages were the best or within
     # 3%; 64 x 4,096 ran in 145.4 us, 87% of the copy ceiling
+    # d128 since 2026-12-03 (bench/lab/kv_layout.py, one split): 8 warps, with the "waves" split
+    # rule below, ran 64 x 4,096 / 128 x 2,048 in 141.9 / 142.7 us against 145.3 / 149.6 for 4 warps
+    # and the per-SM rule's 3 / 2 splits (cuDNN 135.8 / 137.3)
     "decode": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
-               "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
+               "d128": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
                "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}},
     # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests (2,048
     # shared + 128-192 own tokens) in 19 us against 26 us with 128-key blocks (H200, 2026-11-30)
@@ -81,11 +84,14 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # The e4m3 tensor-core forms lost to it (H200, 2026-12-02, same sweep, bf16 144.6 / f16 101.3 us
     # at 64 x 4,096): "qk8" 109.4 (best of 8 blocks x 4 split counts), "fp8" 210-300, "fp8x2"
     # 227-350 (the V transpose; paged_loop_fp8.py)
-    "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"},
-                   "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16"},
-                   "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"}},
+    # kv_dot "f16v" (2026-12-03, compiled for sm_90: "f16" read V from shared memory one byte per
+    # load, 128 per thread and block; bench/lab/decode_rules.py measures both)
+    "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16v"},
+                   "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16v"},
+                   "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16v"}},
     # 4 programs per SM and >= 128 tokens per split: the best of 2-16 per SM on an H200, 2026-11-29
-    "decode_splits": {b: dict(_SPLITS) for b in BUCKETS},
+    "decode_splits": {"d64": dict(_SPLITS), "d256": dict(_SPLITS),
+                      "d128": {**_SPLITS, "policy": "waves"}},  # 2026-12-03, with the 8-warp config
     "decode_splits_fp8": {"d64": dict(_SPLITS), "d256": dict(_SPLITS),  # d64 / d256: not measured
                           "d128": {**_SPLITS, "policy": "waves"}},  # occupancy 2, merge_tokens 256
     # head dim 128 (H200, 2026-11-30, 10 configs x 6 prefill shapes): 128 x 64 / 8 warps / 3 stages

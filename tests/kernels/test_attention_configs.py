@@ -102,11 +102,16 @@ def test_every_cascade_variant_matches_reference(paged_batch, close, monkeypatch
 
 
 def test_split_policies():
-    # the default rule: 4 programs per SM, >= 128 tokens per split, capped by max_splits
+    # the d128 default since 2026-12-03 is "waves" (below); the d64 / d256 default is "per_sm"
+    assert ac.attention_config("decode_splits", 128)["policy"] == "waves"
+    assert ac.attention_config("decode_splits", 64)["policy"] == "per_sm"
+    assert choose_num_kv_splits(64, 4, 4096, 132, head_dim=64) == 3
+    # per_sm: 4 programs per SM, >= 128 tokens per split, capped by max_splits
+    ac.set_overrides({"decode_splits": {"d128": {"policy": "per_sm"}}})
     assert choose_num_kv_splits(64, 4, 4096, 132) == 3
     assert choose_num_kv_splits(1, 4, 300, 132) == 3
     assert choose_num_kv_splits(1, 4, 1 << 20, 132, max_splits=16) == 16
-    ac.set_overrides({"decode_splits": {"d128": {"programs_per_sm": 1}}})
+    ac.set_overrides({"decode_splits": {"d128": {"policy": "per_sm", "programs_per_sm": 1}}})
     assert choose_num_kv_splits(64, 4, 4096, 132) == 1
     # waves: 256 (request, KV head) pairs on 132 SMs x 2 fill one wave with no split
     ac.set_overrides({"decode_splits": {"d128": {"policy": "waves", "occupancy": 2, "merge_tokens": 256}}})
@@ -179,5 +184,5 @@ def test_fp8_split_rule_keeps_large_batches_whole():
     assert choose_num_kv_splits(256, 4, 32768, 132, kv_fp8=True) == 33
     assert choose_num_kv_splits(256, 4, 4096, 132, kv_fp8=True) == 17
     assert choose_num_kv_splits(256, 4, 640, 132, kv_fp8=True) == 1
-    # the bf16 pool's rule ("per_sm") is untouched: one split from 132 requests up
+    # the bf16 pool's rule (its own program_tokens) is untouched: one split from 132 requests up
     assert all(choose_num_kv_splits(256, 4, n, 132) == 1 for n in (640, 32768))

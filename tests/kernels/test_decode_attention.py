@@ -64,7 +64,8 @@ def test_choose_num_kv_splits():
     assert choose_num_kv_splits(1, 4, 32768) == 64  # one long sequence: capped
     assert choose_num_kv_splits(1, 4, 32768, max_splits=32) == 32
     assert choose_num_kv_splits(256, 4, 32768) == 1  # big batch fills the GPU alone
-    assert choose_num_kv_splits(64, 4, 4096) == 3
+    # the d128 default ("waves", occupancy 2): 256 (request, KV head) pairs fill one wave unsplit
+    assert choose_num_kv_splits(64, 4, 4096) == 1 and choose_num_kv_splits(32, 4, 4096) == 2
     for b in (1, 3, 64, 256):
         for n in (1, 128, 5000):
             assert 1 <= choose_num_kv_splits(b, 4, n) <= 64

@@ -95,12 +95,13 @@ def test_cascade_fused_over_fp8_pool_with_f16_dots(monkeypatch):
 
 def test_fp8_split_rule_is_its_own_entry():
     fp8_default = choose_num_kv_splits(64, 4, 4096, kv_fp8=True)
+    bf16_default = choose_num_kv_splits(64, 4, 4096, 132, head_dim=64)  # d64: the per-SM rule, 3
     rule = ac.attention_config("decode_splits_fp8", 128)  # the measured default: FP8 has its own entry
     ac.set_overrides({"decode_splits": {"d128": rule}})
     assert choose_num_kv_splits(64, 4, 4096) == fp8_default  # the same rule gives the same splits
     ac.set_overrides({"decode_splits_fp8": {"d128": {"policy": "per_sm", "programs_per_sm": 8}}})
     assert choose_num_kv_splits(64, 4, 4096, kv_fp8=True) == 5  # cdiv(8 * 132, 256)
-    assert choose_num_kv_splits(64, 4, 4096) == 3  # bf16 unchanged
+    assert choose_num_kv_splits(64, 4, 4096, 132, head_dim=64) == bf16_default == 3  # bf16 unchanged
     with pytest.raises(ValueError, match="kv_dot"):
         ac.set_overrides({"decode_fp8": {"d128": {"kv_dot": "bf16"}}})
 
