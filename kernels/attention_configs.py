@@ -1,7 +1,9 @@
 """Launch configs of the paged attention kernels: one small table, by kind and head-dim bucket.
 
 Kinds (the launcher that reads each):
-  decode        split stage of decode_attention (BLOCK_N keys per step, num_warps, num_stages)
+  decode        split stage of decode_attention (BLOCK_N keys per step, num_warps, num_stages;
+                num_warps_many replaces num_warps when the launch has more than many_per_sm
+                programs per SM, 0 = never)
   decode_fused  the same stage in the fused cascade form (it also merges the prefix partials)
   decode_fp8    the split stage over an FP8 (e4m3) pool: blocks as "decode", plus kv_dot, the operands
                 of its two dots: "f16" (q, K, V and P in fp16: K/V widened by one packed
@@ -63,12 +65,17 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # H200, 2026-11-30 (bench/lab/sweep_attention.py, decode part, graph replay): over 7 batch x
     # context shapes x 8 configs of 2-6 stages, 128-key blocks with 2 stages were the best or within
     # 3%; 64 x 4,096 ran in 145.4 us, 87% of the copy ceiling
-    # d128 since 2026-12-03 (bench/lab/kv_layout.py, one split): 8 warps, with the "waves" split
-    # rule below, ran 64 x 4,096 / 128 x 2,048 in 141.9 / 142.7 us against 145.3 / 149.6 for 4 warps
-    # and the per-SM rule's 3 / 2 splits (cuDNN 135.8 / 137.3)
-    "decode": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
-               "d128": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
-               "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}},
+    # d128 since 2026-12-03 (H200, bench/lab/decode_rules.py, same run, against the old 4 warps and
+    # per-SM splits): 8 warps and the "waves" split rule below ran 64 x 4,096 in 138.8 against 142.2
+    # us (1 against 3 splits), 128 x 2,048 140.4 / 147.3, 128 x 2,208 153.8 / 158.9, 16 x 2,048
+    # 31.7 / 33.2, batch 1 at 512-8,192 tokens equal, but 256 x 768 (1,024 programs) 113.8 against
+    # 110.8: above many_per_sm programs per SM a launch takes num_warps_many (4) warps instead
+    "decode": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "num_warps_many": 4,
+                       "many_per_sm": 0},
+               "d128": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "num_warps_many": 4,
+                        "many_per_sm": 4},
+               "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "num_warps_many": 4,
+                        "many_per_sm": 0}},
     # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests (2,048
     # shared + 128-192 own tokens) in 19 us against 26 us with 128-key blocks (H200, 2026-11-30)
     "decode_fused": {"d64": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
@@ -84,11 +91,12 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # The e4m3 tensor-core forms lost to it (H200, 2026-12-02, same sweep, bf16 144.6 / f16 101.3 us
     # at 64 x 4,096): "qk8" 109.4 (best of 8 blocks x 4 split counts), "fp8" 210-300, "fp8x2"
     # 227-350 (the V transpose; paged_loop_fp8.py)
-    # kv_dot "f16v" (2026-12-03, compiled for sm_90: "f16" read V from shared memory one byte per
-    # load, 128 per thread and block; bench/lab/decode_rules.py measures both)
-    "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16v"},
-                   "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16v"},
-                   "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16v"}},
+    # kv_dot "f16v" (V widened before its dot, no byte loads from shared memory) measured slower
+    # (H200, 2026-12-03, bench/lab/decode_rules.py: 64 x 4,096 114.1 against 101.4 us, 128 x 2,048
+    # 115.8 against 103.6; its fp16 copy of V takes 106 against 74 KB of shared memory)
+    "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"},
+                   "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16"},
+                   "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"}},
     # 4 programs per SM and >= 128 tokens per split: the best of 2-16 per SM on an H200, 2026-11-29
     "decode_splits": {"d64": dict(_SPLITS), "d256": dict(_SPLITS),
                       "d128": {**_SPLITS, "policy": "waves"}},  # 2026-12-03, with the 8-warp config

@@ -233,6 +233,10 @@ class Env:
     # RADIXRT_FP8_TRITON_GEMM=0: FP8 linear calls above the skinny rows always on torch._scaled_mm, not
     # the Triton FP8 GEMM where its tuned table routes them (kernels/gemm_fp8.py; models/quant/fp8.py)
     fp8_triton_gemm: bool = True
+    # RADIXRT_FP8_FAST_ACCUM=0: torch._scaled_mm's FP8 MMAs with the partial sums promoted to fp32 as
+    # the K loop goes (use_fast_accum=False), instead of accumulating in the tensor core for the
+    # whole K loop (models/quant/fp8.py; docs/kernels.md, "FP8")
+    fp8_fast_accum: bool = True
     # RADIXRT_CPU_PACKED_LINEAR=0: CPU linears always through F.linear (no oneDNN packed weights)
     cpu_packed_linear: bool = True
     # RADIXRT_CPU_NATIVE_LINEAR: float32 CPU linears of up to 128 rows through the native kernel
@@ -257,6 +261,7 @@ class Env:
             skinny_gemm=os.environ.get("RADIXRT_SKINNY_GEMM", "1") not in ("0", "false"),
             fp8_skinny_max_rows=int(os.environ.get("RADIXRT_FP8_SKINNY_MAX_ROWS", "16")),
             fp8_triton_gemm=os.environ.get("RADIXRT_FP8_TRITON_GEMM", "1") not in ("0", "false"),
+            fp8_fast_accum=os.environ.get("RADIXRT_FP8_FAST_ACCUM", "1") not in ("0", "false"),
             cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
             cpu_native_linear={"0": "0", "false": "0", "1": "1", "true": "1"}.get(
                 os.environ.get("RADIXRT_CPU_NATIVE_LINEAR", "auto").strip().lower(), "auto"),

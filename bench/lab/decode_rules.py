@@ -37,7 +37,7 @@ import kv_layout as kl  # noqa: E402
 from bench.common import out_path, run_header, write_json  # noqa: E402
 
 K, AC, B, D, HQ, HKV, PAGE, DEV = kl.K, kl.AC, kl.B, kl.D, kl.HQ, kl.HKV, kl.PAGE, kl.DEV
-SHAPES = [(1, 512), (1, 2048), (1, 8192), (16, 2048), (64, 4096), (128, 2048), (128, 2200), (256, 768)]
+SHAPES = [(1, 512), (1, 2048), (1, 8192), (16, 2048), (64, 4096), (128, 2048), (128, 2208), (256, 768)]
 WAVES = {"policy": "waves", "occupancy": 2, "merge_tokens": 256, "program_tokens": 128}
 PER_SM = {"policy": "per_sm", "programs_per_sm": 4, "min_split_tokens": 128}
 # the defaults before 2026-12-03

@@ -141,7 +141,8 @@ def test_overrides_merge_into_gpu_configs_only(tmp_path):
     assert ac.attention_config("decode", 128)["num_warps"] == 8
     assert ac.attention_config("decode", 128, on_gpu=False) == ac.CPU["decode"]
     with ac.overriding({"decode": {"d128": {"BLOCK_N": 64}}}):
-        assert ac.attention_config("decode", 128) == {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+        assert ac.attention_config("decode", 128) == {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
+                                                      "num_warps_many": 4, "many_per_sm": 4}
     assert ac.attention_config("decode", 128)["BLOCK_N"] == 128
 
 
@@ -186,3 +187,17 @@ def test_fp8_split_rule_keeps_large_batches_whole():
     assert choose_num_kv_splits(256, 4, 640, 132, kv_fp8=True) == 1
     # the bf16 pool's rule (its own program_tokens) is untouched: one split from 132 requests up
     assert all(choose_num_kv_splits(256, 4, n, 132) == 1 for n in (640, 32768))
+
+
+def test_decode_warps_follow_the_program_count():
+    """d128 decode: 8 warps per program up to 4 programs per SM, 4 above (launch_warps)."""
+    from radixrt.kernels.decode_attention import launch_warps
+
+    cfg = ac.attention_config("decode", 128)
+    assert launch_warps(cfg, 64 * 4, 132) == 8  # 64 x 4,096 in one split: 256 programs
+    assert launch_warps(cfg, 4 * 132, 132) == 8 and launch_warps(cfg, 4 * 132 + 1, 132) == 4
+    assert launch_warps(cfg, 256 * 4, 132) == 4  # 256 x 768: 1,024 programs
+    assert launch_warps(ac.attention_config("decode", 64), 10_000, 132) == 4  # d64: never switches
+    assert launch_warps(ac.attention_config("decode_fp8", 128), 10_000, 132) == 4  # FP8 pools: no key
+    assert launch_warps(ac.CPU["decode"], 10_000, 132) == ac.CPU["decode"]["num_warps"]
+

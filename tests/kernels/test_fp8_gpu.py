@@ -77,6 +77,17 @@ def test_fp8_linear_matches_dequantized_reference(n: int, k: int, m: int) -> Non
     assert _rel(scaled, fp8_linear_ref(x, layer.weight, layer.weight_scale, layer.bias)) < 2e-2
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-accum", "promoted"])
+def test_fp8_scaled_mm_accumulation_modes(monkeypatch: pytest.MonkeyPatch, fast: bool) -> None:
+    """_scaled_mm with fast accumulation (the CUDA default) and promoted partial sums: both within
+    the FP8 bound of the dequantized reference at the longest K (down_proj, 18,944) and M = 256."""
+    layer = _layer(3584, 18944, bias=False)
+    monkeypatch.setattr(layer, "fast_accum", fast)
+    x = torch.randn(256, 18944, device="cuda", dtype=torch.bfloat16)
+    ref = fp8_linear_ref(x, layer.weight, layer.weight_scale, None)
+    assert _rel(layer._scaled_mm(x), ref) < 1e-2
+
+
 def _replay_matches_eager(layer: Fp8Linear, x: torch.Tensor) -> torch.Tensor:
     """layer(x) captured in a CUDA graph after a warm-up call (compiles, allocates the workspace), x
     refilled, the graph replayed: its output must equal the eager call's bit for bit. Returns it."""
