@@ -116,7 +116,7 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # has a short form (short_max 0 disables it)
     "extend_short": {"d64": {"short_max": 0}, "d256": {"short_max": 0},
                      "d128": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "USE_TMA": False,
-                              "M_MAJOR": False, "short_max": 1024}},
+                              "M_MAJOR": False, "short_max": 1024}},  # M_MAJOR: not measured here
     # 128 rows x 64 tokens, 8 warps, 3 stages: the best of 9 tiles x 4 split counts (H200,
     # 2026-11-30, 128 requests sharing 2,048 tokens: 17.7 against 20.3 us); larger heads halve it
     "cascade": {"d64": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3},

@@ -132,8 +132,9 @@ def decode_shape(batch: int, ctx: int, budget: Budget) -> dict:
             def run(splits=splits, mid_o=mid_o, mid_lse=mid_lse):
                 K.decode_attention(q, kb, vb, table, seq_lens, PAGE, None, splits, out=out, mid_o=mid_o,
                                    mid_lse=mid_lse)
-            with AC.overriding({"decode": {B: dict(zip(("BLOCK_N", "num_warps", "num_stages"), cfg,
-                                                       strict=True))}}):
+            # many_per_sm 0: the variant's warp count at every program count (launch_warps)
+            with AC.overriding({"decode": {B: {**dict(zip(("BLOCK_N", "num_warps", "num_stages"), cfg,
+                                                          strict=True)), "many_per_sm": 0}}}):
                 times[cfg, splits] = timed_variant(run, ref3, out)
     res["variants"] = [{"cfg": list(c), "splits": s, **r} for (c, s), r in times.items()]
     # a (config, policy) variant's time is that of the split count the policy gives here
@@ -256,7 +257,8 @@ def best_table(winners: dict, defaults: dict) -> dict:
     table: dict = {"_source": "bench/kernels/sweep_kernels.py"}
     if winners["decode"] != defaults["decode"]:
         cfg, pol = winners["decode"]
-        table["decode"] = {B: dict(zip(("BLOCK_N", "num_warps", "num_stages"), cfg, strict=True))}
+        table["decode"] = {B: {**dict(zip(("BLOCK_N", "num_warps", "num_stages"), cfg, strict=True)),
+                               "many_per_sm": 0}}
         table["decode_splits"] = {B: dict(pol)}
     if winners["extend"] != defaults["extend"]:
         table["extend"] = {B: dict(zip(EXTEND_KEYS, winners["extend"], strict=True))}

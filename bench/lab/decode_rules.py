@@ -11,12 +11,13 @@ most: batch 1 (the batch-1 decode step), 16, and the classes of `random` (256 x 
 `shared-prefix` (128 x 2,200). Rules (kind "decode" or "decode_fp8" config, "decode_splits" or
 "decode_splits_fp8" policy):
   bf16: the default (since 2026-12-03: 128-key blocks, 8 warps, 2 stages, the "waves" policy with
-        occupancy 2, as FP8 pools use); the old default (4 warps, the per-SM rule); 8 warps + waves
-        again (the default's entry spelled out); 4 warps / 3 stages + waves; 64-key blocks / 3
-        stages + waves; 8 warps + the per-SM rule
-  fp8:  the default (since 2026-12-03 kv_dot "f16v": V widened before its dot, no byte loads from
-        shared memory, kernels/paged_loop.py V_WIDEN; 4 warps, 3 stages, waves); the old "f16";
-        "f16v" at three other blocks; "f16" with 8 and 2 warps.
+        occupancy 2, as FP8 pools use; 4 warps above 4 programs per SM: launch_warps); the old
+        default (4 warps, the per-SM rule); 8 warps + waves at every program count; 4 warps / 3
+        stages + waves; 64-key blocks / 3 stages + waves; 8 warps + the per-SM rule (the named
+        rules pin their warps: many_per_sm 0)
+  fp8:  the default (kv_dot "f16", 4 warps, 3 stages, waves; "old f16" spells it out); kv_dot "f16v"
+        (V widened before its dot, no byte loads from shared memory, kernels/paged_loop.py V_WIDEN;
+        measured slower on 2026-12-03) at four blocks; "f16" with 8 and 2 warps.
 Each is checked against the fp32 reference (FP8: on the dequantized values) before it is timed;
 cuDNN SDPA on contiguous K/V beside it. Timing: CUDA-graph replay, median of do_bench, L2 flushed.
 """
@@ -41,17 +42,18 @@ SHAPES = [(1, 512), (1, 2048), (1, 8192), (16, 2048), (64, 4096), (128, 2048), (
 WAVES = {"policy": "waves", "occupancy": 2, "merge_tokens": 256, "program_tokens": 128}
 PER_SM = {"policy": "per_sm", "programs_per_sm": 4, "min_split_tokens": 128}
 # the defaults before 2026-12-03
-OLD_BF16 = {"decode": {B: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}}, "decode_splits": {B: PER_SM}}
+OLD_BF16 = {"decode": {B: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "many_per_sm": 0}},
+            "decode_splits": {B: PER_SM}}
 BF16_RULES = {
     "default": {},
     "old 128x4w2s per-SM": OLD_BF16,
-    "128x8w2s waves": {"decode": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}},
+    "128x8w2s waves": {"decode": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "many_per_sm": 0}},
                        "decode_splits": {B: WAVES}},
-    "128x4w3s waves": {"decode": {B: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3}},
+    "128x4w3s waves": {"decode": {B: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "many_per_sm": 0}},
                        "decode_splits": {B: WAVES}},
-    "64x4w3s waves": {"decode": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}},
+    "64x4w3s waves": {"decode": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "many_per_sm": 0}},
                       "decode_splits": {B: WAVES}},
-    "128x8w2s per-SM": {"decode": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}},
+    "128x8w2s per-SM": {"decode": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "many_per_sm": 0}},
                         "decode_splits": {B: PER_SM}},
 }
 FP8_RULES = {

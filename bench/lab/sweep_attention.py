@@ -107,7 +107,8 @@ class _DecodeCfg:
 
     def __enter__(self):
         base, (bn, w, s) = self.base, self.cfg
-        dec_mod._pick_config = lambda *a: {**base(*a), "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+        dec_mod._pick_config = lambda *a: {**base(*a), "BLOCK_N": bn, "num_warps": w, "num_stages": s,
+                                           "many_per_sm": 0}  # the warps as given (launch_warps)
 
     def __exit__(self, *exc):
         dec_mod._pick_config = self.base
@@ -278,7 +279,8 @@ def extend_part(rows: list[dict]) -> None:
     try:
         for cfg in EXTEND_CONFIGS:
             ext_mod._pick_config = lambda head_dim, device, *_, c=cfg: {
-                "BLOCK_M": c[0], "BLOCK_N": c[1], "BLOCK_D": 128, "num_warps": c[2], "num_stages": c[3]}
+                "BLOCK_M": c[0], "BLOCK_N": c[1], "BLOCK_D": 128, "num_warps": c[2], "num_stages": c[3],
+                "USE_TMA": False, "M_MAJOR": True}
             for name, run, flops in shapes:
                 try:
                     table[cfg, name] = us = bk.bench_ms(run) * 1e3

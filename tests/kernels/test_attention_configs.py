@@ -201,3 +201,19 @@ def test_decode_warps_follow_the_program_count():
     assert launch_warps(ac.attention_config("decode_fp8", 128), 10_000, 132) == 4  # FP8 pools: no key
     assert launch_warps(ac.CPU["decode"], 10_000, 132) == ac.CPU["decode"]["num_warps"]
 
+
+def test_split_stage_asks_launch_warps_with_its_program_count(monkeypatch, paged_batch):
+    """run_split_stage passes splits x KV heads x requests to launch_warps and launches with its
+    answer (the interpreter ignores warps, so the call is what is checked)."""
+    dec_mod = sys.modules["radixrt.kernels.decode_attention"]
+    seen = []
+    real = dec_mod.launch_warps
+
+    def spy(cfg, programs, num_sms):
+        seen.append(programs)
+        return real(cfg, programs, num_sms)
+    monkeypatch.setattr(dec_mod, "launch_warps", spy)
+    b = paged_batch([30, 5, 60], [1, 1, 1], 16, 8, 2, 64, torch.float32)
+    dec_mod.decode_attention(b.q, b.k_buffer, b.v_buffer, b.page_table, b.seq_lens, 16, None, 3)
+    assert seen == [3 * 2 * 3]
+

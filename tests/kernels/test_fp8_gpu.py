@@ -85,7 +85,15 @@ def test_fp8_scaled_mm_accumulation_modes(monkeypatch: pytest.MonkeyPatch, fast:
     monkeypatch.setattr(layer, "fast_accum", fast)
     x = torch.randn(256, 18944, device="cuda", dtype=torch.bfloat16)
     ref = fp8_linear_ref(x, layer.weight, layer.weight_scale, None)
+    calls = []
+    real = torch._scaled_mm
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("use_fast_accum"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
     assert _rel(layer._scaled_mm(x), ref) < 1e-2
+    assert calls == [fast]  # the flag reaches the GEMM
 
 
 def _replay_matches_eager(layer: Fp8Linear, x: torch.Tensor) -> torch.Tensor:
