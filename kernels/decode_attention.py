@@ -235,9 +235,9 @@ def choose_num_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
     "decode_splits_fp8" with kv_fp8 (an FP8 pool: half the bytes per token). Policy
     "per_sm" (the d64 / d256 default): aim for `programs_per_sm` (4) programs per SM over
     (request, KV head, split), but give each split at least `min_split_tokens` (128), so short
-    sequences are not cut into
-    slivers whose merge costs more than it saves. (4 per SM and the cap of 64 were the best of 2-16
-    per SM and caps 64 / 128 on an H200, 2026-11-29, over 6 batch x context shapes.) Policy "waves":
+    sequences are not cut into slivers whose merge costs more than it saves. (4 per SM and the cap
+    of 64 were the best of 2-16 per SM and caps 64 / 128 on an H200, 2026-11-29, over 6 batch x
+    context shapes.) Policy "waves":
     _splits_by_waves with the entry's occupancy, merge_tokens and program_tokens, under the same caps
     (the d128 default since 2026-12-03, and FP8 pools').
     bench/kernels/sweep_kernels.py times both policies.

@@ -45,8 +45,8 @@ def block_slots(pt_row, pages, n0, end, offs_n, mask_d, PAGE_SIZE: tl.constexpr,
 @triton.jit
 def load_rows(buf, slot, kvh, stride_s, stride_h, offs_d, kv_mask):
     """The rows [BLOCK_N, BLOCK_D] of KV head `kvh` at pool slots `slot` (0 where masked). The head
-    offset is int64: in a head-major pool (docs/memory.md) stride_h is the whole buffer's slot count
-    times D, and kvh * stride_h passes 2^31 elements on large pools."""
+    offset is int64: in a head-major pool (docs/kernels.md, "KV layout") stride_h is the whole
+    buffer's slot count times D, and kvh * stride_h passes 2^31 elements on large pools."""
     head = buf + kvh.to(tl.int64) * stride_h
     return tl.load(head + slot[:, None] * stride_s + offs_d[None, :], mask=kv_mask, other=0.0)
 
