@@ -98,7 +98,7 @@ def bench_linears(rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[dict
     int GEMV at M <= 2), FP8 _scaled_mm."""
     from radixrt.kernels import fp8_skinny_linear
     from radixrt.models.linear import Linear
-    from radixrt.models.quant.fp8 import Fp8Linear
+    from radixrt.models.quant.fp8 import Fp8Linear, quantize_per_token
 
     dev = torch.device("cuda")
     layers = []
@@ -121,7 +121,7 @@ def bench_linears(rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[dict
 
     def fp8_scaled_mm(x: list[torch.Tensor]) -> None:
         for (_, f8), xi in zip(layers, x, strict=True):
-            f8._scaled_mm(xi)
+            f8._scaled_mm(*quantize_per_token(xi), xi.dtype)  # the quantization included, as before
 
     out = []
     for m in rows:

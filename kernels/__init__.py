@@ -3,7 +3,7 @@
 KV layout and the metadata each kernel takes: docs/kernels.md.
 """
 
-from .activation import silu_and_mul
+from .activation import silu_and_mul, silu_and_mul_quant_fp8
 from .cascade_attention import CascadeTile, cascade_decode_attention, choose_num_prefix_splits
 from .decode_attention import choose_num_kv_splits, decode_attention
 from .extend_attention import extend_attention
@@ -11,7 +11,7 @@ from .fp8_quant import per_token_quant_fp8
 from .gemm_fp8 import Fp8GemmConfig, fp8_gemm
 from .gemv import SkinnyConfig, SkinnyWorkspace, skinny_linear, skinny_linear_supported
 from .gemv_fp8_int import Fp8IntConfig, fp8_skinny_linear
-from .norm import rms_norm
+from .norm import rms_norm, rms_norm_quant_fp8
 from .rotary import apply_rotary, build_rope_cache
 from .store_kv import store_kv
 
@@ -32,7 +32,9 @@ __all__ = [
     "fp8_skinny_linear",
     "per_token_quant_fp8",
     "rms_norm",
+    "rms_norm_quant_fp8",
     "silu_and_mul",
+    "silu_and_mul_quant_fp8",
     "skinny_linear",
     "skinny_linear_supported",
     "store_kv",

@@ -14,7 +14,9 @@ Kinds (the launcher that reads each):
                 e4m3 tensor-core forms of paged_loop_fp8.py: "fp8" (q and P as e4m3,
                 FlashAttention-3's FP8 operands), "fp8x2" (q and P as two e4m3 terms each), "qk8"
                 (q as two e4m3 terms against K, P V in fp16); kv_dot also applies to the fused form
-                over an FP8 pool
+                over an FP8 pool. Above many_per_sm programs per SM, each over at most
+                many_max_tokens keys, the entries of "many" replace the config's (BLOCK_N,
+                num_warps, num_stages, kv_dot; decode_attention.launch_config)
   decode_splits the split-count rule of choose_num_kv_splits (see there): policy "per_sm"
                 (programs_per_sm, min_split_tokens) or "waves" (occupancy, merge_tokens,
                 program_tokens)
@@ -94,8 +96,16 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # kv_dot "f16v" (V widened before its dot, no byte loads from shared memory) measured slower
     # (H200, 2026-12-03, bench/lab/decode_rules.py: 64 x 4,096 114.1 against 101.4 us, 128 x 2,048
     # 115.8 against 103.6; its fp16 copy of V takes 106 against 74 KB of shared memory)
+    # Above 4 programs per SM with at most 1,024 keys per split (`random`'s 256 requests x 4 KV heads
+    # at 512-768 tokens) the "many" config: 64-key blocks, kv_dot "f16v", 3 stages ran 256 x 512 /
+    # 640 / 768 in 61.3 / 72.9 / 84.5 against 69.2 / 80.2 / 90.8 us, but 64 x 4,096 (256 programs)
+    # in 126.8 against 101.4, and in a second run 256 x 2,048 / 4,096 in 202.6 / 390.9 against
+    # 198.0 / 373.4, 160 x 2,048 (2 splits) 142.7 / 147.7, 192 x 1,024 87.2 / 86.6 (H200, 2026-12-03,
+    # bench/lab/decode_rules.py --pools fp8; launch_config)
     "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"},
-                   "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16"},
+                   "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16",
+                            "many_per_sm": 4, "many_max_tokens": 1024,
+                            "many": {"BLOCK_N": 64, "num_stages": 3, "kv_dot": "f16v"}},
                    "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"}},
     # 4 programs per SM and >= 128 tokens per split: the best of 2-16 per SM on an H200, 2026-11-29
     "decode_splits": {"d64": dict(_SPLITS), "d256": dict(_SPLITS),
@@ -170,6 +180,8 @@ def _validate(table: object) -> dict[str, dict[str, dict]]:
             check(not unknown, f"unknown keys {sorted(unknown)} in overrides[{kind!r}][{b!r}]")
             check(cfg.get("kv_dot", "f16") in KV_DOTS,
                   f"overrides[{kind!r}][{b!r}]['kv_dot'] must be one of {KV_DOTS}")
+            check(cfg.get("many", {}).get("kv_dot", "f16") in KV_DOTS,
+                  f"overrides[{kind!r}][{b!r}]['many']['kv_dot'] must be one of {KV_DOTS}")
         out[kind] = copy.deepcopy(by_bucket)
     return out
 

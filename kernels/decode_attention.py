@@ -193,12 +193,42 @@ def _pick_config(head_dim: int, group: int, device: torch.device, merge_prefix: 
 
 
 def launch_warps(cfg: dict, programs: int, num_sms: int) -> int:
-    """Warps per program of a split-stage launch of `programs` programs: the config's num_warps, or
-    num_warps_many when it has more than many_per_sm programs per SM (kind "decode"; other kinds and
-    many_per_sm 0 never switch). H200, 2026-12-03: 8 warps ran 64 x 4,096 (256 programs) in 138.8
-    against 142.2 us with 4, but 256 x 768 (1,024 programs) in 113.8 against 110.8."""
+    """Warps per program of a split-stage launch of `programs` programs: launch_config's num_warps.
+    H200, 2026-12-03: 8 warps ran 64 x 4,096 (256 programs) in 138.8 against 142.2 us with 4, but
+    256 x 768 (1,024 programs) in 113.8 against 110.8."""
+    return launch_config(cfg, programs, num_sms)["num_warps"]
+
+
+def launch_config(cfg: dict, programs: int, num_sms: int, split_tokens: int | None = None) -> dict:
+    """The config of a split-stage launch of `programs` programs, each over at most `split_tokens`
+    keys (None: unknown): `cfg` itself, or, when the launch has more than many_per_sm programs per SM
+    (many_per_sm 0 or absent: never) and, where the config sets many_max_tokens, split_tokens is
+    known and at most that, a copy with num_warps_many as num_warps (kind "decode") and the "many"
+    entries (kind "decode_fp8": BLOCK_N, num_warps, num_stages, kv_dot) in place of the config's.
+    Never raises."""
     many = cfg.get("many_per_sm", 0)
-    return cfg["num_warps_many"] if many and programs > many * num_sms else cfg["num_warps"]
+    if not many or programs <= many * num_sms:
+        return cfg
+    max_tokens = cfg.get("many_max_tokens", 0)
+    if max_tokens and (split_tokens is None or split_tokens > max_tokens):
+        return cfg
+    out = dict(cfg)
+    if "num_warps_many" in cfg:
+        out["num_warps"] = cfg["num_warps_many"]
+    for key, value in cfg.get("many", {}).items():
+        out["KV_DOT" if key == "kv_dot" else key] = value
+    return out
+
+
+def decode_launch_variant(batch_size: int, num_kv_heads: int, head_dim: int, num_kv_splits: int,
+                          max_seq_len: int | None, kv_fp8: bool, device: torch.device) -> bool:
+    """Whether a plain decode_attention call of this shape (max_seq_len passed as given) launches
+    its split stage with launch_config's "many" variant (the GQA group does not enter): part of
+    what a CUDA graph bakes in besides the split count (worker/attention_triton.py's
+    decode_graph_key). Never raises."""
+    cfg = _pick_config(head_dim, 1, device, False, kv_fp8)
+    tokens = None if max_seq_len is None else triton.cdiv(max_seq_len, num_kv_splits)
+    return launch_config(cfg, num_kv_splits * num_kv_heads * batch_size, _num_sms(device), tokens) is not cfg
 
 
 @functools.cache
@@ -275,14 +305,15 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
                     seq_lens: torch.Tensor, kv_start: torch.Tensor | None, page_size: int, qk_scale: float,
                     num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor,
                     out: torch.Tensor | None = None, num_prefix_splits: int = 0,
-                    v_scale: float = 1.0) -> None:
+                    v_scale: float = 1.0, max_seq_len: int | None = None) -> None:
     """Stage 1 on checked arguments: splits 0..num_kv_splits-1 of [kv_start, seq_len) into
     mid_o[:, :, :num_kv_splits] / mid_lse (qk_scale already includes log2(e) and an FP8 pool's
     k_scale; v_scale multiplies the values read from the pool).
 
     With `out` (only for num_kv_splits == 1) the single split writes the final output to out instead,
     first merging, when num_prefix_splits > 0, the prefix partials in mid slots
-    1 .. num_prefix_splits of rows with kv_start > 0 (cascade); no merge stage is needed then."""
+    1 .. num_prefix_splits of rows with kv_start > 0 (cascade); no merge stage is needed then.
+    max_seq_len (host int or None) bounds the keys per split for launch_config."""
     batch_size, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     direct = out is not None
@@ -290,7 +321,8 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
     merge_prefix = direct and kv_start is not None and num_prefix_splits > 0
     cfg = _pick_config(head_dim, num_q_heads // num_kv_heads, q.device, merge_prefix,
                        k_buffer.dtype == FP8_DTYPE)
-    cfg["num_warps"] = launch_warps(cfg, num_kv_splits * num_kv_heads * batch_size, _num_sms(q.device))
+    tokens = None if max_seq_len is None else triton.cdiv(max_seq_len, num_kv_splits)
+    cfg = launch_config(cfg, num_kv_splits * num_kv_heads * batch_size, _num_sms(q.device), tokens)
     o = out if direct else q  # (o is not read unless DIRECT_OUT)
     pdl = use_pdl(q)
     _decode_split_kernel[(num_kv_splits, num_kv_heads, batch_size)](
@@ -368,7 +400,7 @@ def decode_attention(
     seq_lens: torch.Tensor, page_size: int, scale: float | None, num_kv_splits: int,
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None,
     mid_lse: torch.Tensor | None = None, kv_start: torch.Tensor | None = None,
-    k_scale: float = 1.0, v_scale: float = 1.0,
+    k_scale: float = 1.0, v_scale: float = 1.0, max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new query token per request over its cached sequence.
 
@@ -389,6 +421,8 @@ def decode_attention(
                         An FP8 pool's split stage takes the "decode_fp8" config: with kv_dot
                         "f16" (GPU default) q is rounded to fp16 (clamped to +-65504) and both
                         dots run in fp16, whatever q's dtype
+    max_seq_len       : optional host int >= every seq_len (a CUDA graph's length class): lets
+                        launch_config pick the config for many short splits (None: not picked)
     Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices.
     """
     check_decode_args(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, num_kv_splits)
@@ -401,9 +435,9 @@ def decode_attention(
     qk_scale = scale * LOG2E * float(k_scale)
     if num_kv_splits == 1:  # one split covers everything: it writes the output, no merge stage
         run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
-                        1, mid_o, mid_lse, out=out, v_scale=v_scale)
+                        1, mid_o, mid_lse, out=out, v_scale=v_scale, max_seq_len=max_seq_len)
         return out
     run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
-                    num_kv_splits, mid_o, mid_lse, v_scale=v_scale)
+                    num_kv_splits, mid_o, mid_lse, v_scale=v_scale, max_seq_len=max_seq_len)
     run_merge_stage(mid_o, mid_lse, out, num_kv_splits)
     return out

@@ -237,6 +237,9 @@ class Env:
     # the K loop goes (use_fast_accum=False), instead of accumulating in the tensor core for the
     # whole K loop (models/quant/fp8.py; docs/kernels.md, "FP8")
     fp8_fast_accum: bool = True
+    # RADIXRT_FP8_FUSED_QUANT=0: every FP8 linear on the W8A8 path quantizes its own input, instead of
+    # taking it quantized from the RMSNorm / SiLU-and-mul kernel before it (models/quant/fp8.py)
+    fp8_fused_quant: bool = True
     # RADIXRT_CPU_PACKED_LINEAR=0: CPU linears always through F.linear (no oneDNN packed weights)
     cpu_packed_linear: bool = True
     # RADIXRT_CPU_NATIVE_LINEAR: float32 CPU linears of up to 128 rows through the native kernel
@@ -262,6 +265,7 @@ class Env:
             fp8_skinny_max_rows=int(os.environ.get("RADIXRT_FP8_SKINNY_MAX_ROWS", "16")),
             fp8_triton_gemm=os.environ.get("RADIXRT_FP8_TRITON_GEMM", "1") not in ("0", "false"),
             fp8_fast_accum=os.environ.get("RADIXRT_FP8_FAST_ACCUM", "1") not in ("0", "false"),
+            fp8_fused_quant=os.environ.get("RADIXRT_FP8_FUSED_QUANT", "1") not in ("0", "false"),
             cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
             cpu_native_linear={"0": "0", "false": "0", "1": "1", "true": "1"}.get(
                 os.environ.get("RADIXRT_CPU_NATIVE_LINEAR", "auto").strip().lower(), "auto"),

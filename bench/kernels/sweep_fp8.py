@@ -136,7 +136,8 @@ def decode_shape(batch: int, ctx: int, deadline: float) -> dict:
     variants += [("fp8x2", (128, 4, 3)), ("fp8", (64, 4, 3))]
     res["fp8"] = []
     for kv_dot, blk in variants:
-        cfg = {**dict(zip(("BLOCK_N", "num_warps", "num_stages"), blk, strict=True)), "kv_dot": kv_dot}
+        cfg = {**dict(zip(("BLOCK_N", "num_warps", "num_stages"), blk, strict=True)), "kv_dot": kv_dot,
+               "many_per_sm": 0}  # these blocks at every program count (launch_config)
         for splits in sorted(set(splits_of.values()) | {bf16_splits}):
             if time.monotonic() > deadline:
                 res.setdefault("skipped", []).append([cfg, splits])

@@ -15,7 +15,8 @@ most: batch 1 (the batch-1 decode step), 16, and the classes of `random` (256 x 
         default (4 warps, the per-SM rule); 8 warps + waves at every program count; 4 warps / 3
         stages + waves; 64-key blocks / 3 stages + waves; 8 warps + the per-SM rule (the named
         rules pin their warps: many_per_sm 0)
-  fp8:  the default (kv_dot "f16", 4 warps, 3 stages, waves; "old f16" spells it out); kv_dot "f16v"
+  fp8:  the default (kv_dot "f16", 4 warps, 3 stages, waves; since 2026-12-03 above 4 programs per
+        SM 64-key blocks with kv_dot "f16v": launch_config; "old f16" is the rule before); kv_dot "f16v"
         (V widened before its dot, no byte loads from shared memory, kernels/paged_loop.py V_WIDEN;
         measured slower on 2026-12-03) at four blocks; "f16" with 8 and 2 warps.
 Each is checked against the fp32 reference (FP8: on the dequantized values) before it is timed;
@@ -65,7 +66,19 @@ FP8_RULES = {
     "f16v 128x8w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "kv_dot": "f16v"}}},
     "128x8w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}}},
     "128x2w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 2, "num_stages": 3}}},
+    # kv_dot "f16" at smaller blocks / deeper pipelines: `random`'s decode batches (256 x 512-768,
+    # 1,024 programs) run the FP8 pool at ~2.2 TB/s against bf16's ~3.6 (2026-12-03)
+    "64x4w3s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}}},
+    "64x4w4s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 4}}},
+    "64x2w4s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}}},
+    "32x4w4s": {"decode_fp8": {B: {"BLOCK_N": 32, "num_warps": 4, "num_stages": 4}}},
+    "128x4w4s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 4}}},
 }
+
+
+for _name, _rule in FP8_RULES.items():  # a named rule runs its blocks at every program count
+    if _name != "default":
+        _rule["decode_fp8"][B]["many_per_sm"] = 0
 
 
 def shape_rows(batch: int, ctx: int, fp8: bool) -> list[dict]:
@@ -101,19 +114,33 @@ def shape_rows(batch: int, ctx: int, fp8: bool) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
+    p.add_argument("--pools", default="bf16,fp8", help="pools to run: bf16, fp8")
+    p.add_argument("--shapes", default=None,
+                   help="batch x context shapes, e.g. 256x512,64x4096 (default: SHAPES)")
+    p.add_argument("--rules", default=None, help="rule names to run (default: all of the pool's)")
     ns = p.parse_args(argv)
+    global SHAPES
+    if ns.shapes:
+        SHAPES = [tuple(int(v) for v in sh.split("x")) for sh in ns.shapes.split(",")]
+    if ns.rules:
+        keep = set(ns.rules.split(",")) | {"default"}
+        for table in (BF16_RULES, FP8_RULES):
+            for name in list(table):
+                if name not in keep:
+                    del table[name]
     if not torch.cuda.is_available():
         sys.exit("decode_rules needs a CUDA device")
     torch.manual_seed(0)
     t0 = time.time()
     result: dict = {**run_header(), "rows": []}
-    for fp8 in (False, True):
+    pools = ns.pools.split(",")
+    for fp8 in [p == "fp8" for p in pools]:
         for batch, ctx in SHAPES:
             result["rows"] += shape_rows(batch, ctx, fp8)
             torch.cuda.empty_cache()
             print(f"[{time.time() - t0:5.1f}s] {'fp8' if fp8 else 'bf16'} {batch} x {ctx}", flush=True)
         write_json(out_path(ns.out, "decode-rules.json"), result)
-    for pool in ("bf16", "fp8"):
+    for pool in pools:
         rules = list(FP8_RULES if pool == "fp8" else BF16_RULES)
         print(f"\n{pool} pool, us (splits); last column cuDNN on contiguous bf16 K/V")
         print("| shape | " + " | ".join(rules) + " | cuDNN |")

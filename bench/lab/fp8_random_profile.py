@@ -61,6 +61,13 @@ ENGINES: dict[str, dict[str, Any]] = {
     "kv8": {"flags": KV8},  # bf16 weights, FP8 KV pool
     "fp8_head_bf16": {"flags": {"quantization": "fp8", "lm_head_quantization": "none"}, "random": False},
     "fp8_kv8_before": {"flags": {"quantization": "fp8", **KV8}, "before": True},
+    # Fp8Linear class attributes set for the engine's life: the linears quantizing their own input
+    # (as before 2026-12-03's fused RMSNorm / SiLU quantization), _scaled_mm without fast accumulation
+    "fp8_kv8_unfused": {"flags": {"quantization": "fp8", **KV8}, "fp8_attrs": {"fused_quant": False}},
+    "fp8_kv8_promoted": {"flags": {"quantization": "fp8", **KV8}, "fp8_attrs": {"fast_accum": False}},
+    # the FP8 pool's decode config at every program count (no "many" switch: launch_config)
+    "fp8_kv8_nomany": {"flags": {"quantization": "fp8", **KV8},
+                       "attn": {"decode_fp8": {"d128": {"many_per_sm": 0}}}},
 }
 
 
@@ -260,6 +267,21 @@ def as_before_fix() -> Iterator[None]:
         cuda_graph.SHORTEST_LEN_CLASS = saved
 
 
+@contextlib.contextmanager
+def fp8_linear_attrs(attrs: dict[str, Any]) -> Iterator[None]:
+    """Fp8Linear's class attributes (fused_quant, fast_accum, ...) set to `attrs` inside the block."""
+    from radixrt.models.quant.fp8 import Fp8Linear
+
+    saved = {k: getattr(Fp8Linear, k) for k in attrs}
+    for k, v in attrs.items():
+        setattr(Fp8Linear, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(Fp8Linear, k, v)
+
+
 def bench_attention() -> list[dict[str, Any]]:
     """Decode attention (fp8_bench's harness): 256 x 640 at the rule's split counts and with 33 FP8
     splits, and 64 x 4,096."""
@@ -416,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown engines {sorted(unknown)}")
     import_kernels()
     from bench.fp8_bench import model_dir
-    from radixrt.kernels import gemm_fp8
+    from radixrt.kernels import attention_configs, gemm_fp8
 
     stages = ns.only.split(",")
     end = T0 + ns.budget_s
@@ -455,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
             gemm_fp8.FP8_GEMM_TUNED.update(routed)
             if spec.get("triton"):
                 gemm_fp8.FP8_GEMM_TUNED.update(best)
-            with as_before_fix() if spec.get("before") else contextlib.nullcontext():
+            with (as_before_fix() if spec.get("before") else contextlib.nullcontext(),
+                  fp8_linear_attrs(spec.get("fp8_attrs", {})),
+                  attention_configs.overriding(spec.get("attn", {}))):
                 rep["engines"][name] = bench_engine(name, path, spec.get("random", True), **spec["flags"])
             gc.collect()
             torch.cuda.empty_cache()

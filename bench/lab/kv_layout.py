@@ -133,9 +133,8 @@ def decode_part(fp8: bool) -> list[dict]:
         layouts = {"token-major": (kb, vb), "head-major": (head_major(kb), head_major(vb))}
         for blk in blocks:
             cfg = dict(zip(("BLOCK_N", "num_warps", "num_stages"), blk, strict=True))
-            if not fp8:  # the warps as given at every program count (launch_warps)
-                cfg["many_per_sm"] = 0
             is_default = all(default_cfg[k] == v for k, v in cfg.items())
+            cfg["many_per_sm"] = 0  # the config as given at every program count (launch_config)
             for splits in sorted(split_counts):
                 mid_o = torch.empty(batch, HQ, splits, D, device=DEV)
                 mid_lse = torch.empty(batch, HQ, splits, device=DEV)

@@ -17,6 +17,7 @@ decisions to its device page table and pool before the pass and builds one `Forw
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -118,11 +119,11 @@ class AttentionBackend(ABC):
     # 0 = no fused form. CUDA graphs capture a second set of cascade graphs up to this bound.
     cascade_fused_max_suffix: int = 0
 
-    def decode_graph_key(self, batch_size: int, max_seq_len: int) -> int:
+    def decode_graph_key(self, batch_size: int, max_seq_len: int) -> Hashable:
         """What a DECODE pass of `batch_size` requests, the longest `max_seq_len` tokens, bakes into a
-        CUDA graph besides the batch size, as an int (host ints only): passes with equal keys can
-        replay one graph (worker/cuda_graph.py's length classes). Default 0: one graph serves every
-        length."""
+        CUDA graph besides the batch size, as a hashable of host values (e.g. the Triton backend's
+        (split count, launch variant)): passes with equal keys can replay one graph
+        (worker/cuda_graph.py's length classes). Default 0: one graph serves every length."""
         return 0
 
     @abstractmethod

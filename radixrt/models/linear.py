@@ -139,6 +139,12 @@ class Linear(nn.Linear):
                 return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
+    def takes_fp8_input(self, rows: int, device: torch.device) -> bool:
+        """Whether `forward` takes an `Fp8Act` (activations its producer's kernel quantized per token,
+        models/quant/fp8.py) for a call of `rows` rows on `device`. Never for a plain Linear; an
+        Fp8Linear says yes where it would quantize its input itself. Never raises."""
+        return False
+
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU of this Linear's fused [gate; up] weight [2I, K]: x [M, K] -> silu(x Wg^T) * (x Wu^T)
         [M, I], i.e. `ops.silu_and_mul(self(x))`. Float32 CPU calls of NATIVE_LINEAR_ROWS rows without

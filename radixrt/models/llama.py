@@ -6,7 +6,9 @@ paged pool (the contract: radixrt/attention/base.py). Architecture differences a
 (`ModelConfig.qkv_bias`, `qk_norm`, `tie_word_embeddings`, `rope_scaling`).
 
 Weights are stored fused (q|k|v and gate|up) for two large matmuls instead of five;
-`load_weights` maps Hugging Face tensor names onto them.
+`load_weights` maps Hugging Face tensor names onto them. With FP8 linears (`--quantization fp8`) the
+RMSNorms before qkv and gate_up and the SiLU-and-mul before down quantize their output per token in
+their own kernel where the linear takes that (`Linear.takes_fp8_input`; models/quant/fp8.py).
 
 Built with a `TPGroup` (--tp-size N > 1), the model is one rank's slice: `config` is the rank's
 (heads, KV heads, intermediate size per rank: parallel/layout.py), o_proj and down_proj are
@@ -29,6 +31,7 @@ from radixrt.models.model_config import ModelConfig
 from radixrt.models.rope import build_cos_sin_cache
 
 if TYPE_CHECKING:
+    from radixrt.models.quant.fp8 import Fp8Act
     from radixrt.parallel.group import TPGroup
 
 
@@ -38,8 +41,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, consumer: Linear | None = None
+                ) -> tuple[torch.Tensor | Fp8Act, torch.Tensor]:
+        """(out, new_residual) as `ops.rms_norm`; out is an Fp8Act (`ops.rms_norm_fp8`) when x is
+        [T, H] and `consumer`, the linear that reads out, takes its input quantized."""
+        if consumer is not None and x.dim() == 2 and consumer.takes_fp8_input(x.shape[0], x.device):
+            return ops.rms_norm_fp8(x, self.weight, self.eps, residual)
         return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
@@ -64,7 +71,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    def forward(self, x: torch.Tensor | Fp8Act, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -86,7 +93,9 @@ class MLP(nn.Module):
         self.gate_up_proj.gated = True
         self.down_proj = _row_linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, tp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
+        if self.down_proj.takes_fp8_input(x.shape[0], x.device):  # SiLU, product and quantization fused
+            return self.down_proj(ops.silu_and_mul_fp8(self.gate_up_proj(x)))
         return self.down_proj(self.gate_up_proj.silu_and_mul(x))  # ops.silu_and_mul(gate_up_proj(x))
 
 
@@ -101,9 +110,9 @@ class DecoderLayer(nn.Module):
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
                 cos_sin_cache: torch.Tensor, backend: AttentionBackend
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        x, residual = self.input_layernorm(h, residual)
+        x, residual = self.input_layernorm(h, residual, consumer=self.self_attn.qkv_proj)
         x = self.self_attn(x, positions, cos_sin_cache, backend)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm(x, residual, consumer=self.mlp.gate_up_proj)
         return self.mlp(x), residual
 
 

@@ -1,10 +1,11 @@
 """The small per-token ops of a decoder layer: fused Triton kernels on CUDA, torch elsewhere (float32
 RMSNorm: the native C loop of `radixrt.worker.cpu_native` when that library is loaded).
 
-Every model calls these three functions (and nothing else) for RMSNorm, rotary embedding and the
-gated MLP activation, so that fused Triton kernels (`radixrt.kernels`) can replace them later
-without touching model code. Numerics follow the Hugging Face Llama reference: RMSNorm in float32,
-cast back to the input dtype before the weight multiply; rotary tables in float32.
+Every model calls these functions (and nothing else) for RMSNorm, rotary embedding and the gated MLP
+activation (the `_fp8` forms where an FP8 linear takes their output quantized), so that fused Triton
+kernels (`radixrt.kernels`) can replace them later without touching model code. Numerics follow the
+Hugging Face Llama reference: RMSNorm in float32, cast back to the input dtype before the weight
+multiply; rotary tables in float32.
 """
 
 from __future__ import annotations
@@ -144,6 +145,44 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
             return native.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate).mul_(up)
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """`rms_norm` whose output is quantized per token to FP8 for an FP8 linear (models/quant/fp8.py).
+
+    Args:
+        x: [T, H] activations; weight, eps, residual as `rms_norm`.
+
+    Returns:
+        (Fp8Act of the normalised [T, H] rows in x's dtype, new_residual [T, H]). On CUDA one kernel
+        (`kernels.rms_norm_quant_fp8`: the bf16 output is never written); elsewhere `rms_norm` then
+        `quantize_per_token`, the same values.
+    """
+    from radixrt.models.quant.fp8 import Fp8Act, quantize_per_token
+
+    if x.is_cuda:
+        from radixrt.kernels import rms_norm_quant_fp8
+
+        q, scale, new_residual = rms_norm_quant_fp8(x, weight, eps, residual)
+        return Fp8Act(q, scale, x.dtype), new_residual
+    out, new_residual = rms_norm(x, weight, eps, residual)
+    return Fp8Act(*quantize_per_token(out), x.dtype), new_residual
+
+
+def silu_and_mul_fp8(x: torch.Tensor):
+    """`silu_and_mul` quantized per token to FP8 for an FP8 down projection: x [T, 2I] -> Fp8Act of
+    [T, I] rows in x's dtype. On CUDA from kernels.activation.QUANT_FUSED_MIN_ROWS rows one kernel
+    (`kernels.silu_and_mul_quant_fp8`, faster there); otherwise `silu_and_mul` then
+    `quantize_per_token`, the same values."""
+    from radixrt.models.quant.fp8 import Fp8Act, quantize_per_token
+
+    if x.is_cuda:
+        from radixrt.kernels import silu_and_mul_quant_fp8
+        from radixrt.kernels.activation import QUANT_FUSED_MIN_ROWS
+
+        if x.shape[0] >= QUANT_FUSED_MIN_ROWS:
+            return Fp8Act(*silu_and_mul_quant_fp8(x), x.dtype)
+    return Fp8Act(*quantize_per_token(silu_and_mul(x)), x.dtype)
 
 
 def _cpu_native() -> ModuleType | None:

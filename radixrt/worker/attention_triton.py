@@ -10,9 +10,11 @@ new K/V into the pool at meta.out_cache_loc and then attends:
 CUDA graphs (decode): forward does no host synchronisation, and its only allocation is the output,
 whose size depends on the batch size alone. The split workspace is allocated once, for every batch
 size up to `max_batch_size`, and handed to the kernel as views. The number of KV splits is a host
-int chosen in `prepare` from (batch size, meta.max_seq_len) and baked into a captured graph; it is
-also `decode_graph_key`, so cuda_graph.py captures one graph per split count over its length classes
-and replays the one chosen for the batch's real longest sequence. The kernel clips the split ranges
+int chosen in `prepare` from (batch size, meta.max_seq_len) and baked into a captured graph, as is
+the split stage's launch variant (kernels' launch_config: a config for many short splits, which
+decode_attention picks from max_seq_len); the pair is `decode_graph_key`, so cuda_graph.py captures
+one graph per distinct pair over its length classes and replays the one chosen for the batch's real
+longest sequence. The kernel clips the split ranges
 to each row's seq_len on the device, so any replay is exact; a split count chosen for a much longer
 sequence only runs empty programs (and a wider merge).
 """
@@ -31,6 +33,7 @@ from radixrt.kernels import (
     store_kv,
 )
 from radixrt.kernels.cascade_attention import default_tile
+from radixrt.kernels.decode_attention import decode_launch_variant
 from radixrt.protocol import ForwardMode
 
 DEFAULT_NUM_SMS = 132  # H200; used when the pool is not on a CUDA device
@@ -125,14 +128,20 @@ class TritonAttnBackend(AttentionBackend):
             extend_attention(q, k, v, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0], *meta, ps, None,
                              2, max_seq_len=max_seq_len)
 
+    @property
+    def _kv_fp8(self) -> bool:
+        return self.kv_pool.k_buffers[0].dtype == torch.float8_e4m3fn
+
     def _splits(self, batch_size: int, max_seq_len: int) -> int:
         return choose_num_kv_splits(batch_size, self.num_kv_heads, max_seq_len, self.num_sms,
-                                    self.max_num_kv_splits, head_dim=self.head_dim,
-                                    kv_fp8=self.kv_pool.k_buffers[0].dtype == torch.float8_e4m3fn)
+                                    self.max_num_kv_splits, head_dim=self.head_dim, kv_fp8=self._kv_fp8)
 
-    def decode_graph_key(self, batch_size: int, max_seq_len: int) -> int:
-        """The split count a plain DECODE pass of this shape takes (see AttentionBackend)."""
-        return self._splits(batch_size, max_seq_len)
+    def decode_graph_key(self, batch_size: int, max_seq_len: int) -> tuple[int, bool]:
+        """The split count a plain DECODE pass of this shape takes, and whether its split stage takes
+        the config for many short splits (kernels' decode_launch_variant; see AttentionBackend)."""
+        splits = self._splits(batch_size, max_seq_len)
+        return splits, decode_launch_variant(batch_size, self.num_kv_heads, self.head_dim, splits,
+                                             max_seq_len, self._kv_fp8, self.device)
 
     def _alloc_workspace(self, num_q_heads: int) -> None:
         """Room for batch * splits rows at every batch size <= max_batch_size and any sequence length."""
@@ -205,4 +214,5 @@ class TritonAttnBackend(AttentionBackend):
                                                                       head_dim)
             mid_lse = self._mid_lse[: rows * num_q_heads].view(batch_size, num_q_heads, splits)
         return decode_attention(q, k_buffer, v_buffer, meta.page_table, meta.seq_lens, meta.page_size,
-                                scale, splits, mid_o=mid_o, mid_lse=mid_lse, **kv_scales)
+                                scale, splits, mid_o=mid_o, mid_lse=mid_lse, max_seq_len=meta.max_seq_len,
+                                **kv_scales)

@@ -36,6 +36,7 @@ cascade graph, runs eagerly.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Hashable
 
 import torch
 from torch import nn
@@ -115,7 +116,7 @@ class CudaGraphRunner:
         self.group_prefix_lens = torch.zeros(MAX_CASCADE_GROUPS, dtype=torch.int32, device=dev)
         self.mem_pool = torch.cuda.graph_pool_handle()
         # (bs, key) -> graph; key = backend.decode_graph_key(bs, L), one graph per distinct key
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, Hashable], torch.cuda.CUDAGraph] = {}
         self.len_classes = seq_len_classes(context_len, SHORTEST_LEN_CLASS)  # (read now: benches set it)
         # bs -> the graph key of each length class
         self.class_keys = {bs: [backend.decode_graph_key(bs, n) for n in self.len_classes]
@@ -170,7 +171,7 @@ class CudaGraphRunner:
         else:
             self.graphs[bs, self.backend.decode_graph_key(bs, max_seq_len)] = graph
 
-    def graph_key(self, bs: int, max_seq_len: int) -> int:
+    def graph_key(self, bs: int, max_seq_len: int) -> Hashable:
         """The key of the plain graph of size bs that serves a batch whose longest sequence is
         max_seq_len tokens: that of the smallest length class >= max_seq_len (the longest class
         beyond the context length)."""

@@ -202,17 +202,38 @@ def test_decode_warps_follow_the_program_count():
     assert launch_warps(ac.CPU["decode"], 10_000, 132) == ac.CPU["decode"]["num_warps"]
 
 
-def test_split_stage_asks_launch_warps_with_its_program_count(monkeypatch, paged_batch):
-    """run_split_stage passes splits x KV heads x requests to launch_warps and launches with its
+def test_fp8_decode_config_switches_above_many_programs():
+    """d128 over an FP8 pool: the 128-key "f16" config up to 4 programs per SM or above 1,024 keys
+    per split, the "many" entries (64-key blocks, kv_dot "f16v") otherwise; an override of
+    many_per_sm 0 pins the config."""
+    from radixrt.kernels.decode_attention import _pick_config, launch_config
+
+    cfg = _pick_config(128, 7, torch.device("cuda"), kv_fp8=True)
+    assert (cfg["BLOCK_N"], cfg["KV_DOT"], cfg["num_stages"]) == (128, "f16", 3)
+    assert launch_config(cfg, 64 * 4, 132, 4096) is cfg  # 64 x 4,096: 256 programs
+    assert launch_config(cfg, 256 * 4, 132, 2048) is cfg  # 256 x 2,048: long splits
+    assert launch_config(cfg, 256 * 4, 132) is cfg  # split length unknown
+    many = launch_config(cfg, 256 * 4, 132, 768)  # `random`'s 256 requests x 4 KV heads
+    assert (many["BLOCK_N"], many["KV_DOT"], many["num_stages"], many["num_warps"]) == (64, "f16v", 3, 4)
+    assert cfg["BLOCK_N"] == 128  # the table's dict is not changed
+    with ac.overriding({"decode_fp8": {"d128": {"many_per_sm": 0}}}):
+        pinned = _pick_config(128, 7, torch.device("cuda"), kv_fp8=True)
+        assert launch_config(pinned, 10_000, 132, 512) is pinned
+    with pytest.raises(ValueError, match="kv_dot"):
+        ac.set_overrides({"decode_fp8": {"d128": {"many": {"kv_dot": "bf16"}}}})
+
+
+def test_split_stage_asks_launch_config_with_its_program_count(monkeypatch, paged_batch):
+    """run_split_stage passes splits x KV heads x requests to launch_config and launches with its
     answer (the interpreter ignores warps, so the call is what is checked)."""
     dec_mod = sys.modules["radixrt.kernels.decode_attention"]
     seen = []
-    real = dec_mod.launch_warps
+    real = dec_mod.launch_config
 
-    def spy(cfg, programs, num_sms):
+    def spy(cfg, programs, num_sms, split_tokens=None):
         seen.append(programs)
-        return real(cfg, programs, num_sms)
-    monkeypatch.setattr(dec_mod, "launch_warps", spy)
+        return real(cfg, programs, num_sms, split_tokens)
+    monkeypatch.setattr(dec_mod, "launch_config", spy)
     b = paged_batch([30, 5, 60], [1, 1, 1], 16, 8, 2, 64, torch.float32)
     dec_mod.decode_attention(b.q, b.k_buffer, b.v_buffer, b.page_table, b.seq_lens, 16, None, 3)
     assert seen == [3 * 2 * 3]

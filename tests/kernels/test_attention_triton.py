@@ -262,6 +262,29 @@ def test_decode_graph_key_is_the_split_count_prepare_bakes_in(device, kv_dtype):
                                out_cache_loc=torch.zeros(bs, **ints), positions=torch.zeros(bs, **ints),
                                max_seq_len=max_seq_len, max_extend_len=1)
             backend.prepare(meta)
-            assert backend.decode_graph_key(bs, max_seq_len) == backend._num_kv_splits
+            splits, variant = backend.decode_graph_key(bs, max_seq_len)
+            assert splits == backend._num_kv_splits
+            assert variant is False  # the interpreter's configs have no "many" variant
             keys.add(backend._num_kv_splits)
     assert len(keys) > 2  # the key does follow the length and the batch
+
+
+def test_decode_graph_key_carries_the_launch_variant(monkeypatch):
+    """With the GPU's config table, an FP8 pool's decode key has the "many" variant exactly where
+    launch_config takes it: > 4 programs per SM and <= 1,024 keys per split (host-side only)."""
+    import sys
+
+    from radixrt.kernels.decode_attention import decode_launch_variant
+
+    dec_mod = sys.modules["radixrt.kernels.decode_attention"]
+    monkeypatch.setattr(dec_mod, "_num_sms", lambda device: 132)
+    cuda = torch.device("cuda")
+    assert decode_launch_variant(256, 4, 128, 1, 1024, True, cuda)  # `random`'s length class
+    assert not decode_launch_variant(256, 4, 128, 1, 2048, True, cuda)  # longer splits
+    assert not decode_launch_variant(64, 4, 128, 1, 1024, True, cuda)  # 256 programs
+    assert not decode_launch_variant(256, 4, 128, 1, None, True, cuda)  # length unknown
+    assert decode_launch_variant(160, 4, 128, 2, 2048, True, cuda)  # 1,280 programs of 1,024 keys
+    # a bf16 pool switches only its warps, by program count alone: one key per (batch, splits)
+    assert decode_launch_variant(256, 4, 128, 1, 1024, False, cuda)
+    assert decode_launch_variant(256, 4, 128, 1, 32768, False, cuda)
+    assert not decode_launch_variant(64, 4, 128, 1, 1024, False, cuda)

@@ -27,6 +27,10 @@ from radixrt.kernels import (
     decode_attention,
     extend_attention,
     per_token_quant_fp8,
+    rms_norm,
+    rms_norm_quant_fp8,
+    silu_and_mul,
+    silu_and_mul_quant_fp8,
     store_kv,
 )
 from radixrt.kernels import gemv_fp8_int as G8
@@ -38,7 +42,7 @@ from radixrt.kernels.reference import (
     quantize_kv_ref,
 )
 from radixrt.models.linear import Linear
-from radixrt.models.quant.fp8 import Fp8Linear, fp8_linear_ref
+from radixrt.models.quant.fp8 import Fp8Linear, fp8_linear_ref, quantize_per_token
 
 from .conftest import make_paged_batch
 from .test_cascade_attention import make_cascade_batch
@@ -73,7 +77,7 @@ def test_fp8_linear_matches_dequantized_reference(n: int, k: int, m: int) -> Non
     skinny = m <= Fp8Linear.skinny_max_rows
     ref = fp8_linear_ref(x, layer.weight, layer.weight_scale, layer.bias, quantize_input=not skinny)
     assert _rel(out, ref) < 2e-2
-    scaled = layer._scaled_mm(x)  # the other path, whatever the routing
+    scaled = layer._scaled_mm(*quantize_per_token(x), x.dtype)  # the other path, whatever the routing
     assert _rel(scaled, fp8_linear_ref(x, layer.weight, layer.weight_scale, layer.bias)) < 2e-2
 
 
@@ -92,7 +96,7 @@ def test_fp8_scaled_mm_accumulation_modes(monkeypatch: pytest.MonkeyPatch, fast:
         calls.append(kwargs.get("use_fast_accum"))
         return real(*args, **kwargs)
     monkeypatch.setattr(torch, "_scaled_mm", spy)
-    assert _rel(layer._scaled_mm(x), ref) < 1e-2
+    assert _rel(layer._scaled_mm(*quantize_per_token(x), x.dtype), ref) < 1e-2
     assert calls == [fast]  # the flag reaches the GEMM
 
 
@@ -222,6 +226,41 @@ def test_per_token_quant_kernel_matches_torch() -> None:
     assert (q.float() != q_ref.float()).float().mean() < 1e-4  # ties: at most a reciprocal's ulp apart
 
 
+@pytest.mark.parametrize("rows", [17, 256, 8192])
+def test_fused_quant_kernels_at_7b_widths_eager_and_in_a_graph(rows: int) -> None:
+    """rms_norm_quant_fp8 (hidden 3,584, with the residual) and silu_and_mul_quant_fp8 (intermediate
+    18,944) match the unfused kernel then per_token_quant_fp8 (tests/kernels/test_fused_quant.py's
+    bounds: the norm's fp32 summation order may differ), eagerly and replayed; the residual exactly."""
+    from .test_fused_quant import assert_quant_matches
+
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 3584, device="cuda", generator=gen).to(torch.bfloat16)
+    res = torch.randn(rows, 3584, device="cuda", generator=gen).to(torch.bfloat16)
+    w = torch.rand(3584, device="cuda", generator=gen).to(torch.bfloat16)
+    gu = (torch.randn(rows, 2 * 18944, device="cuda", generator=gen) * 3).to(torch.bfloat16)
+
+    def fused():
+        return (*rms_norm_quant_fp8(x, w, 1e-6, res), *silu_and_mul_quant_fp8(gu))
+
+    def unfused():
+        out, new_res = rms_norm(x, w, 1e-6, res)
+        return (*per_token_quant_fp8(out), new_res, *per_token_quant_fp8(silu_and_mul(gu)))
+
+    def same(a, b):
+        assert_quant_matches(a[0], a[1], b[0].view(torch.uint8), b[1])
+        assert torch.equal(a[2], b[2])
+        assert_quant_matches(a[3], a[4], b[3].view(torch.uint8), b[4])
+    eager = fused()
+    same(eager, unfused())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fused()
+    for t in (x, res, gu):
+        t.copy_(torch.randn_like(t))
+    graph.replay()
+    same(captured, unfused())
+
+
 def test_store_kv_rounds_random_values_like_torch() -> None:
     b = make_paged_batch([5, 0], [11, 300], 16, 28, 4, 128, torch.bfloat16, device=torch.device("cuda"))
     kb, vb = b.k_buffer.to(FP8), b.v_buffer.to(FP8)
@@ -239,7 +278,8 @@ def _attn_close(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert _rel(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("batch, seq_len", [(1, 8192), (64, 4096), (7, 333)])
+# (256, 600): 1,024 programs, above 4 per SM: the "many" config (launch_config)
+@pytest.mark.parametrize("batch, seq_len", [(1, 8192), (64, 4096), (7, 333), (256, 600)])
 def test_decode_attention_fp8_pool(batch: int, seq_len: int) -> None:
     b = make_paged_batch([seq_len] * batch, [0] * batch, 16, 28, 4, 128, torch.bfloat16,
                          device=torch.device("cuda"))
@@ -247,7 +287,7 @@ def test_decode_attention_fp8_pool(batch: int, seq_len: int) -> None:
     q = torch.randn(batch, 28, 128, device="cuda", dtype=torch.bfloat16)
     splits = choose_num_kv_splits(batch, 4, seq_len)
     out = decode_attention(q, kb, vb, b.page_table, b.seq_lens, 16, None, splits, k_scale=0.02,
-                           v_scale=0.03)
+                           v_scale=0.03, max_seq_len=seq_len)
     ref = decode_attention_ref(q, kb, vb, b.page_table, b.seq_lens, 16, None, k_scale=0.02, v_scale=0.03)
     _attn_close(out, ref)
 
@@ -270,7 +310,7 @@ def test_decode_attention_fp8_operand_forms(kv_dot: str, batch: int, seq_len: in
     ref = decode_attention_ref(q, kb, vb, b.page_table, b.seq_lens, 16, None, k_scale=0.02, v_scale=0.03)
     for blocks, splits in (({}, choose_num_kv_splits(batch, 4, seq_len, kv_fp8=True)),
                            ({"BLOCK_N": 64, "num_stages": 2}, 1)):
-        with ac.overriding({"decode_fp8": {"d128": {"kv_dot": kv_dot, **blocks}}}):
+        with ac.overriding({"decode_fp8": {"d128": {"kv_dot": kv_dot, "many_per_sm": 0, **blocks}}}):
             out = decode_attention(q, kb, vb, b.page_table, b.seq_lens, 16, None, splits, k_scale=0.02,
                                    v_scale=0.03)
         assert not torch.isnan(out).any()

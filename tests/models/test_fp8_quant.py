@@ -180,3 +180,41 @@ def test_tiny_model_with_fp8_weights_and_fp8_kv_pool_on_triton(tmp_path: Path) -
     with pytest.raises(ValueError, match="triton"):
         ModelRunner(ServerArgs(device="cpu", page_size=4, max_total_tokens=256, attention_backend="torch",
                                kv_cache_dtype="fp8_e4m3"), tmp_path)
+
+
+def test_fused_activation_quantization_changes_nothing_but_the_kernels(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With FP8 linears the decoder layer hands qkv / gate_up their input quantized by the RMSNorm
+    (`ops.rms_norm_fp8`) and down by the SiLU-and-mul (`ops.silu_and_mul_fp8`); the logits equal
+    those of the linears quantizing their own input (RADIXRT_FP8_FUSED_QUANT=0), bit for bit."""
+    from radixrt.models import ops
+
+    save_tiny_model("llama", tmp_path)
+    model, _ = load_model(tmp_path, torch.float32, "cpu", "dummy", seed=3, quantization="fp8")
+    layer = model.model.layers[0]
+    assert layer.self_attn.qkv_proj.takes_fp8_input(5, torch.device("cpu"))
+    assert not layer.self_attn.qkv_proj.takes_fp8_input(0, torch.device("cpu"))
+    # on CUDA, decode rows stay on the W8A16 skinny path, which takes bf16 x
+    assert not layer.mlp.down_proj.takes_fp8_input(Fp8Linear.skinny_max_rows, torch.device("cuda"))
+    assert layer.mlp.down_proj.takes_fp8_input(Fp8Linear.skinny_max_rows + 1, torch.device("cuda"))
+    assert not Linear(8, 8).takes_fp8_input(64, torch.device("cpu"))
+
+    calls = {"rms_norm_fp8": 0, "silu_and_mul_fp8": 0}
+    for name in calls:
+        real = getattr(ops, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(ops, name, spy)
+    ids = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(4))
+    runner_args = ServerArgs(device="cpu", page_size=4, max_total_tokens=64, max_running_requests=1,
+                             quantization="fp8")
+    runner = ModelRunner(runner_args, tmp_path)
+    fused = runner.forward_logits(single_request_batch(ids.tolist()))[0]
+    n = len(runner.model.model.layers)
+    assert calls == {"rms_norm_fp8": 2 * n, "silu_and_mul_fp8": n}
+    monkeypatch.setattr(Fp8Linear, "fused_quant", False)
+    plain = runner.forward_logits(single_request_batch(ids.tolist()))[0]
+    assert calls == {"rms_norm_fp8": 2 * n, "silu_and_mul_fp8": n}  # not called again
+    assert torch.equal(fused, plain)

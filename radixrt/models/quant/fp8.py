@@ -20,13 +20,24 @@ are copied as they are (quant/checkpoint.py). A linear call routes by its row co
       with row-wise scales ([M, 1] and [1, N] float32), which runs on CPU too (torch >= 2.6), so
       the tests run this same call. Both W8A8 with the same quantized operands.
 
+On the W8A8 routes the quantization can move into the kernel that makes x (`takes_fp8_input`): the
+decoder layer's RMSNorms hand qkv and gate_up an `Fp8Act` from `ops.rms_norm_fp8`, and the MLP hands
+down one from `ops.silu_and_mul_fp8` (on CUDA one kernel each instead of two, the SiLU's from 1,024
+rows, where it is faster; the bf16 activation is then never written; the FP8 values and scales are
+those of quantizing the bf16 output, up to the norm kernel's fp32 summation order), as SGLang and
+vLLM fuse their norm / activation with the FP8 quantization. o's input comes from attention, whose
+programs each see one head of a row, so o quantizes its own input.
+
 `skinny_max_rows` comes from RADIXRT_FP8_SKINNY_MAX_ROWS (default 16; 0 sends every call to the
 W8A8 path), RADIXRT_FP8_TRITON_GEMM=0 keeps every W8A8 call on _scaled_mm, and
 RADIXRT_FP8_FAST_ACCUM=0 makes _scaled_mm promote its partial sums to fp32 (fast accumulation is the
-default on CUDA); all read once in radixrt.config.Env.
+default on CUDA), RADIXRT_FP8_FUSED_QUANT=0 keeps the quantization in the linear; all read once in
+radixrt.config.Env.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -53,6 +64,32 @@ def _fp8_fast_accum() -> bool:
     from radixrt.config import Env
 
     return Env.read().fp8_fast_accum
+
+
+def _fp8_fused_quant() -> bool:
+    from radixrt.config import Env
+
+    return Env.read().fp8_fused_quant
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Act:
+    """Activations quantized per token, as `quantize_per_token` makes them: q [M, K] float8_e4m3fn,
+    scale [M, 1] float32 (q * scale ~= the activations), dtype the activations' model dtype (also the
+    dtype of the linear's output). What a producer kernel hands an Fp8Linear whose
+    `takes_fp8_input` says yes (module docstring)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
 
 
 def _scales(amax: torch.Tensor) -> torch.Tensor:
@@ -123,6 +160,7 @@ class Fp8Linear(Linear):
     skinny_max_rows = _fp8_skinny_rows()  # M up to this: fp8_skinny_linear on CUDA (int GEMV at M <= 2)
     triton_gemm = _fp8_triton_gemm()  # W8A8 calls through kernels.gemm_fp8 where gemm_routed says so
     fast_accum = _fp8_fast_accum()  # _scaled_mm's use_fast_accum on CUDA (RADIXRT_FP8_FAST_ACCUM)
+    fused_quant = _fp8_fused_quant()  # takes_fp8_input may say yes (RADIXRT_FP8_FUSED_QUANT)
     _gemm_workspace = None  # split-K scratch of the routed fp8_gemm calls (allocated at the first one)
 
     @classmethod
@@ -148,8 +186,12 @@ class Fp8Linear(Linear):
         self.weight[lo:hi].copy_(q)
         self.weight_scale[lo:hi].copy_(s)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k = self.weight.shape[1]
+    def forward(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
+        """x [..., K] in the model dtype, or an Fp8Act of [M, K] (`takes_fp8_input`) -> y [..., N] /
+        [M, N] in the model dtype."""
+        n, k = self.weight.shape
+        if isinstance(x, Fp8Act):
+            return self._w8a8(x.q, x.scale, x.dtype)
         x2 = x.reshape(-1, k)
         m = x2.shape[0]
         if x.is_cuda and self._skinny and 0 < m <= self.skinny_max_rows and k % 16 == 0:
@@ -157,51 +199,79 @@ class Fp8Linear(Linear):
 
             y = fp8_skinny_linear(x2, self.weight, self.weight_scale, self.bias,
                                   workspace=self._scratch(x.device))
-        elif x.is_cuda and self.triton_gemm and self._gemm_routed(m):
-            y = self._triton_gemm(x2)
+        elif m == 0:
+            y = x2.new_empty((0, n))
+        elif x.is_cuda and (k % 16 or n % 16):  # outside _scaled_mm's row-wise form
+            y = fp8_linear_ref(x2, self.weight, self.weight_scale, self.bias)
         else:
-            y = self._scaled_mm(x2)
-        return y.view(*x.shape[:-1], self.weight.shape[0])
+            y = self._w8a8(*quantize_per_token(x2), x2.dtype)
+        return y.view(*x.shape[:-1], n)
+
+    def takes_fp8_input(self, rows: int, device: torch.device) -> bool:
+        """True where forward would quantize its input per token itself (the W8A8 routes: rows above
+        skinny_max_rows on CUDA, any rows elsewhere; K and N multiples of 16 on CUDA), unless
+        RADIXRT_FP8_FUSED_QUANT=0. Shapes only, so CUDA-graph safe. Never raises."""
+        if not self.fused_quant or rows <= 0:
+            return False
+        if device.type != "cuda":
+            return True
+        n, k = self.weight.shape
+        return not (k % 16 or n % 16 or (self._skinny and rows <= self.skinny_max_rows))
+
+    def silu_and_mul(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
+        """SwiGLU of this fused [gate; up] FP8 weight: `ops.silu_and_mul(self(x))`."""
+        from radixrt.models import ops
+
+        return ops.silu_and_mul(self(x))
+
+    def _w8a8(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """FP8 x [M, K] (per-token scales xs [M, 1]) @ FP8 weight^T -> [M, N] in `dtype`: the Triton
+        FP8 GEMM where gemm_routed says so on CUDA, else torch._scaled_mm; shapes outside the
+        row-wise _scaled_mm form on CUDA in fp32 from dequantized operands."""
+        n, k = self.weight.shape
+        m = xq.shape[0]
+        if m == 0:
+            return torch.empty((0, n), dtype=dtype, device=xq.device)
+        if xq.is_cuda and (k % 16 or n % 16):
+            y = (xq.float() * xs) @ dequantize(self.weight, self.weight_scale).t()
+            return (y if self.bias is None else y + self.bias.float()).to(dtype)
+        if xq.is_cuda and self.triton_gemm and self._gemm_routed(m):
+            return self._triton_gemm(xq, xs, dtype)
+        return self._scaled_mm(xq, xs, dtype)
 
     def _gemm_routed(self, m: int) -> bool:
         from radixrt.kernels.gemm_fp8 import gemm_routed
 
         return gemm_routed(m, *self.weight.shape)
 
-    def _triton_gemm(self, x2: torch.Tensor) -> torch.Tensor:
+    def _triton_gemm(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Per-token FP8 x [M, K] @ FP8 weight^T through kernels.gemm_fp8 (bias in its epilogue), in
-        x's dtype. The split-K workspace is sized for every tuned bucket of this shape at the first
+        `dtype`. The split-K workspace is sized for every tuned bucket of this shape at the first
         call (a graph warm-up call, outside capture)."""
         from radixrt.kernels.gemm_fp8 import fp8_gemm, gemm_workspace_need
         from radixrt.kernels.gemv import SkinnyWorkspace
 
         if self._gemm_workspace is None:
             partials, counters = gemm_workspace_need(*self.weight.shape)
-            self._gemm_workspace = SkinnyWorkspace.allocate(max(partials, 1), max(counters, 1), x2.device)
-        xq, xs = quantize_per_token(x2)
-        return fp8_gemm(xq, xs, self.weight, self.weight_scale, self.bias, out_dtype=x2.dtype,
+            self._gemm_workspace = SkinnyWorkspace.allocate(max(partials, 1), max(counters, 1), xq.device)
+        return fp8_gemm(xq, xs, self.weight, self.weight_scale, self.bias, out_dtype=dtype,
                         workspace=self._gemm_workspace)
 
-    def _scaled_mm(self, x2: torch.Tensor) -> torch.Tensor:
-        """Per-token FP8 x [M, K] @ FP8 weight^T with row-wise scales. On CUDA the row-wise form
-        needs bf16 output and K, N multiples of 16 (else: fp32 from dequantized operands); the bias
-        is added after (row-wise _scaled_mm takes only a bf16 bias). On CUDA with `fast_accum` the
-        MMAs accumulate in the tensor core over the whole K loop (H200, 2026-12-03,
+    def _scaled_mm(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Per-token FP8 x [M, K] @ FP8 weight^T with row-wise scales, in `dtype`. On CUDA the
+        row-wise form needs bf16 output and K, N multiples of 16 (`_w8a8` checks); the bias is added
+        after (row-wise _scaled_mm takes only a bf16 bias). On CUDA with `fast_accum` the MMAs
+        accumulate in the tensor core over the whole K loop (H200, 2026-12-03,
         bench/lab/fp8_fast_accum.py: one layer's four linears at M = 256 in 137.6 against 175.0 us,
         relative error against the fp32 product of the same operands 2.0e-3 / 3.8e-3 (down, K =
         18,944) against 1.7e-3 promoted)."""
-        n, k = self.weight.shape
-        if x2.shape[0] == 0:
-            return x2.new_empty((0, n))
-        if x2.is_cuda and (k % 16 or n % 16):
-            return fp8_linear_ref(x2, self.weight, self.weight_scale, self.bias)
-        xq, xs = quantize_per_token(x2)
-        out_dtype = torch.bfloat16 if x2.is_cuda else x2.dtype
+        n = self.weight.shape[0]
+        out_dtype = torch.bfloat16 if xq.is_cuda else dtype
         y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.weight_scale.view(1, n),
-                             out_dtype=out_dtype, use_fast_accum=bool(self.fast_accum and x2.is_cuda))
+                             out_dtype=out_dtype, use_fast_accum=bool(self.fast_accum and xq.is_cuda))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        return y if y.dtype == x2.dtype else y.to(x2.dtype)
+        return y if y.dtype == dtype else y.to(dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3 per-channel"
