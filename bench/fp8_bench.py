@@ -59,7 +59,9 @@ def bench_decode_attention(batch: int, seq_len: int, hq: int = 28, hkv: int = 4,
                            page_size: int = 16, fp8_splits: int | None = None) -> dict[str, Any]:
     """decode_attention over a random-page bf16 pool and the same pool in FP8 (scales 1.0), each with
     the split count the attention backend gives its pool dtype (choose_num_kv_splits(kv_fp8=)), or
-    fp8_splits for the FP8 pool when given (e.g. what a graph sized for a longer context runs)."""
+    fp8_splits for the FP8 pool when given (e.g. what a graph sized for a longer context runs), and
+    max_seq_len = seq_len, so the launch config is the backend's for a length class of seq_len
+    (since 2026-12-03; before, the base config at every program count)."""
     from radixrt.kernels import choose_num_kv_splits, decode_attention
 
     dev = torch.device("cuda")
@@ -85,7 +87,7 @@ def bench_decode_attention(batch: int, seq_len: int, hq: int = 28, hkv: int = 4,
 
         def run(kb=kb, vb=vb, splits=splits, mid_o=mid_o, mid_lse=mid_lse) -> None:
             decode_attention(q, kb, vb, page_table, seq_lens, page_size, None, splits, out=out,
-                             mid_o=mid_o, mid_lse=mid_lse)
+                             mid_o=mid_o, mid_lse=mid_lse, max_seq_len=seq_len)  # as the backend
         run()  # compile outside the graph
         row[f"{name}_us"] = graph_us(run)
         row[f"{name}_kv_bytes"] = 2 * batch * seq_len * hkv * d * kb.element_size()

@@ -14,9 +14,9 @@ Kinds (the launcher that reads each):
                 e4m3 tensor-core forms of paged_loop_fp8.py: "fp8" (q and P as e4m3,
                 FlashAttention-3's FP8 operands), "fp8x2" (q and P as two e4m3 terms each), "qk8"
                 (q as two e4m3 terms against K, P V in fp16); kv_dot also applies to the fused form
-                over an FP8 pool. Above many_per_sm programs per SM, each over at most
-                many_max_tokens keys, the entries of "many" replace the config's (BLOCK_N,
-                num_warps, num_stages, kv_dot; decode_attention.launch_config)
+                over an FP8 pool. Above many_per_sm programs per SM (0: never), each over at most
+                many_max_tokens keys (0: any), the entries of "many" replace the config's (BLOCK_N,
+                num_warps, num_stages, kv_dot; decode_attention.launch_config; only d128 sets them)
   decode_splits the split-count rule of choose_num_kv_splits (see there): policy "per_sm"
                 (programs_per_sm, min_split_tokens) or "waves" (occupancy, merge_tokens,
                 program_tokens)
@@ -102,11 +102,13 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # in 126.8 against 101.4, and in a second run 256 x 2,048 / 4,096 in 202.6 / 390.9 against
     # 198.0 / 373.4, 160 x 2,048 (2 splits) 142.7 / 147.7, 192 x 1,024 87.2 / 86.6 (H200, 2026-12-03,
     # bench/lab/decode_rules.py --pools fp8; launch_config)
-    "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"},
+    "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16", "many_per_sm": 0,
+                           "many_max_tokens": 0, "many": {}},
                    "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16",
                             "many_per_sm": 4, "many_max_tokens": 1024,
                             "many": {"BLOCK_N": 64, "num_stages": 3, "kv_dot": "f16v"}},
-                   "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16"}},
+                   "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16", "many_per_sm": 0,
+                            "many_max_tokens": 0, "many": {}}},
     # 4 programs per SM and >= 128 tokens per split: the best of 2-16 per SM on an H200, 2026-11-29
     "decode_splits": {"d64": dict(_SPLITS), "d256": dict(_SPLITS),
                       "d128": {**_SPLITS, "policy": "waves"}},  # 2026-12-03, with the 8-warp config
@@ -157,12 +159,17 @@ def bucket(head_dim: int) -> str:
 
 def attention_config(kind: str, head_dim: int, on_gpu: bool = True) -> dict:
     """A copy of the config of `kind` for `head_dim`: the default entry with any override merged in
-    (GPU), or the interpreter's small blocks (on_gpu False). Raises ValueError for an unknown kind."""
+    (GPU; "many" merged key by key), or the interpreter's small blocks (on_gpu False). Raises
+    ValueError for an unknown kind."""
     check(kind in KINDS, f"unknown attention config kind {kind!r} (one of {KINDS})")
     if not on_gpu:
         return dict(CPU[kind])
     b = bucket(head_dim)
-    return {**DEFAULTS[kind][b], **_overrides.get(kind, {}).get(b, {})}
+    default, over = DEFAULTS[kind][b], _overrides.get(kind, {}).get(b, {})
+    cfg = {**default, **over}
+    if "many" in cfg:  # an override's "many" entries replace the default's one by one
+        cfg["many"] = {**default.get("many", {}), **over.get("many", {})}
+    return cfg
 
 
 def _validate(table: object) -> dict[str, dict[str, dict]]:
@@ -180,10 +187,34 @@ def _validate(table: object) -> dict[str, dict[str, dict]]:
             check(not unknown, f"unknown keys {sorted(unknown)} in overrides[{kind!r}][{b!r}]")
             check(cfg.get("kv_dot", "f16") in KV_DOTS,
                   f"overrides[{kind!r}][{b!r}]['kv_dot'] must be one of {KV_DOTS}")
-            check(cfg.get("many", {}).get("kv_dot", "f16") in KV_DOTS,
-                  f"overrides[{kind!r}][{b!r}]['many']['kv_dot'] must be one of {KV_DOTS}")
+            _validate_many(cfg, f"overrides[{kind!r}][{b!r}]")
         out[kind] = copy.deepcopy(by_bucket)
     return out
+
+
+MANY_KEYS = ("BLOCK_N", "num_warps", "num_stages", "kv_dot")  # what a "many" entry may replace
+
+
+def _validate_many(cfg: dict, where: str) -> None:
+    """many_per_sm / many_max_tokens: ints >= 0; many: an object of MANY_KEYS (positive ints, kv_dot
+    one of KV_DOTS)."""
+    for key in ("many_per_sm", "many_max_tokens"):
+        if key in cfg:
+            v = cfg[key]
+            check(isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                  f"{where}[{key!r}] must be an int >= 0")
+    if "many" not in cfg:
+        return
+    many = cfg["many"]
+    check(isinstance(many, dict), f"{where}['many'] must be an object")
+    unknown = set(many) - set(MANY_KEYS)
+    check(not unknown, f"unknown keys {sorted(unknown)} in {where}['many'] (allowed: {MANY_KEYS})")
+    check(many.get("kv_dot", "f16") in KV_DOTS, f"{where}['many']['kv_dot'] must be one of {KV_DOTS}")
+    for key in ("BLOCK_N", "num_warps", "num_stages"):
+        if key in many:
+            v = many[key]
+            check(isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                  f"{where}['many'][{key!r}] must be an int > 0")
 
 
 def set_overrides(table: dict | None) -> None:

@@ -205,7 +205,7 @@ def launch_config(cfg: dict, programs: int, num_sms: int, split_tokens: int | No
     (many_per_sm 0 or absent: never) and, where the config sets many_max_tokens, split_tokens is
     known and at most that, a copy with num_warps_many as num_warps (kind "decode") and the "many"
     entries (kind "decode_fp8": BLOCK_N, num_warps, num_stages, kv_dot) in place of the config's.
-    Never raises."""
+    Never raises on a validated config (attention_configs checks overrides)."""
     many = cfg.get("many_per_sm", 0)
     if not many or programs <= many * num_sms:
         return cfg
@@ -223,9 +223,10 @@ def launch_config(cfg: dict, programs: int, num_sms: int, split_tokens: int | No
 def decode_launch_variant(batch_size: int, num_kv_heads: int, head_dim: int, num_kv_splits: int,
                           max_seq_len: int | None, kv_fp8: bool, device: torch.device) -> bool:
     """Whether a plain decode_attention call of this shape (max_seq_len passed as given) launches
-    its split stage with launch_config's "many" variant (the GQA group does not enter): part of
-    what a CUDA graph bakes in besides the split count (worker/attention_triton.py's
-    decode_graph_key). Never raises."""
+    its split stage with launch_config's variant for many programs (an FP8 pool's "many" config; a
+    bf16 pool's num_warps_many; the GQA group does not enter): part of what a CUDA graph bakes in
+    besides the split count (worker/attention_triton.py's decode_graph_key). Never raises on a
+    validated config table."""
     cfg = _pick_config(head_dim, 1, device, False, kv_fp8)
     tokens = None if max_seq_len is None else triton.cdiv(max_seq_len, num_kv_splits)
     return launch_config(cfg, num_kv_splits * num_kv_heads * batch_size, _num_sms(device), tokens) is not cfg

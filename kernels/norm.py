@@ -92,6 +92,7 @@ def rms_norm_quant_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float,
     summation order of the row's squares (module docstring).
     Allocates its outputs (CUDA-graph safe). Raises ValueError on a bad shape, dtype or stride."""
     check(x.dim() == 2, f"x must be [M, H], got {tuple(x.shape)}")
+    check(x.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {x.dtype}")
     return _launch(x, weight, eps, residual, quant=True)
 
 

@@ -223,6 +223,24 @@ def test_fp8_decode_config_switches_above_many_programs():
         ac.set_overrides({"decode_fp8": {"d128": {"many": {"kv_dot": "bf16"}}}})
 
 
+@pytest.mark.usefixtures("no_attention_overrides")
+def test_many_entries_are_validated_and_merged_key_by_key():
+    """Overrides of the many-program keys: "many" must be an object of BLOCK_N / num_warps /
+    num_stages / kv_dot with positive ints and a known kv_dot, many_per_sm / many_max_tokens ints
+    >= 0 (ValueError otherwise); a partial "many" keeps the default's other entries."""
+    for bad in ({"many": 64}, {"many": None}, {"many": {"BLOK_N": 32}}, {"many": {"BLOCK_N": 0}},
+                {"many": {"num_stages": "3"}}, {"many_max_tokens": "1024"}, {"many_per_sm": -1},
+                {"many_per_sm": True}):
+        with pytest.raises(ValueError):
+            ac.set_overrides({"decode_fp8": {"d128": bad}})
+    with ac.overriding({"decode_fp8": {"d128": {"many": {"BLOCK_N": 32}}}}):
+        cfg = ac.attention_config("decode_fp8", 128)
+        assert cfg["many"] == {"BLOCK_N": 32, "num_stages": 3, "kv_dot": "f16v"}
+    assert ac.attention_config("decode_fp8", 128)["many"]["BLOCK_N"] == 64  # the default untouched
+    with ac.overriding({"decode_fp8": {"d64": {"many_per_sm": 2, "many": {"BLOCK_N": 32}}}}):
+        assert ac.attention_config("decode_fp8", 64)["many"] == {"BLOCK_N": 32}
+
+
 def test_split_stage_asks_launch_config_with_its_program_count(monkeypatch, paged_batch):
     """run_split_stage passes splits x KV heads x requests to launch_config and launches with its
     answer (the interpreter ignores warps, so the call is what is checked)."""

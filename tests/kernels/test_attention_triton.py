@@ -264,11 +264,57 @@ def test_decode_graph_key_is_the_split_count_prepare_bakes_in(device, kv_dtype):
             backend.prepare(meta)
             splits, variant = backend.decode_graph_key(bs, max_seq_len)
             assert splits == backend._num_kv_splits
-            assert variant is False  # the interpreter's configs have no "many" variant
+            assert variant is False  # the interpreter's configs (CPU table) switch nothing
             keys.add(backend._num_kv_splits)
     assert len(keys) > 2  # the key does follow the length and the batch
 
 
+@pytest.mark.parametrize("bs, seq_len, want", [(6, 40, True), (6, 200, False), (1, 40, False)])
+def test_backend_launches_the_variant_its_graph_key_names(monkeypatch, bs, seq_len, want):
+    """An FP8 pool with a "many" entry in the interpreter's table (1 program per SM, <= 64 keys per
+    split, 4 SMs): the config run_split_stage launches after `prepare` is the one decode_graph_key
+    names (a graph captured under the key replays that launch), and the output stays right."""
+    import sys
+
+    from radixrt.kernels import attention_configs as ac
+    from radixrt.kernels.reference import decode_attention_ref
+
+    from .conftest import make_paged_batch
+
+    dec_mod = sys.modules["radixrt.kernels.decode_attention"]
+    monkeypatch.setitem(ac.CPU, "decode_fp8", {
+        "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "kv_dot": "f16", "many_per_sm": 1,
+        "many_max_tokens": 64, "many": {"BLOCK_N": 32, "num_stages": 1, "kv_dot": "f16v"}})
+    monkeypatch.setattr(dec_mod, "_num_sms", lambda device: 4)
+    launched = []
+    real = dec_mod.launch_config
+
+    def spy(cfg, programs, num_sms, split_tokens=None):
+        out = real(cfg, programs, num_sms, split_tokens)
+        launched.append((out is not cfg, out["BLOCK_N"], out["KV_DOT"]))
+        return out
+    monkeypatch.setattr(dec_mod, "launch_config", spy)
+    b = make_paged_batch([seq_len] * bs, [0] * bs, PAGE, 4, 2, 64, torch.float32)
+    kb, vb = b.k_buffer.to(torch.float8_e4m3fn), b.v_buffer.to(torch.float8_e4m3fn)
+    backend = TritonAttnBackend(Pool(PAGE, [kb], [vb]), q_dtype=torch.float32)
+    backend.num_sms = 4
+    ints = {"dtype": torch.int32}
+    meta = ForwardMeta(mode=ForwardMode.DECODE, page_size=PAGE, page_table=b.page_table, seq_lens=b.seq_lens,
+                       extend_lens=torch.ones(bs, **ints), prefix_lens=b.seq_lens - 1,
+                       extend_start_loc=torch.arange(bs, **ints), out_cache_loc=torch.zeros(bs, **ints),
+                       positions=torch.zeros(bs, **ints), max_seq_len=seq_len, max_extend_len=1)
+    backend.prepare(meta)
+    splits, variant = backend.decode_graph_key(bs, seq_len)
+    launched.clear()  # (decode_graph_key asks launch_config too)
+    q = torch.randn(bs, 4, 64, generator=torch.Generator().manual_seed(1))
+    out = backend._decode(q, kb, vb, meta, SCALE, {"k_scale": 1.0, "v_scale": 1.0})
+    assert variant is want and splits == backend._num_kv_splits
+    assert launched == [(want, 32 if want else 16, "f16v" if want else "f16")]
+    ref = decode_attention_ref(q, kb, vb, b.page_table, b.seq_lens, PAGE, SCALE)
+    assert float((out - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.usefixtures("no_attention_overrides")
 def test_decode_graph_key_carries_the_launch_variant(monkeypatch):
     """With the GPU's config table, an FP8 pool's decode key has the "many" variant exactly where
     launch_config takes it: > 4 programs per SM and <= 1,024 keys per split (host-side only)."""

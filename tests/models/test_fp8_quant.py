@@ -189,6 +189,8 @@ def test_fused_activation_quantization_changes_nothing_but_the_kernels(
     those of the linears quantizing their own input (RADIXRT_FP8_FUSED_QUANT=0), bit for bit."""
     from radixrt.models import ops
 
+    monkeypatch.setattr(Fp8Linear, "fused_quant", True)  # whatever RADIXRT_FP8_FUSED_QUANT says
+    monkeypatch.setattr(Linear, "_skinny", True)  # and RADIXRT_SKINNY_GEMM
     save_tiny_model("llama", tmp_path)
     model, _ = load_model(tmp_path, torch.float32, "cpu", "dummy", seed=3, quantization="fp8")
     layer = model.model.layers[0]
