@@ -177,3 +177,35 @@ def test_skinny_gemm_decode_matches_hf(tiny_dir: Path, hf_model, monkeypatch: py
         want = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
                                  do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
         assert got == want, f"prompt of {len(p)} tokens"
+
+
+@pytest.mark.parametrize("silu_min_rows", [1024, 16])  # the fused SiLU off / on at a 40-token prefill
+def test_fp8_fused_activation_quantization_on_cuda(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   silu_min_rows: int) -> None:
+    """bf16 model with FP8 linears on CUDA: a 40-token prefill (W8A8 rows) with the RMSNorm / SiLU
+    kernels quantizing the linears' inputs gives the logits of the linears quantizing their own
+    inputs, up to the fused norm's fp32 summation order; the fused kernels do run."""
+    import radixrt.kernels as K
+    from radixrt.kernels import activation
+    from radixrt.models.quant.fp8 import Fp8Linear
+
+    monkeypatch.setattr(activation, "QUANT_FUSED_MIN_ROWS", silu_min_rows)
+    calls = {"rms_norm_quant_fp8": 0, "silu_and_mul_quant_fp8": 0}
+    for name in calls:  # ops.rms_norm_fp8 / silu_and_mul_fp8 look them up at each call
+        real = getattr(K, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(K, name, spy)
+    runner = ModelRunner(_args(dtype="bfloat16", quantization="fp8", disable_cuda_graph=True), tiny_dir)
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    monkeypatch.setattr(Fp8Linear, "fused_quant", True)
+    fused = runner.forward_logits(single_request_batch(ids, page_size=16))[0].float()
+    layers = len(runner.model.model.layers)
+    assert calls["rms_norm_quant_fp8"] == 2 * layers
+    assert calls["silu_and_mul_quant_fp8"] == (layers if silu_min_rows <= 40 else 0)
+    monkeypatch.setattr(Fp8Linear, "fused_quant", False)
+    plain = runner.forward_logits(single_request_batch(ids, page_size=16, batch_id=2))[0].float()
+    assert torch.isfinite(fused).all()
+    torch.testing.assert_close(fused, plain, atol=2e-2, rtol=0)
