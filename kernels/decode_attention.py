@@ -423,7 +423,8 @@ def decode_attention(
                         "f16" (GPU default) q is rounded to fp16 (clamped to +-65504) and both
                         dots run in fp16, whatever q's dtype
     max_seq_len       : optional host int >= every seq_len (a CUDA graph's length class): lets
-                        launch_config pick the config for many short splits (None: not picked)
+                        launch_config pick an FP8 pool's config for many short splits (None: not
+                        picked; a bf16 pool's warp switch needs no length and applies either way)
     Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices.
     """
     check_decode_args(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, num_kv_splits)

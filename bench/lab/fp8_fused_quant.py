@@ -26,16 +26,16 @@ import torch  # noqa: E402
 from bench.common import out_path, run_header, write_json  # noqa: E402
 from bench.kernels_import import import_kernels  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fp8_random_profile  # noqa: E402
+
 HIDDEN, INTER = 3584, 18944
 ROWS = (17, 64, 256, 512, 2048, 8192)
 ROTATE_BYTES = 256 << 20
 
 
 def graph_us(fn, calls: int) -> float:
-    import triton.testing
-
-    fn()
-    return float(triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")) * 1e3 / calls
+    return fp8_random_profile.graph_us(fn, calls, rep=30)
 
 
 def bench_rows(m: int) -> dict:

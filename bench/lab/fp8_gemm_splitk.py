@@ -26,6 +26,9 @@ import torch  # noqa: E402
 from bench.common import out_path, run_header, write_json  # noqa: E402
 from bench.kernels_import import import_kernels  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fp8_random_profile  # noqa: E402
+
 SHAPES = {"down": (3584, 18944), "o": (3584, 3584), "qkv": (4608, 3584), "gate_up": (37888, 3584)}
 ROWS = [128, 256, 512]
 ROTATE_BYTES = 256 << 20
@@ -34,10 +37,7 @@ TRITON = [(128, 128, 2), (128, 128, 4), (64, 128, 2), (64, 128, 4), (128, 64, 2)
 
 
 def graph_us(fn, calls: int) -> float:
-    import triton.testing
-
-    fn()
-    return float(triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")) * 1e3 / calls
+    return fp8_random_profile.graph_us(fn, calls, rep=30)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -75,12 +75,13 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
 
 
-def graph_us(fn: Any, calls: int) -> float:
-    """Median device time (us) of one of `calls` calls that fn() makes, from a CUDA graph."""
+def graph_us(fn: Any, calls: int, rep: int = 20) -> float:
+    """Median device time (us) of one of `calls` calls that fn() makes, from a CUDA graph (do_bench's
+    rep: ms of replays)."""
     import triton.testing
 
     fn()
-    return float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")) * 1e3 / calls
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")) * 1e3 / calls
 
 
 def grid(m: int) -> list[Any]:
