@@ -34,6 +34,10 @@ ROWS = (17, 64, 256, 512, 2048, 8192)
 ROTATE_BYTES = 256 << 20
 
 
+# the fused SiLU's forms (kernels/activation.py) and warps per program, each timed beside the default
+SILU_FORMS = [("two_pass", 8), ("one_pass", 8), ("one_pass", 16), ("one_pass", 32)]
+
+
 def graph_us(fn, calls: int) -> float:
     return fp8_random_profile.graph_us(fn, calls, rep=30)
 
@@ -61,9 +65,11 @@ def bench_rows(m: int) -> dict:
     assert torch.equal(r, r2)
     # differing FP8 values / differing scales (the fused norm may sum a row in another order)
     norm_diff = ((q.float() != q2.float()).float().mean().item(), (s != s2).float().mean().item())
-    q, s = silu_and_mul_quant_fp8(gus[0])
     q2, s2 = per_token_quant_fp8(silu_and_mul(gus[0]))
-    silu_diff = ((q.float() != q2.float()).float().mean().item(), (s != s2).float().mean().item())
+    silu_diff = []  # per SiLU form: (differing FP8 values, differing scales) against the unfused pair
+    for form, warps in SILU_FORMS:
+        q, s = silu_and_mul_quant_fp8(gus[0], form=form, num_warps=warps)
+        silu_diff.append(((q.float() != q2.float()).float().mean().item(), (s != s2).float().mean().item()))
     pairs = list(zip(xs, rs, strict=True))
     forms = {
         "norm": lambda: [rms_norm(x, w, 1e-6, r) for x, r in pairs],
@@ -72,6 +78,9 @@ def bench_rows(m: int) -> dict:
         "silu": lambda: [silu_and_mul(g) for g in gus],
         "silu + quant": lambda: [per_token_quant_fp8(silu_and_mul(g)) for g in gus],
         "silu_quant": lambda: [silu_and_mul_quant_fp8(g) for g in gus],
+        **{f"silu_quant {form} {warps}w": (lambda form=form, warps=warps: [
+            silu_and_mul_quant_fp8(g, form=form, num_warps=warps) for g in gus])
+           for form, warps in SILU_FORMS},
     }
     row = {"m": m, "copies": n, "norm_values_scales_differ": norm_diff,
            "silu_values_scales_differ": silu_diff}
@@ -102,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['norm_quant'] / r['norm + quant']:.3f} | {r['silu']:.2f} | {r['silu + quant']:.2f} | "
               f"{r['silu_quant']:.2f} | {r['silu_quant'] / r['silu + quant']:.3f} | "
               f"{r['norm_values_scales_differ']}; {r['silu_values_scales_differ']} |")
+    print("\n| M | silu + quant | " + " | ".join(f"{f} {w}w" for f, w in SILU_FORMS) + " |\n|---|---|"
+          + "---|" * len(SILU_FORMS))
+    for r in result["rows"]:
+        print(f"| {r['m']} | {r['silu + quant']:.2f} | "
+              + " | ".join(f"{r[f'silu_quant {f} {w}w']:.2f}" for f, w in SILU_FORMS) + " |")
     return 0
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -65,6 +66,9 @@ ENGINES: dict[str, dict[str, Any]] = {
     # (as before 2026-12-03's fused RMSNorm / SiLU quantization), _scaled_mm without fast accumulation
     "fp8_kv8_unfused": {"flags": {"quantization": "fp8", **KV8}, "fp8_attrs": {"fused_quant": False}},
     "fp8_kv8_promoted": {"flags": {"quantization": "fp8", **KV8}, "fp8_attrs": {"fast_accum": False}},
+    # the fused SiLU-and-mul + FP8 quantization at every row count (activation.QUANT_FUSED_MIN_ROWS = 1;
+    # its one-pass form since 2026-12-03 evening)
+    "fp8_kv8_silu_all": {"flags": {"quantization": "fp8", **KV8}, "silu_min_rows": 1},
     # the FP8 pool's decode config at every program count (no "many" switch: launch_config)
     "fp8_kv8_nomany": {"flags": {"quantization": "fp8", **KV8},
                        "attn": {"decode_fp8": {"d128": {"many_per_sm": 0}}}},
@@ -283,6 +287,20 @@ def fp8_linear_attrs(attrs: dict[str, Any]) -> Iterator[None]:
             setattr(Fp8Linear, k, v)
 
 
+@contextlib.contextmanager
+def silu_min_rows(rows: int | None) -> Iterator[None]:
+    """kernels.activation.QUANT_FUSED_MIN_ROWS set to `rows` inside the block (None: unchanged)."""
+    from radixrt.kernels import activation
+
+    saved = activation.QUANT_FUSED_MIN_ROWS
+    if rows is not None:
+        activation.QUANT_FUSED_MIN_ROWS = rows
+    try:
+        yield
+    finally:
+        activation.QUANT_FUSED_MIN_ROWS = saved
+
+
 def bench_attention() -> list[dict[str, Any]]:
     """Decode attention (fp8_bench's harness): 256 x 640 at the rule's split counts and with 33 FP8
     splits, and 64 x 4,096."""
@@ -397,7 +415,9 @@ def print_engines(eng: dict[str, Any]) -> None:
     """One row per engine and run; every ratio is to the bf16 engine of the same run."""
     if not eng:
         return
-    base = eng.get("bf16")
+
+    def base_of(name: str) -> dict | None:  # the bf16 engine of the same round
+        return eng.get("bf16" + (name[name.index("#"):] if "#" in name else ""))
 
     def ratio(x: float | None, y: float | None) -> str:
         return f"{x / y:.3f}" if x and y else ""
@@ -408,6 +428,7 @@ def print_engines(eng: dict[str, Any]) -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for name, e in eng.items():
+        base = base_of(name)
         head = (f"| {name} | {e['start_s']:.0f} ({e['decode_graphs']}) | {e['decode_b1_ms']:.3f} | "
                 f"{ratio(e['decode_b1_ms'], base and base['decode_b1_ms'])} |")
         if "cold" not in e:
@@ -421,6 +442,21 @@ def print_engines(eng: dict[str, Any]) -> None:
                 f"{c['decode_passes']} / {c['decode_busy_ms']:.0f} | {c['decode_bs240plus_median_ms']} | "
                 f"{ratio(c['decode_bs240plus_median_ms'], b and b['decode_bs240plus_median_ms'])} |"
             )
+    rounds: dict[str, list[tuple[float, float, float]]] = {}  # engine -> (cold / bf16, warm / bf16, b1)
+    for name, e in eng.items():
+        base = base_of(name)
+        if "cold" in e and base and "cold" in base:
+            rounds.setdefault(name.split("#")[0], []).append(
+                (e["cold"]["output_tok_per_s"] / base["cold"]["output_tok_per_s"],
+                 e["warm"]["output_tok_per_s"] / base["warm"]["output_tok_per_s"],
+                 e["decode_b1_ms"] / base["decode_b1_ms"]))
+    if any(len(v) > 1 for v in rounds.values()):
+        print("\n| engine | rounds | cold / bf16 each round | median | warm / bf16 median | "
+              "batch-1 / bf16 median |\n|---|---|---|---|---|---|")
+        for name, v in rounds.items():
+            each = ", ".join(f"{x[0]:.3f}" for x in v)
+            print(f"| {name} | {len(v)} | {each} | {statistics.median(x[0] for x in v):.3f} | "
+                  f"{statistics.median(x[1] for x in v):.3f} | {statistics.median(x[2] for x in v):.3f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="stages: linears, lm_head, engines, attention")
     p.add_argument("--engines", default="bf16,fp8,fp8_triton,fp8_kv8,fp8_triton_kv8",
                    help=f"engines to run, in order, from: {', '.join(ENGINES)}")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the engine list this many times in turn (round r >= 2 names its engines "
+                        "'name#r'; every ratio is to the bf16 engine of the same round; medians printed)")
     p.add_argument("--out", default="fp8-random-profile.json")
     p.add_argument("--tuned-out", default=None, help="write the grid's winners as FP8_GEMM_TUNED lines")
     ns = p.parse_args(argv)
@@ -469,19 +508,21 @@ def main(argv: list[str] | None = None) -> int:
         path = model_dir(ns.model_config)
         rep["engines"] = {}
         routed = dict(gemm_fp8.FP8_GEMM_TUNED)  # the committed routing: every engine starts from it
-        for name in ns.engines.split(","):
+        names = [n if r == 1 else f"{n}#{r}" for r in range(1, ns.rounds + 1) for n in ns.engines.split(",")]
+        for name in names:
             if time.perf_counter() > end:
                 log(f"budget spent: {name} not run")
                 break
-            spec = ENGINES[name]
+            spec = ENGINES[name.split("#")[0]]
             gemm_fp8.FP8_GEMM_TUNED.clear()
             gemm_fp8.FP8_GEMM_TUNED.update(routed)
             if spec.get("triton"):
                 gemm_fp8.FP8_GEMM_TUNED.update(best)
             with (as_before_fix() if spec.get("before") else contextlib.nullcontext(),
-                  fp8_linear_attrs(spec.get("fp8_attrs", {})),
+                  fp8_linear_attrs(spec.get("fp8_attrs", {})), silu_min_rows(spec.get("silu_min_rows")),
                   attention_configs.overriding(spec.get("attn", {}))):
-                rep["engines"][name] = bench_engine(name, path, spec.get("random", True), **spec["flags"])
+                rep["engines"][name] = bench_engine(name.split("#")[0], path, spec.get("random", True),
+                                                    **spec["flags"])
             gc.collect()
             torch.cuda.empty_cache()
             write_json(ns.out, {**rep, "linears": lin_json})

@@ -95,17 +95,37 @@ def test_rms_norm_quant_matches_norm_then_quant(dtype, rows, hidden, with_residu
     assert (scale[torch.arange(rows) != 3] != 1.0).all()  # the other rows hold data
 
 
+@pytest.mark.parametrize("form", ["one_pass", "two_pass"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, inter", [(2, 96), (5, 3000), (3, 5000)])  # one block; 1 and 2 blocks + tail
-def test_silu_and_mul_quant_matches_silu_then_quant(dtype, rows, inter) -> None:
+def test_silu_and_mul_quant_matches_silu_then_quant(dtype, rows, inter, form) -> None:
     x = _randn(rows, 2 * inter, dtype=dtype, seed=4, scale=2.0)
     x[rows // 2] = 0.0  # a zero row; the others hold data
     y = silu_and_mul(x)
-    q, scale = silu_and_mul_quant_fp8(x)
+    q, scale = silu_and_mul_quant_fp8(x, form=form)
     want_q, want_scale = _reference_quant(y)
     assert q.dtype == FP8_DTYPE and q.shape == (rows, inter) and scale.shape == (rows, 1)
     assert_quant_matches(q, scale, want_q, want_scale)
     assert scale[rows // 2, 0] == 1.0 and (scale[torch.arange(rows) != rows // 2] != 1.0).all()
+
+
+def test_silu_and_mul_quant_one_pass_six_blocks_matches_two_pass() -> None:
+    """The one-pass form at its largest row (6 blocks of 4,096, the last one partial), the largest
+    value in the last block of one row and in the first block of another: the same FP8 values and
+    scales as the two-pass form."""
+    inter = 5 * 4096 + 1000
+    x = _randn(2, 2 * inter, dtype=torch.float32, seed=5)
+    x[0, inter - 1], x[0, 2 * inter - 1] = 8.0, 8.0  # gate and up of row 0's last column
+    x[1, 0], x[1, inter] = -9.0, 9.0
+    q1, s1 = silu_and_mul_quant_fp8(x, form="one_pass")
+    q2, s2 = silu_and_mul_quant_fp8(x, form="two_pass")
+    assert torch.equal(s1, s2) and torch.equal(q1.float(), q2.float())
+    want_q, want_scale = _reference_quant(silu_and_mul(x))
+    assert_quant_matches(q1, s1, want_q, want_scale)
+    with pytest.raises(ValueError, match="at most 6 blocks"):
+        silu_and_mul_quant_fp8(_randn(1, 2 * (6 * 4096 + 1), dtype=torch.float32, seed=6), form="one_pass")
+    with pytest.raises(ValueError, match="form"):
+        silu_and_mul_quant_fp8(x, form="fused")
 
 
 def test_fused_quant_shapes_and_errors() -> None:

@@ -22,10 +22,10 @@ are copied as they are (quant/checkpoint.py). A linear call routes by its row co
 
 On the W8A8 routes the quantization can move into the kernel that makes x (`takes_fp8_input`): the
 decoder layer's RMSNorms hand qkv and gate_up an `Fp8Act` from `ops.rms_norm_fp8`, and the MLP hands
-down one from `ops.silu_and_mul_fp8` (on CUDA one kernel each instead of two, the SiLU's from 1,024
-rows, where it is faster; the bf16 activation is then never written; the FP8 values and scales are
-those of quantizing the bf16 output, up to the norm kernel's fp32 summation order), as SGLang and
-vLLM fuse their norm / activation with the FP8 quantization. o's input comes from attention, whose
+down one from `ops.silu_and_mul_fp8` (on CUDA one kernel each instead of two; the bf16 activation
+is then never written; the FP8 values and scales are those of quantizing the bf16 output, up to the
+norm kernel's fp32 summation order), as SGLang and vLLM fuse their norm / activation with the FP8
+quantization. o's input comes from attention, whose
 programs each see one head of a row, so o quantizes its own input.
 
 `skinny_max_rows` comes from RADIXRT_FP8_SKINNY_MAX_ROWS (default 16; 0 sends every call to the
