@@ -158,7 +158,18 @@ ONE_PASS_MAX_CHUNKS = 6
 # block's load in turn and lost below 2,048 rows (so the threshold was 1,024 until then); the one-pass
 # form ties at 17 rows and wins from 64. Fewer rows were not measured: up to 16 rows (the default
 # RADIXRT_FP8_SKINNY_MAX_ROWS) the FP8 linears take bf16 input on CUDA (Fp8Linear.takes_fp8_input).
+# Rows too wide for the one-pass form (more than ONE_PASS_MAX_CHUNKS blocks, e.g. the 28,672-wide
+# MLPs of 70B models) keep the two-pass form and its threshold (not measured at those widths).
 QUANT_FUSED_MIN_ROWS = 17
+QUANT_FUSED_MIN_ROWS_TWO_PASS = 1024
+
+
+def quant_fused_min_rows(inter: int) -> int:
+    """The row count from which ops.silu_and_mul_fp8 takes silu_and_mul_quant_fp8 for an intermediate
+    size `inter` on CUDA: QUANT_FUSED_MIN_ROWS where "auto" runs the one-pass form, else
+    QUANT_FUSED_MIN_ROWS_TWO_PASS. Never raises."""
+    one_pass = _pick_quant_config(max(inter, 1))["NCHUNK"] > 0
+    return QUANT_FUSED_MIN_ROWS if one_pass else QUANT_FUSED_MIN_ROWS_TWO_PASS
 
 
 QUANT_FORMS = ("auto", "one_pass", "two_pass")
@@ -166,8 +177,10 @@ QUANT_FORMS = ("auto", "one_pass", "two_pass")
 
 def _pick_quant_config(inter: int, form: str = "auto", num_warps: int | None = None) -> dict:
     """Column blocks of up to 4,096 (8 warps from 2,048 up; the one-pass form 16 from 8,192 up,
-    all of its blocks in flight at once): the one-pass form where the row is at most
-    ONE_PASS_MAX_CHUNKS blocks ("auto"), else the two passes."""
+    all of its blocks in flight at once; measured at 18,944 only): the one-pass form where the row is
+    at most ONE_PASS_MAX_CHUNKS blocks ("auto"), else the two passes. {"BLOCK", "NCHUNK" (0: two
+    passes), "num_warps"}. Raises ValueError for a one-pass row that is too wide or num_warps <= 0."""
+    check(num_warps is None or num_warps > 0, f"num_warps must be positive, got {num_warps}")
     block = min(4096, triton.next_power_of_2(inter))
     nchunk = triton.cdiv(inter, block)
     one_pass = form == "one_pass" or form == "auto" and nchunk <= ONE_PASS_MAX_CHUNKS
@@ -193,9 +206,9 @@ def silu_and_mul_quant_fp8(x: torch.Tensor, form: str = "auto",
     num_tokens, inter = x.shape[0], x.shape[1] // 2
     q = torch.empty((num_tokens, inter), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((num_tokens, 1), dtype=torch.float32, device=x.device)
+    cfg = _pick_quant_config(max(inter, 1), form, num_warps)  # (raises before the empty cases return)
     if num_tokens == 0 or inter == 0:
         return q, scale.fill_(1.0)
-    cfg = _pick_quant_config(inter, form, num_warps)
     pdl = use_pdl(x)
     if cfg["NCHUNK"]:
         _silu_and_mul_quant_onepass_kernel[(num_tokens,)](

@@ -171,16 +171,16 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: to
 
 def silu_and_mul_fp8(x: torch.Tensor):
     """`silu_and_mul` quantized per token to FP8 for an FP8 down projection: x [T, 2I] -> Fp8Act of
-    [T, I] rows in x's dtype. On CUDA from kernels.activation.QUANT_FUSED_MIN_ROWS rows one kernel
+    [T, I] rows in x's dtype. On CUDA from kernels.activation.quant_fused_min_rows(I) rows one kernel
     (`kernels.silu_and_mul_quant_fp8`, faster there); otherwise `silu_and_mul` then
     `quantize_per_token`, the same values."""
     from radixrt.models.quant.fp8 import Fp8Act, quantize_per_token
 
     if x.is_cuda:
         from radixrt.kernels import silu_and_mul_quant_fp8
-        from radixrt.kernels.activation import QUANT_FUSED_MIN_ROWS
+        from radixrt.kernels.activation import quant_fused_min_rows
 
-        if x.shape[0] >= QUANT_FUSED_MIN_ROWS:
+        if x.shape[0] >= quant_fused_min_rows(x.shape[1] // 2):
             return Fp8Act(*silu_and_mul_quant_fp8(x), x.dtype)
     return Fp8Act(*quantize_per_token(silu_and_mul(x)), x.dtype)
 

@@ -109,23 +109,47 @@ def test_silu_and_mul_quant_matches_silu_then_quant(dtype, rows, inter, form) ->
     assert scale[rows // 2, 0] == 1.0 and (scale[torch.arange(rows) != rows // 2] != 1.0).all()
 
 
-def test_silu_and_mul_quant_one_pass_six_blocks_matches_two_pass() -> None:
-    """The one-pass form at its largest row (6 blocks of 4,096, the last one partial), the largest
-    value in the last block of one row and in the first block of another: the same FP8 values and
-    scales as the two-pass form."""
-    inter = 5 * 4096 + 1000
-    x = _randn(2, 2 * inter, dtype=torch.float32, seed=5)
-    x[0, inter - 1], x[0, 2 * inter - 1] = 8.0, 8.0  # gate and up of row 0's last column
-    x[1, 0], x[1, inter] = -9.0, 9.0
-    q1, s1 = silu_and_mul_quant_fp8(x, form="one_pass")
-    q2, s2 = silu_and_mul_quant_fp8(x, form="two_pass")
-    assert torch.equal(s1, s2) and torch.equal(q1.float(), q2.float())
+@pytest.mark.parametrize("nchunk", [3, 4, 5, 6])
+def test_silu_and_mul_quant_one_pass_every_block_counts(nchunk) -> None:
+    """The one-pass form at 3-6 blocks of 4,096 (the last one partial; Qwen2.5-7B's 18,944 is 5):
+    row r's largest value sits in block r, so a block left out of the amax or of the stores changes
+    that row's scale or values. Both forms give the reference's FP8 values and scales."""
+    inter = (nchunk - 1) * 4096 + 1000
+    x = _randn(nchunk, 2 * inter, dtype=torch.float32, seed=5)
+    for r in range(nchunk):  # a large gate and up in column 100 of block r (the last block's is partial)
+        col = r * 4096 + 100
+        x[r, col], x[r, inter + col] = 8.0, 8.0 if r % 2 else -8.0
     want_q, want_scale = _reference_quant(silu_and_mul(x))
-    assert_quant_matches(q1, s1, want_q, want_scale)
+    for form in ("one_pass", "two_pass"):
+        q, scale = silu_and_mul_quant_fp8(x, form=form)
+        assert_quant_matches(q, scale, want_q, want_scale)
+    # and each row's scale is the one its planted block gives (not a smaller one from other blocks)
+    planted = torch.stack([silu_and_mul(x)[r, r * 4096 + 100].abs() for r in range(nchunk)])
+    assert torch.allclose(want_scale[:, 0], planted / 448.0)
+
+
+def test_silu_and_mul_quant_form_rule() -> None:
+    """"auto" runs the one-pass form up to 6 blocks of 4,096 (16 warps from 8,192 columns) and the
+    two passes beyond, where the fused kernel is taken only from 1,024 rows; a one-pass call on a
+    wider row, or with num_warps <= 0, raises (also for an empty batch)."""
+    from radixrt.kernels.activation import _pick_quant_config, quant_fused_min_rows
+
+    assert _pick_quant_config(18944) == {"BLOCK": 4096, "NCHUNK": 5, "num_warps": 16}
+    assert _pick_quant_config(6 * 4096)["NCHUNK"] == 6
+    assert _pick_quant_config(6 * 4096 + 1)["NCHUNK"] == 0  # two passes
+    assert _pick_quant_config(96) == {"BLOCK": 128, "NCHUNK": 1, "num_warps": 4}
+    assert quant_fused_min_rows(18944) == 17 and quant_fused_min_rows(28672) == 1024
+    wide = _randn(2, 2 * (7 * 4096), dtype=torch.float32, seed=6)
+    q, scale = silu_and_mul_quant_fp8(wide)  # "auto" takes the two passes here
+    assert_quant_matches(q, scale, *_reference_quant(silu_and_mul(wide)))
     with pytest.raises(ValueError, match="at most 6 blocks"):
-        silu_and_mul_quant_fp8(_randn(1, 2 * (6 * 4096 + 1), dtype=torch.float32, seed=6), form="one_pass")
+        silu_and_mul_quant_fp8(wide, form="one_pass")
+    with pytest.raises(ValueError, match="at most 6 blocks"):
+        silu_and_mul_quant_fp8(wide[:0], form="one_pass")
+    with pytest.raises(ValueError, match="num_warps"):
+        silu_and_mul_quant_fp8(wide, num_warps=0)
     with pytest.raises(ValueError, match="form"):
-        silu_and_mul_quant_fp8(x, form="fused")
+        silu_and_mul_quant_fp8(wide, form="fused")
 
 
 def test_fused_quant_shapes_and_errors() -> None:
