@@ -144,6 +144,15 @@ for s in "$@"; do
     step-profile) stage step-profile 330 python3 bench/lab/decode_step_profile.py --out "$OUT/step_profile.json" ;;
     # issue 19: the FP8 int GEMV's M = 1 grid with PDL, then bf16 / FP8 / FP8-retuned engines (~90 s)
     fp8-retune) stage fp8-retune 330 env OUT="$OUT" python3 bench/lab/fp8_int_retune.py --rounds 4 ;;
+    # issue 19: FP8 `random` against bf16 in three alternated rounds (medians; ~4.5 min), the fused
+    # SiLU / norm quantization GPU tests first (~15 s)
+    fp8-rounds) stage fused-quant-tests 90 python3 -m pytest -q -p no:cacheprovider \
+        tests/kernels/test_fused_quant.py tests/kernels/test_fp8_gpu.py tests/worker/test_gpu_model.py -k "fused or silu"
+      stage fp8-rounds 330 python3 bench/lab/fp8_random_profile.py --only engines --engines bf16,fp8_kv8 \
+        --rounds 3 --budget-s 270 --out "$OUT/fp8-rounds.json" ;;
+    # issue 19: FP8-pool decode at 1-4 KV splits for configs that fit 4 programs per SM (~1 min)
+    fp8-decode-splits) stage fp8-decode-splits 150 python3 bench/lab/decode_fp8_occupancy.py --splits \
+        --out "$OUT/decode-fp8-splits.json" ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;
