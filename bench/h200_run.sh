@@ -150,6 +150,11 @@ for s in "$@"; do
         tests/kernels/test_fused_quant.py tests/kernels/test_fp8_gpu.py tests/worker/test_gpu_model.py -k "fused or silu"
       stage fp8-rounds 330 python3 bench/lab/fp8_random_profile.py --only engines --engines bf16,fp8_kv8 \
         --rounds 3 --budget-s 270 --out "$OUT/fp8-rounds.json" ;;
+    # issue 19: kv_dot "f16v8" (V loaded in 8-byte pieces: no 2-way bank conflicts on its fp16 stores)
+    # against "f16v" and the defaults over the FP8 pool at `random`'s shapes and 64 x 4K / 128 x 2K (~1 min)
+    fp8-v8) stage fp8-v8 150 python3 bench/lab/decode_rules.py --pools fp8 \
+        --shapes 256x512,256x768,64x4096,128x2048 \
+        --rules "f16v,f16v 64x4w3s,f16v8 64x4w3s,f16v8 128x4w3s" --out "$OUT/decode-rules-v8.json" ;;
     # issue 19: FP8-pool decode at 1-4 KV splits for configs that fit 4 programs per SM (~1 min)
     fp8-decode-splits) stage fp8-decode-splits 150 python3 bench/lab/decode_fp8_occupancy.py --splits \
         --out "$OUT/decode-fp8-splits.json" ;;

@@ -9,8 +9,10 @@ Kinds (the launcher that reads each):
                 of its two dots: "f16" (q, K, V and P in fp16: K/V widened by one packed
                 cvt.rn.f16x2.e4m3x2 per two values), "f16v" (as "f16", with V widened before the
                 P V dot so that Triton does not read it from shared memory a byte at a time:
-                paged_loop.py V_WIDEN), "q" (K/V widened to q's dtype, the form before
-                2026-12-02: e4m3 -> bf16 takes that cvt plus one cvt.bf16.f16 per value), or the
+                paged_loop.py V_WIDEN), "f16v8" (as "f16v", V loaded in 8-byte pieces so that its
+                fp16 stores avoid 2-way bank conflicts; not yet timed), "q" (K/V widened to q's
+                dtype, the form before 2026-12-02: e4m3 -> bf16 takes that cvt plus one
+                cvt.bf16.f16 per value), or the
                 e4m3 tensor-core forms of paged_loop_fp8.py: "fp8" (q and P as e4m3,
                 FlashAttention-3's FP8 operands), "fp8x2" (q and P as two e4m3 terms each), "qk8"
                 (q as two e4m3 terms against K, P V in fp16); kv_dot also applies to the fused form
@@ -53,7 +55,8 @@ ENV_VAR = "RADIXRT_ATTN_CONFIG"
 KINDS = ("decode", "decode_fused", "decode_fp8", "decode_splits", "decode_splits_fp8", "extend",
          "extend_short", "cascade")
 BUCKETS = ("d64", "d128", "d256")
-KV_DOTS = ("f16", "f16v", "q", "fp8", "fp8x2", "qk8")  # decode_fp8 kv_dot values
+KV_DOTS = ("f16", "f16v", "f16v8", "q", "fp8", "fp8x2", "qk8")  # decode_fp8 kv_dot values
+F16_KV_DOTS = ("f16", "f16v", "f16v8")  # the forms whose two dots run in fp16 (q clamped to its range)
 
 # program_tokens ("waves" only): the fixed cost of one split program in key tokens, about one 128-key
 # block (loading q and the first page ids, writing a partial; an empty split still pays it). Without

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
-from .attention_configs import attention_config
+from .attention_configs import F16_KV_DOTS, attention_config
 from .paged_loop import paged_attn_loop
 from .paged_loop_fp8 import paged_attn_fp8_operands
 from .pdl import gdc_enter, launch_options, use_pdl
@@ -90,16 +90,17 @@ def _decode_split_kernel(
             qg, qk_scale, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end, stride_kb_s,
             stride_kb_h, stride_vb_s, stride_vb_h, BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, KV_DOT)
     else:
-        if KV_DOT == "f16" or KV_DOT == "f16v":
-            # FP8 pool, kv_dot "f16" / "f16v": both dots in fp16 (the loop widens K/V and P to qg's
-            # dtype; "f16v" widens V before its dot, paged_attn_loop's V_WIDEN).
+        if KV_DOT == "f16" or KV_DOT == "f16v" or KV_DOT == "f16v8":
+            # FP8 pool, kv_dot "f16" / "f16v" / "f16v8": both dots in fp16 (the loop widens K/V and P
+            # to qg's dtype; "f16v" widens V before its dot, "f16v8" from 8-byte pieces:
+            # paged_attn_loop's V_WIDEN 1 / 2).
             # e4m3 -> fp16 is exact and one packed cvt per two values; -> bf16 costs three cvts per
             # two values, which bounded the kernel below the bandwidth. q is clamped to fp16's range.
             qg = tl.clamp(qg.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end,
                                         qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                                         BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
-                                        KV_DOT == "f16v")
+                                        1 if KV_DOT == "f16v" else 2 if KV_DOT == "f16v8" else 0)
     acc = acc * v_scale  # an FP8 pool's per-layer V scale (1.0 otherwise; k_scale is in qk_scale)
 
     if MERGE_PREFIX:
@@ -336,7 +337,7 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
         o.stride(0), o.stride(1),
         GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size,
         HEAD_DIM=head_dim, BLOCK_D=cfg["BLOCK_D"], BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
-        DOT_PRECISION=dot_precision(torch.float16 if cfg["KV_DOT"] in ("f16", "f16v") else q.dtype),
+        DOT_PRECISION=dot_precision(torch.float16 if cfg["KV_DOT"] in F16_KV_DOTS else q.dtype),
         HAS_KV_START=kv_start is not None, DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix,
         PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0, KV_DOT=cfg["KV_DOT"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], USE_PDL=pdl, **launch_options(pdl),

@@ -81,7 +81,7 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
                     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                     ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    V_WIDEN: tl.constexpr = False):
+                    V_WIDEN: tl.constexpr = 0):
     """Online softmax of the query rows `qb` [ROWS, BLOCK_D] over positions [start, end) of one paged
     sequence (page-table row `pt_row`) in KV head `kvh`, in blocks of BLOCK_N positions.
 
@@ -92,12 +92,18 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
     in registers; its per-layer scales are the caller's (k_scale folded into qk_scale, v_scale
     multiplied into the returned acc).
 
-    V_WIDEN (FP8 pools): the V block is widened to qb's dtype before the P V dot, not inside it. The
+    V_WIDEN (FP8 pools; 0 = off): the V block is widened to qb's dtype before the P V dot, not inside it. The
     dot contracts over positions, and V's rows are positions: Triton 3.6 otherwise reads the e4m3
     block from shared memory into the MMA's operand layout one byte per load (4 consecutive
     positions of one column per register: 128 `ld.shared.b8` per thread and 128-key block at 4
     warps) and widens after; with the select below the block is read in vectors, widened, stored
-    back as fp16 and read with `ldmatrix.trans` (bench/kernels/compile_sm90.py checks both)."""
+    back as fp16 and read with `ldmatrix.trans` (bench/kernels/compile_sm90.py checks both).
+    V_WIDEN == 2 (kv_dot "f16v8"; 2026-12-03, not yet timed on a GPU): the same, with V's positions
+    hinted contiguous in 8s only, so each thread loads 8 bytes of a row instead of 16 and stores
+    16 bytes of fp16: one store phase then writes 8 consecutive 16-byte chunks of a row. With
+    16-byte loads a thread stores two chunks 32 bytes apart, and chunks 8 apart share banks in a
+    256-byte fp16 row, which the swizzle does not separate (2-way conflicts; compiled sm_90 code,
+    docs/benchmarks.md "One-pass fused SiLU")."""
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
@@ -113,7 +119,10 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
         s = tl.dot(qb, tl.trans(kb.to(qb.dtype)), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(mask_n[None, :], s, float("-inf"))
         p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
-        vb = load_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d, kv_mask)
+        if V_WIDEN == 2:  # 8-byte pieces per thread (see the docstring)
+            vb = load_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, tl.max_contiguous(offs_d, 8), kv_mask)
+        else:
+            vb = load_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d, kv_mask)
         if V_WIDEN:  # (masked rows are zero already: the select only keeps the widening apart)
             vb = tl.where(kv_mask, vb.to(qb.dtype), 0.0)
         acc += tl.dot(p.to(qb.dtype), vb.to(qb.dtype), input_precision=DOT_PRECISION)

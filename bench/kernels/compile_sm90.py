@@ -91,16 +91,20 @@ def check_fp8_mma() -> bool:
 def check_fp8_v_widen() -> bool:
     """kv_dot "f16v" (kernels/paged_loop.py V_WIDEN) over an e4m3 pool reads V from shared memory in
     vectors and transposes it as fp16 (`ldmatrix ... .trans`), where "f16" reads it one byte per load
-    (`ld.shared.b8`). Prints one ok / FAIL line with the byte-load and ldmatrix.trans counts."""
+    (`ld.shared.b8`); "f16v8" does the same from 8-byte V loads (`cp.async` of 8 bytes, more copies
+    than "f16v"). Prints one ok / FAIL line with the byte-load, ldmatrix.trans and cp.async counts."""
     dec = dict(GROUP=7, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128,
                DOT_PRECISION="tf32", HAS_KV_START=False, DIRECT_OUT=True, MERGE_PREFIX=False, PREFIX_SLOTS=0)
     forms = {}
-    for kv_dot in ("f16", "f16v"):
+    for kv_dot in ("f16", "f16v", "f16v8"):
         ptx = compile_variant("kernels.decode_attention", "_decode_split_kernel", {**dec, "KV_DOT": kv_dot},
                               4, 3, pool="fp8e4nv")["ptx"]
-        forms[kv_dot] = (ptx.count("ld.shared.b8"), len(re.findall(r"ldmatrix\S*\.trans", ptx)))
-    ok = forms["f16v"][0] == 0 and forms["f16v"][1] > 0
-    print(f"{'ok   ' if ok else 'FAIL '} decode FP8 V widened before its dot (ld.shared.b8, ldmatrix.trans): "
+        forms[kv_dot] = (ptx.count("ld.shared.b8"), len(re.findall(r"ldmatrix\S*\.trans", ptx)),
+                         ptx.count("cp.async.cg") + ptx.count("cp.async.ca"))
+    ok = (all(forms[f][0] == 0 and forms[f][1] > 0 for f in ("f16v", "f16v8"))
+          and forms["f16v8"][2] > forms["f16v"][2])
+    print(f"{'ok   ' if ok else 'FAIL '} decode FP8 V widened before its dot (ld.shared.b8, ldmatrix.trans, "
+          "cp.async): "
           + ", ".join(f"{k} {v}" for k, v in forms.items()), flush=True)
     return ok
 

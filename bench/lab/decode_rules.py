@@ -73,6 +73,11 @@ FP8_RULES = {
     "64x2w4s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}}},
     "32x4w4s": {"decode_fp8": {B: {"BLOCK_N": 32, "num_warps": 4, "num_stages": 4}}},
     "128x4w4s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 4}}},
+    # kv_dot "f16v8" (V in 8-byte pieces: its fp16 stores without 2-way bank conflicts; not run yet):
+    # the "many" config's blocks with it, and the default's blocks with it
+    "f16v8 64x4w3s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "kv_dot": "f16v8"}}},
+    "f16v8 128x4w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3,
+                                          "kv_dot": "f16v8"}}},
 }
 
 

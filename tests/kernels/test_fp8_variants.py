@@ -42,7 +42,8 @@ def _fp8_pools(b) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("kv_dot, block_n, q_dtype, num_kv_splits", [
     ("f16", 16, torch.float32, 3), ("f16", 32, torch.float16, 1), ("q", 32, torch.float16, 2),
-    ("f16v", 16, torch.float32, 3), ("f16v", 32, torch.float16, 1)])
+    ("f16v", 16, torch.float32, 3), ("f16v", 32, torch.float16, 1), ("f16v8", 16, torch.float32, 3),
+    ("f16v8", 32, torch.float16, 1)])
 def test_decode_fp8_variants_match_reference(monkeypatch, kv_dot, block_n, q_dtype, num_kv_splits):
     monkeypatch.setitem(ac.CPU, "decode_fp8", {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 1,
                                                "kv_dot": kv_dot})
@@ -53,7 +54,7 @@ def test_decode_fp8_variants_match_reference(monkeypatch, kv_dot, block_n, q_dty
         q[0, 0, 0] = 1e5  # past fp16's range: the f16 form clamps it to 65504 (as for a bf16 q)
     out = decode_attention(q, kb, vb, b.page_table, b.seq_lens, 16, None, num_kv_splits,
                            k_scale=K_SCALE, v_scale=V_SCALE)
-    qr = q.float().clamp(-65504, 65504) if kv_dot in ("f16", "f16v") else q.float()
+    qr = q.float().clamp(-65504, 65504) if kv_dot in ("f16", "f16v", "f16v8") else q.float()
     ref = decode_attention_ref(qr, kb, vb, b.page_table, b.seq_lens, 16, None, k_scale=K_SCALE,
                                v_scale=V_SCALE)
     assert torch.isfinite(out).all()
