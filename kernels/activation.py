@@ -14,6 +14,8 @@ row's gate and up are read once and no load waits for the one before it (same va
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -168,8 +170,14 @@ def quant_fused_min_rows(inter: int) -> int:
     """The row count from which ops.silu_and_mul_fp8 takes silu_and_mul_quant_fp8 for an intermediate
     size `inter` on CUDA: QUANT_FUSED_MIN_ROWS where "auto" runs the one-pass form, else
     QUANT_FUSED_MIN_ROWS_TWO_PASS. Never raises."""
-    one_pass = _pick_quant_config(max(inter, 1))["NCHUNK"] > 0
-    return QUANT_FUSED_MIN_ROWS if one_pass else QUANT_FUSED_MIN_ROWS_TWO_PASS
+    return QUANT_FUSED_MIN_ROWS if _one_pass_fits(inter) else QUANT_FUSED_MIN_ROWS_TWO_PASS
+
+
+@functools.cache
+def _one_pass_fits(inter: int) -> bool:
+    """Whether "auto" runs the one-pass form for rows of `inter` columns (cached: asked once per MLP
+    call of an eager pass)."""
+    return _pick_quant_config(max(inter, 1))["NCHUNK"] > 0
 
 
 QUANT_FORMS = ("auto", "one_pass", "two_pass")

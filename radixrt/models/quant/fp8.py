@@ -25,8 +25,8 @@ decoder layer's RMSNorms hand qkv and gate_up an `Fp8Act` from `ops.rms_norm_fp8
 down one from `ops.silu_and_mul_fp8` (on CUDA one kernel each instead of two; the bf16 activation
 is then never written; the FP8 values and scales are those of quantizing the bf16 output, up to the
 norm kernel's fp32 summation order), as SGLang and vLLM fuse their norm / activation with the FP8
-quantization. o's input comes from attention, whose
-programs each see one head of a row, so o quantizes its own input.
+quantization. o's input comes from attention, whose programs each see one head of a row, so o
+quantizes its own input.
 
 `skinny_max_rows` comes from RADIXRT_FP8_SKINNY_MAX_ROWS (default 16; 0 sends every call to the
 W8A8 path), RADIXRT_FP8_TRITON_GEMM=0 keeps every W8A8 call on _scaled_mm, and
