@@ -158,6 +158,18 @@ for s in "$@"; do
     # issue 19: FP8-pool decode at 1-4 KV splits for configs that fit 4 programs per SM (~1 min)
     fp8-decode-splits) stage fp8-decode-splits 150 python3 bench/lab/decode_fp8_occupancy.py --splits \
         --out "$OUT/decode-fp8-splits.json" ;;
+    # issue 19: FP8-pool decode with V stored transposed within each page (bench/lab/decode_vt.py: five
+    # forms x six block configs against the bf16 and FP8 defaults, same run; ~3 min)
+    decode-vt) stage decode-vt 290 python3 bench/lab/decode_vt.py --out "$OUT/decode-vt.json" ;;
+    # issue 19: decode with the whole key blocks unmasked (PEEL_TAIL, not the default) against the
+    # default, both pools (~40 s)
+    decode-peel) stage decode-peel 150 python3 bench/lab/decode_rules.py --rules peel \
+        --shapes 1x512,1x2048,1x8192,16x2048,64x4096,128x2048,128x2208,256x512,256x768 \
+        --out "$OUT/decode-rules-peel.json" ;;
+    # issue 19: why the lab kernel's "f16" loop beats decode_attention's at 64 x 4K (95 against 101
+    # us): its acc update and its masks, one at a time (bench/lab/decode_vt.py v_f16a / v_f16l; ~1 min)
+    decode-vt-forms) stage decode-vt-forms 150 python3 bench/lab/decode_vt.py --quick \
+        --forms v_f16,v_f16a,v_f16l,v_f16m --shapes 64x4096,128x2048,256x512 --out "$OUT/decode-vt-forms.json" ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;

@@ -52,7 +52,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, DIRECT_OUT: tl.constexpr,
     MERGE_PREFIX: tl.constexpr, PREFIX_SLOTS: tl.constexpr, KV_DOT: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, PEEL_TAIL: tl.constexpr = False,
 ):
     # DIRECT_OUT (num_splits == 1): the program covers the whole range, so it writes the normalised
     # output to o itself and no merge stage runs (H200, 2026-11-30, batch 256 x 768 tokens: 101.7
@@ -100,7 +100,7 @@ def _decode_split_kernel(
         m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end,
                                         qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                                         BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
-                                        1 if KV_DOT == "f16v" else 2 if KV_DOT == "f16v8" else 0)
+                                        1 if KV_DOT == "f16v" else 2 if KV_DOT == "f16v8" else 0, PEEL_TAIL)
     acc = acc * v_scale  # an FP8 pool's per-layer V scale (1.0 otherwise; k_scale is in qk_scale)
 
     if MERGE_PREFIX:
@@ -340,7 +340,8 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
         DOT_PRECISION=dot_precision(torch.float16 if cfg["KV_DOT"] in F16_KV_DOTS else q.dtype),
         HAS_KV_START=kv_start is not None, DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix,
         PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0, KV_DOT=cfg["KV_DOT"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], USE_PDL=pdl, **launch_options(pdl),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], USE_PDL=pdl,
+        PEEL_TAIL=bool(cfg.get("peel_tail", False)) and cfg["BLOCK_D"] == head_dim, **launch_options(pdl),
     )
 
 

@@ -52,6 +52,13 @@ def load_rows(buf, slot, kvh, stride_s, stride_h, offs_d, kv_mask):
 
 
 @triton.jit
+def load_rows_unmasked(buf, slot, kvh, stride_s, stride_h, offs_d):
+    """load_rows without a mask: every slot is a request's own and offs_d covers the head dim."""
+    head = buf + kvh.to(tl.int64) * stride_h
+    return tl.load(head + slot[:, None] * stride_s + offs_d[None, :])
+
+
+@triton.jit
 def online_softmax_step(s, m_i, l_i, acc):
     """One FlashAttention-2 update for a block of scores `s` [M, N] (log2 units, masked = -inf).
 
@@ -77,11 +84,40 @@ def online_softmax_step_scaled(s, qk_scale, m_i, l_i, acc):
 
 
 @triton.jit
+def paged_attn_block(qb, k_buf, v_buf, pt_row, kvh, pages, n0, end, qk_scale, m_i, l_i, acc, offs_n, offs_d,
+                     mask_d, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     V_WIDEN: tl.constexpr, MASKED: tl.constexpr):
+    """One step of paged_attn_loop: the block of positions n0 + [0, BLOCK_N) (page ids `pages`,
+    loaded one step ahead) folded into the softmax state (m_i, l_i, acc). MASKED False: every position
+    is < end and every column < HEAD_DIM (BLOCK_D == HEAD_DIM), so K/V are loaded and the scores kept
+    without a mask. Returns (m_i, l_i, acc, the next block's page ids)."""
+    slot, mask_n, kv_mask, pages = block_slots(pt_row, pages, n0, end, offs_n, mask_d, PAGE_SIZE, BLOCK_N)
+    # scores of every row against BLOCK_N keys: one K/V read serves all rows of the block
+    if MASKED:
+        kb = load_rows(k_buf, slot, kvh, stride_kb_s, stride_kb_h, offs_d, kv_mask)
+    else:
+        kb = load_rows_unmasked(k_buf, slot, kvh, stride_kb_s, stride_kb_h, offs_d)
+    s = tl.dot(qb, tl.trans(kb.to(qb.dtype)), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+    p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
+    if MASKED:
+        vb = load_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d, kv_mask)
+    else:
+        vb = load_rows_unmasked(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d)
+    if V_WIDEN:  # (masked rows are zero already: the select only keeps the widening apart)
+        vb = tl.where(kv_mask, vb.to(qb.dtype), 0.0)
+    acc += tl.dot(p.to(qb.dtype), vb.to(qb.dtype), input_precision=DOT_PRECISION)
+    return m_i, l_i, acc, pages
+
+
+@triton.jit
 def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
                     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                     ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    V_WIDEN: tl.constexpr = 0):
+                    V_WIDEN: tl.constexpr = 0, PEEL_TAIL: tl.constexpr = False):
     """Online softmax of the query rows `qb` [ROWS, BLOCK_D] over positions [start, end) of one paged
     sequence (page-table row `pt_row`) in KV head `kvh`, in blocks of BLOCK_N positions.
 
@@ -92,15 +128,20 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
     in registers; its per-layer scales are the caller's (k_scale folded into qk_scale, v_scale
     multiplied into the returned acc).
 
+    PEEL_TAIL (needs BLOCK_D == HEAD_DIM): the whole blocks of [start, end) run without masks (no
+    predicated copies, no score select), and the last, partial block, if any, after the loop with
+    them; otherwise every block is masked (paged_attn_block's MASKED).
+
     V_WIDEN (FP8 pools; 0 = off): the V block is widened to qb's dtype before the P V dot, not inside it. The
     dot contracts over positions, and V's rows are positions: Triton 3.6 otherwise reads the e4m3
     block from shared memory into the MMA's operand layout one byte per load (4 consecutive
     positions of one column per register: 128 `ld.shared.b8` per thread and 128-key block at 4
     warps) and widens after; with the select below the block is read in vectors, widened, stored
     back as fp16 and read with `ldmatrix.trans` (bench/kernels/compile_sm90.py checks both).
-    V_WIDEN == 2 (kv_dot "f16v8"; 2026-12-03, not yet timed on a GPU): the same, with V's positions
-    hinted contiguous in 8s only, so each thread loads 8 bytes of a row instead of 16 and stores
-    16 bytes of fp16: one store phase then writes 8 consecutive 16-byte chunks of a row. With
+    V_WIDEN == 2 (kv_dot "f16v8"; slower than "f16v" on an H200, 2026-12-03): the same, with the
+    head-dim offsets hinted contiguous in 8s only (K's copies too: the hint marks the one arange), so
+    each thread loads 8 bytes of a row instead of 16 and stores 16 bytes of fp16: one store phase
+    then writes 8 consecutive 16-byte chunks of a row. With
     16-byte loads a thread stores two chunks 32 bytes apart, and chunks 8 apart share banks in a
     256-byte fp16 row, which the swizzle does not separate (2-way conflicts; compiled sm_90 code,
     docs/benchmarks.md "One-pass fused SiLU")."""
@@ -109,21 +150,27 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
     acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    if V_WIDEN == 2:  # 8-byte pieces (above); the hint marks the arange itself, so K's copies get it too
+        offs_d = tl.max_contiguous(offs_d, 8)
     mask_d = offs_d < HEAD_DIM
     pages = prefetch_pages(pt_row, start, end, offs_n, PAGE_SIZE)
-    for n0 in range(start, end, BLOCK_N):
-        # slots of this block of positions, from the page ids loaded one step ahead
-        slot, mask_n, kv_mask, pages = block_slots(pt_row, pages, n0, end, offs_n, mask_d, PAGE_SIZE, BLOCK_N)
-        # scores of every row against BLOCK_N keys: one K/V read serves all rows of the block
-        kb = load_rows(k_buf, slot, kvh, stride_kb_s, stride_kb_h, offs_d, kv_mask)
-        s = tl.dot(qb, tl.trans(kb.to(qb.dtype)), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
-        if V_WIDEN == 2:  # 8-byte pieces per thread (see the docstring)
-            vb = load_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, tl.max_contiguous(offs_d, 8), kv_mask)
-        else:
-            vb = load_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d, kv_mask)
-        if V_WIDEN:  # (masked rows are zero already: the select only keeps the widening apart)
-            vb = tl.where(kv_mask, vb.to(qb.dtype), 0.0)
-        acc += tl.dot(p.to(qb.dtype), vb.to(qb.dtype), input_precision=DOT_PRECISION)
+    if PEEL_TAIL:
+        tl.static_assert(BLOCK_D == HEAD_DIM, "PEEL_TAIL loads whole rows: BLOCK_D must equal HEAD_DIM")
+        full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+        for n0 in range(start, full_end, BLOCK_N):
+            m_i, l_i, acc, pages = paged_attn_block(
+                qb, k_buf, v_buf, pt_row, kvh, pages, n0, end, qk_scale, m_i, l_i, acc, offs_n, offs_d,
+                mask_d, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
+                V_WIDEN, False)
+        if full_end < end:
+            m_i, l_i, acc, pages = paged_attn_block(
+                qb, k_buf, v_buf, pt_row, kvh, pages, full_end, end, qk_scale, m_i, l_i, acc, offs_n, offs_d,
+                mask_d, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
+                V_WIDEN, True)
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            m_i, l_i, acc, pages = paged_attn_block(
+                qb, k_buf, v_buf, pt_row, kvh, pages, n0, end, qk_scale, m_i, l_i, acc, offs_n, offs_d,
+                mask_d, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
+                V_WIDEN, True)
     return m_i, l_i, acc

@@ -18,6 +18,7 @@ kernels/paged_loop.py, prefetch_pages); the script fails if they do not.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -48,6 +49,10 @@ NOT_DIVISIBLE = {"stride_pt_b", "stride_mo_b", "stride_mo_h", "stride_mo_s", "st
 def compile_variant(module: str, kernel: str, const: dict, num_warps: int, num_stages: int,
                     pool: str = "bf16") -> dict:
     fn = getattr(importlib.import_module(module), kernel)
+    # constexpr parameters left out take their defaults, as at a launch that does not pass them
+    defaults = {p.name: p.default for p in fn.params
+                if p.is_constexpr and p.default is not inspect.Parameter.empty}
+    const = {**defaults, **const}
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         sig[n] = ("constexpr" if n in const else f"*{pool}" if n in ("k_buf", "v_buf")
@@ -140,6 +145,9 @@ def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
          {**dec, **plain, "BLOCK_N": 64}, 4, 3, 1),
         ("decode one split -> out", "kernels.decode_attention", "_decode_split_kernel",
          {**dec, **plain, "DIRECT_OUT": True}, 4, 2, 0),
+        # PEEL_TAIL (the GPU default): whole blocks unmasked in the loop, the last one after it
+        ("decode split, 3 stages, peeled tail", "kernels.decode_attention", "_decode_split_kernel",
+         {**dec, **plain, "BLOCK_N": 64, "PEEL_TAIL": True}, 4, 3, 1),
         ("cascade suffix -> mid", "kernels.decode_attention", "_decode_split_kernel",
          {**dec, **plain, "HAS_KV_START": True}, 4, 2, 0),
         ("cascade suffix + merge -> out", "kernels.decode_attention", "_decode_split_kernel",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radixrt.kernels import choose_num_kv_splits, decode_attention
-from radixrt.kernels.reference import decode_attention_ref
+from radixrt.kernels.reference import decode_attention_ref, slots_of
 
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3)}
 
@@ -69,3 +69,51 @@ def test_choose_num_kv_splits():
     for b in (1, 3, 64, 256):
         for n in (1, 128, 5000):
             assert 1 <= choose_num_kv_splits(b, 4, n) <= 64
+
+
+def _poison_unread_slots(buf: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
+                         page_size: int) -> torch.Tensor:
+    """buf with NaN (0x7F bytes in an FP8 pool) in every slot that no request's positions cover,
+    e.g. the rest of a request's last page, as a reused page holds stale values there."""
+    keep = torch.zeros(buf.shape[0], dtype=torch.bool, device=buf.device)
+    for b, n in enumerate(seq_lens.tolist()):
+        keep[slots_of(page_table[b], page_size, 0, n)] = True
+    out = buf.clone()
+    if out.dtype == torch.float8_e4m3fn:
+        out.view(torch.uint8)[~keep] = 0x7F
+    else:
+        out[~keep] = float("nan")
+    return out
+
+
+@pytest.mark.parametrize("pool", ["fp32", "fp8"])
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_peel_tail_equals_the_masked_loop(paged_batch, monkeypatch, pool, head_dim):
+    """decode's PEEL_TAIL (whole key blocks unmasked, the partial last one masked after the loop)
+    gives the masked loop's result bit for bit: sequence lengths at, one past and one short of the
+    interpreter's 16-key blocks, 1-8 splits (empty ones among them), a zero-length row, and NaN in
+    every slot no request reads (a wrongly unmasked load would spread it). Head dim 80 pads to 128
+    columns, where the launcher keeps the mask (PEEL_TAIL needs whole rows)."""
+    from radixrt.kernels import attention_configs as ac
+
+    seq_lens = [1, 15, 16, 17, 32, 47, 100, 0]
+    b = paged_batch([max(0, s - 1) for s in seq_lens], [1] * len(seq_lens), 16, 7, 1, head_dim, torch.float32,
+                    seed=11)
+    kb, vb = b.k_buffer, b.v_buffer
+    scales = {}
+    if pool == "fp8":
+        kb, vb = kb.mul(8).to(torch.float8_e4m3fn), vb.mul(8).to(torch.float8_e4m3fn)
+        scales = {"k_scale": 0.125, "v_scale": 0.125}
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=b.q.device)
+    kb, vb = (_poison_unread_slots(x, b.page_table, lens, 16) for x in (kb, vb))
+    q = b.q[: len(seq_lens)].contiguous()
+    kind = "decode_fp8" if pool == "fp8" else "decode"
+    ref = decode_attention_ref(q, kb, vb, b.page_table, lens, 16, None, **scales)
+    for splits in (1, 3, 8):
+        outs = []
+        for peel in (False, True):
+            monkeypatch.setitem(ac.CPU[kind], "peel_tail", peel)
+            outs.append(decode_attention(q, kb, vb, b.page_table, lens, 16, None, splits, **scales))
+        assert torch.equal(outs[0], outs[1]), f"{splits} splits"
+        assert not torch.isnan(outs[1]).any()
+        torch.testing.assert_close(outs[1], ref, atol=1e-4, rtol=1e-4)
