@@ -161,9 +161,9 @@ for s in "$@"; do
     # issue 19: FP8-pool decode with V stored transposed within each page (bench/lab/decode_vt.py: five
     # forms x six block configs against the bf16 and FP8 defaults, same run; ~3 min)
     decode-vt) stage decode-vt 290 python3 bench/lab/decode_vt.py --out "$OUT/decode-vt.json" ;;
-    # issue 19: decode with the whole key blocks unmasked (PEEL_TAIL, not the default) against the
-    # default, both pools (~40 s)
-    decode-peel) stage decode-peel 150 python3 bench/lab/decode_rules.py --rules peel \
+    # issue 19: decode with the whole key blocks unmasked (PEEL_TAIL 1 / 2, not the default) against
+    # the default, both pools (~50 s)
+    decode-peel) stage decode-peel 150 python3 bench/lab/decode_rules.py --rules peel,peel2 \
         --shapes 1x512,1x2048,1x8192,16x2048,64x4096,128x2048,128x2208,256x512,256x768 \
         --out "$OUT/decode-rules-peel.json" ;;
     # issue 19: why the lab kernel's "f16" loop beats decode_attention's at 64 x 4K (95 against 101

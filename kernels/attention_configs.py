@@ -76,11 +76,11 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # 31.7 / 33.2, batch 1 at 512-8,192 tokens equal, but 256 x 768 (1,024 programs) 113.8 against
     # 110.8: above many_per_sm programs per SM a launch takes num_warps_many (4) warps instead
     "decode": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "num_warps_many": 4,
-                       "many_per_sm": 0, "peel_tail": False},
+                       "many_per_sm": 0, "peel_tail": 0},
                "d128": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "num_warps_many": 4,
-                        "many_per_sm": 4, "peel_tail": False},
+                        "many_per_sm": 4, "peel_tail": 0},
                "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "num_warps_many": 4,
-                        "many_per_sm": 0, "peel_tail": False}},
+                        "many_per_sm": 0, "peel_tail": 0}},
     # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests (2,048
     # shared + 128-192 own tokens) in 19 us against 26 us with 128-key blocks (H200, 2026-11-30)
     "decode_fused": {"d64": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
@@ -106,12 +106,12 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # 198.0 / 373.4, 160 x 2,048 (2 splits) 142.7 / 147.7, 192 x 1,024 87.2 / 86.6 (H200, 2026-12-03,
     # bench/lab/decode_rules.py --pools fp8; launch_config)
     "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16", "many_per_sm": 0,
-                           "many_max_tokens": 0, "many": {}, "peel_tail": False},
+                           "many_max_tokens": 0, "many": {}, "peel_tail": 0},
                    "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16",
                             "many_per_sm": 4, "many_max_tokens": 1024,
-                            "many": {"BLOCK_N": 64, "num_stages": 3, "kv_dot": "f16v"}, "peel_tail": False},
+                            "many": {"BLOCK_N": 64, "num_stages": 3, "kv_dot": "f16v"}, "peel_tail": 0},
                    "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16", "many_per_sm": 0,
-                            "many_max_tokens": 0, "many": {}, "peel_tail": False}},
+                            "many_max_tokens": 0, "many": {}, "peel_tail": 0}},
     # 4 programs per SM and >= 128 tokens per split: the best of 2-16 per SM on an H200, 2026-11-29
     "decode_splits": {"d64": dict(_SPLITS), "d256": dict(_SPLITS),
                       "d128": {**_SPLITS, "policy": "waves"}},  # 2026-12-03, with the 8-warp config
@@ -190,6 +190,8 @@ def _validate(table: object) -> dict[str, dict[str, dict]]:
             check(not unknown, f"unknown keys {sorted(unknown)} in overrides[{kind!r}][{b!r}]")
             check(cfg.get("kv_dot", "f16") in KV_DOTS,
                   f"overrides[{kind!r}][{b!r}]['kv_dot'] must be one of {KV_DOTS}")
+            check(cfg.get("peel_tail", 0) in (0, 1, 2),
+                  f"overrides[{kind!r}][{b!r}]['peel_tail'] must be 0 / false, 1 / true or 2")
             _validate_many(cfg, f"overrides[{kind!r}][{b!r}]")
         out[kind] = copy.deepcopy(by_bucket)
     return out

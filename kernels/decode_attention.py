@@ -52,7 +52,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, DIRECT_OUT: tl.constexpr,
     MERGE_PREFIX: tl.constexpr, PREFIX_SLOTS: tl.constexpr, KV_DOT: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PEEL_TAIL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, PEEL_TAIL: tl.constexpr = 0,
 ):
     # DIRECT_OUT (num_splits == 1): the program covers the whole range, so it writes the normalised
     # output to o itself and no merge stage runs (H200, 2026-11-30, batch 256 x 768 tokens: 101.7
@@ -341,7 +341,7 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
         HAS_KV_START=kv_start is not None, DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix,
         PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0, KV_DOT=cfg["KV_DOT"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], USE_PDL=pdl,
-        PEEL_TAIL=bool(cfg.get("peel_tail", False)) and cfg["BLOCK_D"] == head_dim, **launch_options(pdl),
+        PEEL_TAIL=int(cfg.get("peel_tail", 0)) if cfg["BLOCK_D"] == head_dim else 0, **launch_options(pdl),
     )
 
 

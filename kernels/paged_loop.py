@@ -89,23 +89,33 @@ def paged_attn_block(qb, k_buf, v_buf, pt_row, kvh, pages, n0, end, qk_scale, m_
                      PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
                      V_WIDEN: tl.constexpr, MASKED: tl.constexpr):
     """One step of paged_attn_loop: the block of positions n0 + [0, BLOCK_N) (page ids `pages`,
-    loaded one step ahead) folded into the softmax state (m_i, l_i, acc). MASKED False: every position
-    is < end and every column < HEAD_DIM (BLOCK_D == HEAD_DIM), so K/V are loaded and the scores kept
-    without a mask. Returns (m_i, l_i, acc, the next block's page ids)."""
+    loaded one step ahead) folded into the softmax state (m_i, l_i, acc). Returns (m_i, l_i, acc, the
+    next block's page ids). MASKED:
+      0  every position is < end and every column < HEAD_DIM (BLOCK_D == HEAD_DIM): K/V loaded and
+         the scores kept without a mask;
+      1  masked loads (0 past end and past HEAD_DIM) and the scores selected (-inf past end);
+      2  (BLOCK_D == HEAD_DIM) K/V loaded without a mask, then zeroed past end by a select on the
+         values, and the scores selected. Positions past end read slots that exist (the rest of the
+         request's last page, or the sink page 0, whose page id prefetch_pages gives them) and may
+         hold anything, NaN included; the selects keep it out."""
     slot, mask_n, kv_mask, pages = block_slots(pt_row, pages, n0, end, offs_n, mask_d, PAGE_SIZE, BLOCK_N)
     # scores of every row against BLOCK_N keys: one K/V read serves all rows of the block
-    if MASKED:
+    if MASKED == 1:
         kb = load_rows(k_buf, slot, kvh, stride_kb_s, stride_kb_h, offs_d, kv_mask)
     else:
         kb = load_rows_unmasked(k_buf, slot, kvh, stride_kb_s, stride_kb_h, offs_d)
+        if MASKED == 2:
+            kb = tl.where(mask_n[:, None], kb, 0.0)
     s = tl.dot(qb, tl.trans(kb.to(qb.dtype)), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         s = tl.where(mask_n[None, :], s, float("-inf"))
     p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
-    if MASKED:
+    if MASKED == 1:
         vb = load_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d, kv_mask)
     else:
         vb = load_rows_unmasked(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d)
+        if MASKED == 2:
+            vb = tl.where(mask_n[:, None], vb, 0.0)
     if V_WIDEN:  # (masked rows are zero already: the select only keeps the widening apart)
         vb = tl.where(kv_mask, vb.to(qb.dtype), 0.0)
     acc += tl.dot(p.to(qb.dtype), vb.to(qb.dtype), input_precision=DOT_PRECISION)
@@ -117,7 +127,7 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
                     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                     ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    V_WIDEN: tl.constexpr = 0, PEEL_TAIL: tl.constexpr = False):
+                    V_WIDEN: tl.constexpr = 0, PEEL_TAIL: tl.constexpr = 0):
     """Online softmax of the query rows `qb` [ROWS, BLOCK_D] over positions [start, end) of one paged
     sequence (page-table row `pt_row`) in KV head `kvh`, in blocks of BLOCK_N positions.
 
@@ -128,9 +138,11 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
     in registers; its per-layer scales are the caller's (k_scale folded into qk_scale, v_scale
     multiplied into the returned acc).
 
-    PEEL_TAIL (needs BLOCK_D == HEAD_DIM): the whole blocks of [start, end) run without masks (no
-    predicated copies, no score select), and the last, partial block, if any, after the loop with
-    them; otherwise every block is masked (paged_attn_block's MASKED).
+    PEEL_TAIL (1 or 2; needs BLOCK_D == HEAD_DIM): the whole blocks of [start, end) run without masks
+    (no predicated copies, no score select), and the last, partial block, if any, after the loop:
+    with masked loads (1) or with K/V loaded whole and zeroed past `end` by selects (2: the widened
+    path's code, as bench/lab/decode_vt.py's control kernel does); 0 / False: every block masked
+    (paged_attn_block's MASKED).
 
     V_WIDEN (FP8 pools; 0 = off): the V block is widened to qb's dtype before the P V dot, not inside it. The
     dot contracts over positions, and V's rows are positions: Triton 3.6 otherwise reads the e4m3
@@ -161,16 +173,16 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
             m_i, l_i, acc, pages = paged_attn_block(
                 qb, k_buf, v_buf, pt_row, kvh, pages, n0, end, qk_scale, m_i, l_i, acc, offs_n, offs_d,
                 mask_d, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
-                V_WIDEN, False)
+                V_WIDEN, 0)
         if full_end < end:
             m_i, l_i, acc, pages = paged_attn_block(
                 qb, k_buf, v_buf, pt_row, kvh, pages, full_end, end, qk_scale, m_i, l_i, acc, offs_n, offs_d,
                 mask_d, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
-                V_WIDEN, True)
+                V_WIDEN, 2 if PEEL_TAIL == 2 else 1)
     else:
         for n0 in range(start, end, BLOCK_N):
             m_i, l_i, acc, pages = paged_attn_block(
                 qb, k_buf, v_buf, pt_row, kvh, pages, n0, end, qk_scale, m_i, l_i, acc, offs_n, offs_d,
                 mask_d, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
-                V_WIDEN, True)
+                V_WIDEN, 1)
     return m_i, l_i, acc

@@ -145,9 +145,9 @@ def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
          {**dec, **plain, "BLOCK_N": 64}, 4, 3, 1),
         ("decode one split -> out", "kernels.decode_attention", "_decode_split_kernel",
          {**dec, **plain, "DIRECT_OUT": True}, 4, 2, 0),
-        # PEEL_TAIL (the GPU default): whole blocks unmasked in the loop, the last one after it
+        # PEEL_TAIL (not the default): whole blocks unmasked in the loop, the last one after it
         ("decode split, 3 stages, peeled tail", "kernels.decode_attention", "_decode_split_kernel",
-         {**dec, **plain, "BLOCK_N": 64, "PEEL_TAIL": True}, 4, 3, 1),
+         {**dec, **plain, "BLOCK_N": 64, "PEEL_TAIL": 2}, 4, 3, 1),
         ("cascade suffix -> mid", "kernels.decode_attention", "_decode_split_kernel",
          {**dec, **plain, "HAS_KV_START": True}, 4, 2, 0),
         ("cascade suffix + merge -> out", "kernels.decode_attention", "_decode_split_kernel",

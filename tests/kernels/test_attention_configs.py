@@ -143,7 +143,7 @@ def test_overrides_merge_into_gpu_configs_only(tmp_path):
     with ac.overriding({"decode": {"d128": {"BLOCK_N": 64}}}):
         assert ac.attention_config("decode", 128) == {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
                                                       "num_warps_many": 4, "many_per_sm": 4,
-                                                      "peel_tail": False}
+                                                      "peel_tail": 0}
     assert ac.attention_config("decode", 128)["BLOCK_N"] == 128
 
 

@@ -86,11 +86,13 @@ def _poison_unread_slots(buf: torch.Tensor, page_table: torch.Tensor, seq_lens: 
     return out
 
 
+@pytest.mark.parametrize("peel", [1, 2])
 @pytest.mark.parametrize("pool", ["fp32", "fp8"])
 @pytest.mark.parametrize("head_dim", [64, 80])
-def test_peel_tail_equals_the_masked_loop(paged_batch, monkeypatch, pool, head_dim):
-    """decode's PEEL_TAIL (whole key blocks unmasked, the partial last one masked after the loop)
-    gives the masked loop's result bit for bit: sequence lengths at, one past and one short of the
+def test_peel_tail_equals_the_masked_loop(paged_batch, monkeypatch, pool, head_dim, peel):
+    """decode's PEEL_TAIL (whole key blocks unmasked, the partial last one after the loop: 1 through
+    masked loads, 2 through selects on whole loads) gives the masked loop's result bit for bit:
+    sequence lengths at, one past and one short of the
     interpreter's 16-key blocks, 1-8 splits (empty ones among them), a zero-length row, and NaN in
     every slot no request reads (a wrongly unmasked load would spread it). Head dim 80 pads to 128
     columns, where the launcher keeps the mask (PEEL_TAIL needs whole rows)."""
@@ -111,8 +113,8 @@ def test_peel_tail_equals_the_masked_loop(paged_batch, monkeypatch, pool, head_d
     ref = decode_attention_ref(q, kb, vb, b.page_table, lens, 16, None, **scales)
     for splits in (1, 3, 8):
         outs = []
-        for peel in (False, True):
-            monkeypatch.setitem(ac.CPU[kind], "peel_tail", peel)
+        for mode in (0, peel):
+            monkeypatch.setitem(ac.CPU[kind], "peel_tail", mode)
             outs.append(decode_attention(q, kb, vb, b.page_table, lens, 16, None, splits, **scales))
         assert torch.equal(outs[0], outs[1]), f"{splits} splits"
         assert not torch.isnan(outs[1]).any()
