@@ -170,6 +170,14 @@ for s in "$@"; do
     # us): its acc update and its masks, one at a time (bench/lab/decode_vt.py v_f16a / v_f16l; ~1 min)
     decode-vt-forms) stage decode-vt-forms 150 python3 bench/lab/decode_vt.py --quick \
         --forms v_f16,v_f16a,v_f16l,v_f16m --shapes 64x4096,128x2048,256x512 --out "$OUT/decode-vt-forms.json" ;;
+    # issue 19: FP8 + FP8-KV `random` with decode's PEEL_TAIL 2 on every pool (RADIXRT_ATTN_CONFIG,
+    # read at import, so a second process) after the same pair at the defaults (~3.5 min)
+    fp8-peel2-engine) printf '%s' '{"decode": {"d128": {"peel_tail": 2}}, "decode_fp8": {"d128": {"peel_tail": 2}}}' \
+        > "$OUT/peel2.json"
+      stage fp8-engine-default 200 python3 bench/lab/fp8_random_profile.py --only engines --engines bf16,fp8_kv8 \
+        --budget-s 170 --out "$OUT/fp8-engine-default.json"
+      stage fp8-engine-peel2 200 env RADIXRT_ATTN_CONFIG="$OUT/peel2.json" python3 bench/lab/fp8_random_profile.py \
+        --only engines --engines bf16,fp8_kv8 --budget-s 170 --out "$OUT/fp8-engine-peel2.json" ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;
