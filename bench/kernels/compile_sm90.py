@@ -10,7 +10,9 @@ and nothing is pipelined, which would make the check below meaningless). For eac
 `num` of every `ttg.async_wait` in the TTGIR is reported: a wait for fewer than all outstanding
 copies (num > 0) inside a loop means K/V blocks stay in flight while a block is computed. Variants
 marked `pipelined` must show one per paged loop (the page ids are loaded a step ahead for this:
-kernels/paged_loop.py, prefetch_pages); the script fails if they do not.
+kernels/paged_loop.py, prefetch_pages); the script fails if they do not, or if a variant's loops
+load or store spilled registers (ptxas_usage: registers per thread, spill bytes and local-memory
+instructions from ptxas -v and nvdisasm, the tools Triton's wheel carries).
 
     python3 bench/kernels/compile_sm90.py          # exit status 1 if any variant fails
 """
@@ -71,6 +73,46 @@ def compile_variant(module: str, kernel: str, const: dict, num_warps: int, num_s
     waits = [int(w) for w in re.findall(r"ttg\.async_wait .*?\{num = (\d+) : i32\}", k.asm["ttgir"])]
     return {"seconds": time.perf_counter() - t0, "shared_bytes": k.metadata.shared, "async_waits": waits,
             "ptx": k.asm["ptx"]}
+
+
+def _nvidia_tool(name: str) -> Path:
+    import triton
+
+    if name == "ptxas" and os.environ.get("TRITON_PTXAS_PATH"):
+        return Path(os.environ["TRITON_PTXAS_PATH"])
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+
+
+def ptxas_usage(ptx: str) -> dict:
+    """Registers and spills of `ptx` for sm_90a, with Triton's bundled ptxas (or TRITON_PTXAS_PATH)
+    and nvdisasm: {"regs": per thread, "spill_bytes": ptxas -v's spill stores, "local_ops": STL / LDL
+    instructions in the SASS, "local_ops_in_loops": those between a backward branch and its target},
+    or {} when a tool is missing. Registers bound the programs per SM (65,536 per SM; the H200's ncu
+    profile of the FP8 decode kernel, 2026-12-03, showed the 191 registers this reports for it);
+    spills outside the loops cost once per program, inside them once per block."""
+    import subprocess
+    import tempfile
+
+    ptxas, nvdisasm = _nvidia_tool("ptxas"), _nvidia_tool("nvdisasm")
+    if not ptxas.is_file() or not nvdisasm.is_file():
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        src.write_text(ptx)
+        err = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(cubin)],
+                             capture_output=True, text=True).stderr
+        sass = subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True).stdout
+    regs = re.search(r"Used (\d+) registers", err)
+    spill = re.search(r"(\d+) bytes spill stores", err)
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines)
+              for m in [re.match(r"\.L_x_(\d+):", line.strip())] if m}
+    loops = [(labels[m.group(1)], i) for i, line in enumerate(lines)
+             for m in [re.search(r"BRA[^`]*`\(\.L_x_(\d+)\)", line)] if m and labels.get(m.group(1), i) < i]
+    local = [i for i, line in enumerate(lines) if re.search(r"\b(STL|LDL)(\.\w+)*\b", line)]
+    in_loops = sum(any(a <= i <= b for a, b in loops) for i in local)
+    return {"regs": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
+            "local_ops": len(local), "local_ops_in_loops": in_loops}
 
 
 def check_fp8_mma() -> bool:
@@ -172,11 +214,16 @@ def main() -> int:
             print(f"FAIL  {name:32s} {type(e).__name__}: {str(e)[:400]}", flush=True)
             continue
         pipelined = sum(w > 0 for w in r["async_waits"])
+        use = ptxas_usage(r["ptx"])
         status = "ok   " if pipelined >= want_pipelined else "SLOW "
+        if use.get("local_ops_in_loops"):  # spilled registers reloaded in every block of a loop
+            status = "SPILL"
         failed += status != "ok   "
         print(f"{status} {name:32s} {r['seconds']:5.1f} s  shared {r['shared_bytes'] / 1024:6.1f} KiB  "
-              f"{warps} warps {stages} stages  async waits {r['async_waits']} "
-              f"(pipelined loops {pipelined}, want >= {want_pipelined})", flush=True)
+              f"{warps} warps {stages} stages  regs {use.get('regs')} spills {use.get('spill_bytes')} B "
+              f"({use.get('local_ops')} local ops, {use.get('local_ops_in_loops')} in loops)  "
+              f"async waits {r['async_waits']} (pipelined loops {pipelined}, want >= {want_pipelined})",
+              flush=True)
     failed += not check_fp8_mma()
     failed += not check_fp8_v_widen()
     return 1 if failed else 0

@@ -265,6 +265,8 @@ def compile_report() -> int:
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
 
+    from bench.kernels.compile_sm90 import ptxas_usage
+
     fn = _decode_vt_kernel
     failed = 0
     for form in FORMS:
@@ -293,8 +295,9 @@ def compile_report() -> int:
                 ("wgmma", r"wgmma\.mma_async"), ("mma", r"\bmma\.sync"), ("ld.shared.b8", r"ld\.shared\.b8"),
                 ("st.shared", r"st\.shared"), ("ldmatrix", r"ldmatrix"), ("cvt", r"\bcvt\."),
                 ("cp.async16", r"cp\.async\.cg\.shared\.global.*16;"), ("cp.async<16", r"cp\.async\.ca"))}
-            regs = re.search(r"\.maxnreg (\d+)", ptx)
-            tail = f" maxnreg {regs.group(1)}" if regs else ""
+            use = ptxas_usage(ptx)
+            tail = (f" regs {use.get('regs')} spills {use.get('spill_bytes')} B"
+                    f" ({use.get('local_ops_in_loops')} local ops in loops)")
             print(f"{form:9} {bn}x{warps}w{stages}s shared {k.metadata.shared:6} waits {waits} "
                   + " ".join(f"{a}={b}" for a, b in counts.items()) + tail, flush=True)
     return 1 if failed else 0
