@@ -178,6 +178,17 @@ for s in "$@"; do
         --budget-s 170 --out "$OUT/fp8-engine-default.json"
       stage fp8-engine-peel2 200 env RADIXRT_ATTN_CONFIG="$OUT/peel2.json" python3 bench/lab/fp8_random_profile.py \
         --only engines --engines bf16,fp8_kv8 --budget-s 170 --out "$OUT/fp8-engine-peel2.json" ;;
+    # issue 19 (shared-prefix): the cascade prefix kernel with its rows recomputed after the loop
+    # (config "cascade" remat_rows: no register spills) against the default, as a kernel (cold L2)
+    # and in the engine's shared-prefix, each in a process of its own (RADIXRT_ATTN_CONFIG; ~4 min)
+    cascade-remat) printf '%s' '{"cascade": {"d128": {"remat_rows": true}}}' > "$OUT/remat.json"
+      stage cascade-kernel-default 100 python3 bench/lab/sweep_attention.py --part cascade --cold-l2 \
+        --out "$OUT/cascade-default.json"
+      stage cascade-kernel-remat 100 env RADIXRT_ATTN_CONFIG="$OUT/remat.json" python3 bench/lab/sweep_attention.py \
+        --part cascade --cold-l2 --out "$OUT/cascade-remat.json"
+      stage sp-default 120 python3 bench/gpu_engine.py --only shared-prefix --out "$OUT/sp-default.json"
+      stage sp-remat 120 env RADIXRT_ATTN_CONFIG="$OUT/remat.json" python3 bench/gpu_engine.py --only shared-prefix \
+        --out "$OUT/sp-remat.json" ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;

@@ -58,6 +58,7 @@ def _cascade_prefix_kernel(
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    REMAT_ROWS: tl.constexpr = False,
 ):
     # grid (row block, KV head, split). Row blocks are numbered group after group: group g owns
     # cdiv(members_g * GROUP, BLOCK_M) consecutive blocks; this program finds its group by walking
@@ -107,6 +108,16 @@ def _cascade_prefix_kernel(
                                     BLOCK_M, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
     acc = acc * v_scale  # an FP8 pool's per-layer V scale (1.0 otherwise; k_scale is in qk_scale)
 
+    if REMAT_ROWS:
+        # The rows' requests and heads once more, for the stores: held from before the loop they
+        # are spilled to local memory (ptxas -v, sm_90: 448 B at the 128-row GPU tile, 680 B at 64
+        # rows; 0 with this). `none` is 0 (l_i >= 0), but the compiler cannot tell, so it recomputes
+        # them here instead of merging them with the first ones. (Config "cascade" remat_rows.)
+        none = (l_i < 0.0).to(tl.int32)
+        rows = row0 + tl.arange(0, BLOCK_M) + none
+        mask_m = rows < num_members * GROUP
+        b = tl.load(group_members + member0 + rows // GROUP, mask=mask_m, other=0).to(tl.int64)
+        heads = kvh * GROUP + rows % GROUP
     # partial result and its log2-sum-exp per row; an empty split writes zeros and lse = -inf
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -241,6 +252,7 @@ def cascade_decode_attention(
         # an upper bound on the row blocks of all groups (see the kernel), from shapes only
         num_blocks = triton.cdiv(group_members.shape[0] * group, tile.block_m) + num_groups
         prefix_o, prefix_lse = mid_o[:, :, num_kv_splits:], mid_lse[:, :, num_kv_splits:]
+        on_gpu = q.device.type == "cuda"
         _cascade_prefix_kernel[(num_blocks, num_kv_heads, num_prefix_splits)](
             q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens,
             prefix_o, prefix_lse,
@@ -251,6 +263,7 @@ def cascade_decode_attention(
             prefix_lse.stride(0), prefix_lse.stride(1),
             GROUP=group, PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim),
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, DOT_PRECISION=dot_precision(q.dtype),
+            REMAT_ROWS=bool(attention_config("cascade", head_dim, on_gpu).get("remat_rows", False)),
             num_warps=tile.num_warps, num_stages=tile.num_stages,
         )
     if num_kv_splits == 1:  # B + C fused: the suffix program merges the prefix partials itself

@@ -201,6 +201,10 @@ def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
         ("cascade prefix 128-row", "kernels.cascade_attention", "_cascade_prefix_kernel", casc, 8, 3, 1),
         ("cascade prefix 64-row", "kernels.cascade_attention", "_cascade_prefix_kernel",
          {**casc, "BLOCK_M": 64, "BLOCK_N": 32}, 4, 2, 0),
+        # the rows' requests / heads recomputed after the loop (config "cascade" remat_rows, off):
+        # no spills at all, where the default tile spills 448 B before its loop
+        ("cascade prefix 128-row, rows recomputed", "kernels.cascade_attention", "_cascade_prefix_kernel",
+         {**casc, "REMAT_ROWS": True}, 8, 3, 1),
     ]
 
 

@@ -193,3 +193,25 @@ def test_choose_num_prefix_splits():
     for groups in (0, 1, 8):
         for n in (0, 1, 5000):
             assert 1 <= choose_num_prefix_splits(groups, 16, 28, 4, n) <= 16
+
+
+@pytest.mark.parametrize("case", [pytest.param(c.values, id=c.id) for c in CASES
+                                  if "multi-block" in c.id or "empty-groups" in c.id])
+def test_prefix_rows_recomputed_after_the_loop_change_nothing(monkeypatch, case):
+    """The prefix kernel's REMAT_ROWS (config "cascade" remat_rows: the rows' requests and heads
+    recomputed for the stores rather than held through the loop) writes the same bits as the
+    default, padding rows, empty groups and several row blocks per group included."""
+    from radixrt.kernels import attention_configs as ac
+
+    groups, loners, page_size, hq, hkv, head_dim, dtype, splits, prefix_splits, tile = case
+    c = make_cascade_batch(groups, loners, page_size, hq, hkv, head_dim, dtype, seed=5)
+    outs = []
+    for remat in (False, True):
+        monkeypatch.setitem(ac.CPU["cascade"], "remat_rows", remat)
+        mid_o = torch.full((c.q.shape[0], hq, splits + prefix_splits, head_dim), float("nan"), device=DEVICE)
+        mid_lse = torch.full((c.q.shape[0], hq, splits + prefix_splits), float("nan"), device=DEVICE)
+        outs.append((cascade_decode_attention(*c.args(page_size), splits, prefix_splits, c.max_group_size + 1,
+                                              mid_o=mid_o, mid_lse=mid_lse, tile=tile), mid_o, mid_lse))
+    for a, b in zip(outs[0], outs[1], strict=True):
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))  # unwritten slots stay NaN in both
+    assert not torch.isnan(outs[1][0]).any()
