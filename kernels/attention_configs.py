@@ -10,7 +10,8 @@ Kinds (the launcher that reads each):
                 cvt.rn.f16x2.e4m3x2 per two values), "f16v" (as "f16", with V widened before the
                 P V dot so that Triton does not read it from shared memory a byte at a time:
                 paged_loop.py V_WIDEN), "f16v8" (as "f16v", V loaded in 8-byte pieces so that its
-                fp16 stores avoid 2-way bank conflicts; not yet timed), "q" (K/V widened to q's
+                fp16 stores avoid 2-way bank conflicts; slower than "f16v" on an H200, 2026-12-03),
+                "q" (K/V widened to q's
                 dtype, the form before 2026-12-02: e4m3 -> bf16 takes that cvt plus one
                 cvt.bf16.f16 per value), or the
                 e4m3 tensor-core forms of paged_loop_fp8.py: "fp8" (q and P as e4m3,

@@ -52,10 +52,16 @@ def load_rows(buf, slot, kvh, stride_s, stride_h, offs_d, kv_mask):
 
 
 @triton.jit
-def load_rows_unmasked(buf, slot, kvh, stride_s, stride_h, offs_d):
-    """load_rows without a mask: every slot is a request's own and offs_d covers the head dim."""
+def load_block_rows(buf, slot, kvh, stride_s, stride_h, offs_d, kv_mask, mask_n, MASKED: tl.constexpr):
+    """load_rows for paged_attn_block's MASKED: 1 through the mask kv_mask; 0 and 2 without one
+    (offs_d covers the head dim), and for 2 the rows past the end (mask_n False) zeroed after."""
+    if MASKED == 1:
+        return load_rows(buf, slot, kvh, stride_s, stride_h, offs_d, kv_mask)
     head = buf + kvh.to(tl.int64) * stride_h
-    return tl.load(head + slot[:, None] * stride_s + offs_d[None, :])
+    rows = tl.load(head + slot[:, None] * stride_s + offs_d[None, :])
+    if MASKED == 2:
+        rows = tl.where(mask_n[:, None], rows, 0.0)
+    return rows
 
 
 @triton.jit
@@ -100,22 +106,12 @@ def paged_attn_block(qb, k_buf, v_buf, pt_row, kvh, pages, n0, end, qk_scale, m_
          hold anything, NaN included; the selects keep it out."""
     slot, mask_n, kv_mask, pages = block_slots(pt_row, pages, n0, end, offs_n, mask_d, PAGE_SIZE, BLOCK_N)
     # scores of every row against BLOCK_N keys: one K/V read serves all rows of the block
-    if MASKED == 1:
-        kb = load_rows(k_buf, slot, kvh, stride_kb_s, stride_kb_h, offs_d, kv_mask)
-    else:
-        kb = load_rows_unmasked(k_buf, slot, kvh, stride_kb_s, stride_kb_h, offs_d)
-        if MASKED == 2:
-            kb = tl.where(mask_n[:, None], kb, 0.0)
+    kb = load_block_rows(k_buf, slot, kvh, stride_kb_s, stride_kb_h, offs_d, kv_mask, mask_n, MASKED)
     s = tl.dot(qb, tl.trans(kb.to(qb.dtype)), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         s = tl.where(mask_n[None, :], s, float("-inf"))
     p, m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc)
-    if MASKED == 1:
-        vb = load_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d, kv_mask)
-    else:
-        vb = load_rows_unmasked(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d)
-        if MASKED == 2:
-            vb = tl.where(mask_n[:, None], vb, 0.0)
+    vb = load_block_rows(v_buf, slot, kvh, stride_vb_s, stride_vb_h, offs_d, kv_mask, mask_n, MASKED)
     if V_WIDEN:  # (masked rows are zero already: the select only keeps the widening apart)
         vb = tl.where(kv_mask, vb.to(qb.dtype), 0.0)
     acc += tl.dot(p.to(qb.dtype), vb.to(qb.dtype), input_precision=DOT_PRECISION)
@@ -144,8 +140,8 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
     path's code, as bench/lab/decode_vt.py's control kernel does); 0 / False: every block masked
     (paged_attn_block's MASKED).
 
-    V_WIDEN (FP8 pools; 0 = off): the V block is widened to qb's dtype before the P V dot, not inside it. The
-    dot contracts over positions, and V's rows are positions: Triton 3.6 otherwise reads the e4m3
+    V_WIDEN (FP8 pools; 0 = off): the V block is widened to qb's dtype before the P V dot, not inside
+    it. The dot contracts over positions, and V's rows are positions: Triton 3.6 otherwise reads the e4m3
     block from shared memory into the MMA's operand layout one byte per load (4 consecutive
     positions of one column per register: 128 `ld.shared.b8` per thread and 128-key block at 4
     warps) and widens after; with the select below the block is read in vectors, widened, stored
@@ -153,10 +149,9 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
     V_WIDEN == 2 (kv_dot "f16v8"; slower than "f16v" on an H200, 2026-12-03): the same, with the
     head-dim offsets hinted contiguous in 8s only (K's copies too: the hint marks the one arange), so
     each thread loads 8 bytes of a row instead of 16 and stores 16 bytes of fp16: one store phase
-    then writes 8 consecutive 16-byte chunks of a row. With
-    16-byte loads a thread stores two chunks 32 bytes apart, and chunks 8 apart share banks in a
-    256-byte fp16 row, which the swizzle does not separate (2-way conflicts; compiled sm_90 code,
-    docs/benchmarks.md "One-pass fused SiLU")."""
+    then writes 8 consecutive 16-byte chunks of a row. With 16-byte loads a thread stores two chunks
+    32 bytes apart, and chunks 8 apart share banks in a 256-byte fp16 row, which the swizzle does not
+    separate (2-way conflicts; compiled sm_90 code, docs/benchmarks.md "One-pass fused SiLU")."""
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)

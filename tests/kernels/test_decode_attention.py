@@ -92,10 +92,10 @@ def _poison_unread_slots(buf: torch.Tensor, page_table: torch.Tensor, seq_lens: 
 def test_peel_tail_equals_the_masked_loop(paged_batch, monkeypatch, pool, head_dim, peel):
     """decode's PEEL_TAIL (whole key blocks unmasked, the partial last one after the loop: 1 through
     masked loads, 2 through selects on whole loads) gives the masked loop's result bit for bit:
-    sequence lengths at, one past and one short of the
-    interpreter's 16-key blocks, 1-8 splits (empty ones among them), a zero-length row, and NaN in
-    every slot no request reads (a wrongly unmasked load would spread it). Head dim 80 pads to 128
-    columns, where the launcher keeps the mask (PEEL_TAIL needs whole rows)."""
+    sequence lengths at, one past and one short of the interpreter's 16-key blocks, 1-8 splits
+    (empty ones among them), a zero-length row, and NaN in every slot no request reads (a wrongly
+    unmasked load would spread it). Head dim 80 pads to 128 columns, where the launcher keeps the
+    mask (PEEL_TAIL needs whole rows)."""
     from radixrt.kernels import attention_configs as ac
 
     seq_lens = [1, 15, 16, 17, 32, 47, 100, 0]
