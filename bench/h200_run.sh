@@ -189,6 +189,27 @@ for s in "$@"; do
       stage sp-default 120 python3 bench/gpu_engine.py --only shared-prefix --out "$OUT/sp-default.json"
       stage sp-remat 120 env RADIXRT_ATTN_CONFIG="$OUT/remat.json" python3 bench/gpu_engine.py --only shared-prefix \
         --out "$OUT/sp-remat.json" ;;
+    # issue 19 (FP8 batch-1): the int GEMV at M = 1 against its own loop without the conversion / with
+    # loads only, and W8A8 on the tensor cores (pointer loads / TMA); then ncu's counters (~5 min)
+    fp8-m1) stage fp8-m1 300 python3 bench/lab/fp8_m1_lab.py --budget-s 230 --out "$OUT/fp8-m1.json" ;;
+    fp8-m1-ncu) stage fp8-m1-ncu 150 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+        --section SchedulerStats --section Occupancy --section LaunchStats -k regex:'_fp8_int_gemv|_lab_int|_w8a8_tma' \
+        python3 bench/lab/fp8_m1_lab.py --ncu --shapes o,gate_up,down ;;
+    # issue 19: decode with programmatic dependent launch off (RADIXRT_PDL=0, a process of its own)
+    # against on, both pools, and the lab control without it (~1.5 min): the bench launches cuDNN
+    # without PDL, and the lab's kernel, 4-6% faster than the engine's at 64 x 4K, has none
+    decode-pdl) stage decode-pdl-on 120 python3 bench/lab/decode_rules.py --rules default \
+        --shapes 1x8192,16x2048,64x4096,128x2048,256x512 --out "$OUT/decode-pdl-on.json"
+      stage decode-pdl-off 120 env RADIXRT_PDL=0 python3 bench/lab/decode_rules.py --rules default \
+        --shapes 1x8192,16x2048,64x4096,128x2048,256x512 --out "$OUT/decode-pdl-off.json"
+      stage decode-vt-nopdl 120 env RADIXRT_PDL=0 python3 bench/lab/decode_vt.py --quick --forms v_f16 \
+        --shapes 64x4096,128x2048 --out "$OUT/decode-vt-nopdl.json" ;;
+    # issue 19 (FP8 batch-1): the int GEMV with split-K at M = 1 (down runs at ~67% of DRAM peak with
+    # 896 programs), PDL on; then the batch-1 step of bf16, FP8 and FP8 with the grid's winners (~6 min)
+    fp8-int-split) stage fp8-int-grid 200 python3 bench/lab/fp8_m1_lab.py --int-grid --shapes down,o,qkv,gate_up \
+        --budget-s 150 --out "$OUT/fp8-int-grid.json"
+      stage fp8-int-engines 330 env OUT="$OUT" python3 bench/lab/fp8_int_retune.py --rounds 4 \
+        --from-grid "$OUT/fp8-int-grid.json" ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;

@@ -57,8 +57,8 @@ BF16_RULES = {
     "128x8w2s per-SM": {"decode": {B: {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "many_per_sm": 0}},
                         "decode_splits": {B: PER_SM}},
     # the default with the whole key blocks unmasked and the partial last one after the loop
-    # (kernels/paged_loop.py PEEL_TAIL; 1: through masked loads, H200 2026-12-03: no faster, 1 x 8,192
-    # slower; 2: through selects on whole loads, as bench/lab/decode_vt.py's control, not run yet)
+    # (kernels/paged_loop.py PEEL_TAIL; 1: through masked loads, 2: through selects on whole loads, as
+    # bench/lab/decode_vt.py's control; H200 2026-12-03: both within 1%, 1 x 8,192 4% slower)
     "peel": {"decode": {B: {"peel_tail": 1}}},
     "peel2": {"decode": {B: {"peel_tail": 2}}},
 }
@@ -83,8 +83,8 @@ FP8_RULES = {
     "f16v8 64x4w3s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "kv_dot": "f16v8"}}},
     "f16v8 128x4w3s": {"decode_fp8": {B: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3,
                                           "kv_dot": "f16v8"}}},
-    # the default with PEEL_TAIL (the default's launch_config kept; 1: H200 2026-12-03, 64 x 4,096 113.6
-    # against 101.1 us; 2: compiles to the lab control's instruction mix, which ran 95.2 there; not run)
+    # the default with PEEL_TAIL (the default's launch_config kept; H200 2026-12-03, 64 x 4,096: 1 113.6
+    # against 101.1 us; 2, the lab control's instruction mix, 115.6 against 101.2)
     "peel": {"decode_fp8": {B: {"peel_tail": 1}}},
     "peel2": {"decode_fp8": {B: {"peel_tail": 2}}},
 }

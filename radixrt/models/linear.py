@@ -208,9 +208,11 @@ class Linear(nn.Linear):
         shape (skinny_rows_routed: M <= 16, and larger M only where TUNED lists the shape), with the
         configs skinny_linear picks (default_config at this device's SM count). Depends only on
         shapes and TUNED; allocated once, outside any graph capture (the graph warm-up calls come
-        first)."""
+        first). An FP8 weight's scratch also covers the int GEMV's configs at the rows it takes
+        (kernels/gemv_fp8_int.py int_routed: M <= FP8_INT_MAX_ROWS; split-K ones need partials)."""
         if self._workspace is None:
             from radixrt.kernels.gemv import SkinnyWorkspace, default_config, skinny_rows_routed
+            from radixrt.kernels.gemv_fp8_int import FP8_INT_MAX_ROWS, int_routed, int_workspace_need
 
             n, k = self.weight.shape
             num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
@@ -223,6 +225,12 @@ class Linear(nn.Linear):
                 k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
                 partials = max(partials, triton.cdiv(k, k_per_split) * m * n)
                 counters = max(counters, triton.cdiv(n, cfg.block_n))
+            if self.weight.dtype == torch.float8_e4m3fn:
+                for m in range(1, FP8_INT_MAX_ROWS + 1):
+                    int_cfg = int_routed(m, n, k, device.type)
+                    if int_cfg is not None:
+                        need_p, need_c = int_workspace_need(int_cfg, m, n, k)
+                        partials, counters = max(partials, need_p), max(counters, need_c)
             self._workspace = SkinnyWorkspace.allocate(partials, counters, device)
         return self._workspace
 

@@ -220,3 +220,19 @@ def test_fused_activation_quantization_changes_nothing_but_the_kernels(
     plain = runner.forward_logits(single_request_batch(ids.tolist()))[0]
     assert calls == {"rms_norm_fp8": 2 * n, "silu_and_mul_fp8": n}  # not called again
     assert torch.equal(fused, plain)
+
+
+def test_fp8_linear_scratch_covers_the_int_gemvs_split_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fp8Linear's split-K scratch (allocated once, before graph capture) is large enough for the int
+    GEMV's config at every row count it takes, split-K ones included: with the routing opened to the
+    CPU and a 4-way split config, the scratch holds that config's partials and counters."""
+    from radixrt.kernels import gemv_fp8_int as G8
+
+    cfg = G8.Fp8IntConfig(4, 64, split_k=4)
+    monkeypatch.setattr(G8, "int_routed", lambda m, n, k, dev: cfg if m <= G8.FP8_INT_MAX_ROWS else None)
+    n, k = 24, 2048
+    layer = _fp8_layer(_weights(n, k), None)
+    ws = layer._scratch(torch.device("cpu"))
+    need = [G8.int_workspace_need(cfg, m, n, k) for m in range(1, G8.FP8_INT_MAX_ROWS + 1)]
+    assert max(p for p, _ in need) == 4 * G8.FP8_INT_MAX_ROWS * n  # the split is real: 4 partials per row
+    assert ws.partials.numel() >= max(p for p, _ in need) and ws.counters.numel() >= max(c for _, c in need)
