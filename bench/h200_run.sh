@@ -210,6 +210,9 @@ for s in "$@"; do
         --budget-s 150 --out "$OUT/fp8-int-grid.json"
       stage fp8-int-engines 330 env OUT="$OUT" python3 bench/lab/fp8_int_retune.py --rounds 4 \
         --from-grid "$OUT/fp8-int-grid.json" ;;
+    # issue 19 (batch-1 step): does a GEMV read weights faster after a side-stream kernel streamed them
+    # into L2 while other kernels ran (bench/lab/l2_prefetch_lab.py; ~1 min)
+    l2-prefetch) stage l2-prefetch 150 python3 bench/lab/l2_prefetch_lab.py --out "$OUT/l2-prefetch.json" ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \
         --out-dir "$OUT/serving-ls" --budget-s 280 ;;
