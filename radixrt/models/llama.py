@@ -18,7 +18,8 @@ row-parallel and the embedding and LM head vocab-parallel (parallel/layers.py). 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -72,9 +73,12 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor | Fp8Act, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                backend: AttentionBackend) -> torch.Tensor:
+                backend: AttentionBackend, after_qkv: Callable[[], None] | None = None) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        if after_qkv is not None:  # L2Prefetch.fork: runs beside rotary, the K/V store and attention
+            after_qkv()
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -99,6 +103,65 @@ class MLP(nn.Module):
         return self.down_proj(self.gate_up_proj.silu_and_mul(x))  # ops.silu_and_mul(gate_up_proj(x))
 
 
+class L2Prefetch:
+    """Batch-1 decode on CUDA: after each layer's qkv GEMV, a side stream streams the layer's o weight
+    and then the start of its gate_up weight (`budget_bytes` in all) into L2
+    (kernels/l2_prefetch.py) while rotary, the K/V store and attention run on the main stream, so
+    the o and gate_up GEMVs read part of their weights from L2. Nothing is written (numerics are
+    unchanged); the side stream is joined at the end of the forward pass (also inside a CUDA-graph
+    capture: a fork and a join of the captured graph). Off unless RADIXRT_L2_PREFETCH=1 (the
+    premise is measured, the engine's batch-1 step with it in docs/benchmarks.md, "Weights
+    prefetched into L2"); RADIXRT_L2_PREFETCH_MB sets the budget (default 24)."""
+
+    enabled = os.environ.get("RADIXRT_L2_PREFETCH", "0") == "1"
+    max_rows = 2  # tokens per pass at most (batch-1 decode, and 2)
+    budget_bytes = int(os.environ.get("RADIXRT_L2_PREFETCH_MB", "24")) << 20
+
+    def __init__(self) -> None:
+        self.stream: torch.cuda.Stream | None = None
+        self.sink: torch.Tensor | None = None
+        self.pending = False
+
+    def active(self, h: torch.Tensor) -> bool:
+        """Whether a pass over hidden states h [T, H] prefetches: enabled, CUDA, 1 <= T <= max_rows."""
+        return self.enabled and h.is_cuda and 0 < h.shape[0] <= self.max_rows
+
+    def fork(self, weights: list[torch.Tensor]) -> None:
+        """Prefetch the weights in order, budget_bytes in all, on the side stream, after the work queued
+        on the current stream so far. The stream and the sink are made at the first call (the warm-up
+        pass before any graph capture)."""
+        from radixrt.kernels.l2_prefetch import prefetch_l2, prefetch_programs
+
+        dev = weights[0].device
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(dev)
+            self.sink = torch.zeros(prefetch_programs(self.budget_bytes) + 1, dtype=torch.int32, device=dev)
+        self.stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(self.stream):
+            for w, nbytes in self.plan(weights, self.budget_bytes):
+                prefetch_l2(w, nbytes, self.sink)
+        self.pending = True
+
+    @staticmethod
+    def plan(weights: list[torch.Tensor], budget_bytes: int) -> list[tuple[torch.Tensor, int]]:
+        """(weight, bytes from its start) to prefetch: the weights in order until budget_bytes are
+        spent (the last one cut short, whole 4-byte words), none of 0 bytes."""
+        out, left = [], budget_bytes
+        for w in weights:
+            nbytes = min(left, w.numel() * w.element_size()) // 4 * 4
+            if nbytes <= 0:
+                break
+            out.append((w, nbytes))
+            left -= nbytes
+        return out
+
+    def join(self) -> None:
+        """Order the current stream after every prefetch forked so far."""
+        if self.pending and self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+            self.pending = False
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
         super().__init__()
@@ -108,10 +171,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                cos_sin_cache: torch.Tensor, backend: AttentionBackend
+                cos_sin_cache: torch.Tensor, backend: AttentionBackend, prefetch: L2Prefetch | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         x, residual = self.input_layernorm(h, residual, consumer=self.self_attn.qkv_proj)
-        x = self.self_attn(x, positions, cos_sin_cache, backend)
+        after_qkv = None
+        if prefetch is not None:
+            weights = [self.self_attn.o_proj.weight, self.mlp.gate_up_proj.weight]
+            after_qkv = lambda: prefetch.fork(weights)  # noqa: E731
+        x = self.self_attn(x, positions, cos_sin_cache, backend, after_qkv)
         x, residual = self.post_attention_layernorm(x, residual, consumer=self.mlp.gate_up_proj)
         return self.mlp(x), residual
 
@@ -150,6 +217,7 @@ class LlamaForCausalLM(nn.Module):
             self._build_sharded(cfg, tp)
         self.tie_weights()
         self.cos_sin_cache: torch.Tensor | None = None
+        self.l2_prefetch = L2Prefetch()
 
     def _build_sharded(self, cfg: ModelConfig, tp: TPGroup) -> None:
         from radixrt.parallel.layers import ParallelLMHead, VocabParallelEmbedding
@@ -193,8 +261,11 @@ class LlamaForCausalLM(nn.Module):
         if native_layers.layer_calls(self, h, positions, backend):  # float32 CPU: the same C calls, no glue
             h, residual = native_layers.run(self, h, positions, backend)
         else:
+            prefetch = self.l2_prefetch if self.l2_prefetch.active(h) else None
             for layer in self.model.layers:
-                h, residual = layer(h, residual, positions, self.cos_sin_cache, backend)
+                h, residual = layer(h, residual, positions, self.cos_sin_cache, backend, prefetch)
+            if prefetch is not None:
+                prefetch.join()
         h, _ = self.model.norm(h, residual)
         return h
 

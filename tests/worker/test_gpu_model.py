@@ -209,3 +209,23 @@ def test_fp8_fused_activation_quantization_on_cuda(tiny_dir: Path, monkeypatch: 
     plain = runner.forward_logits(single_request_batch(ids, page_size=16, batch_id=2))[0].float()
     assert torch.isfinite(fused).all()
     torch.testing.assert_close(fused, plain, atol=2e-2, rtol=0)
+
+
+def test_l2_prefetch_in_the_decode_graph_changes_nothing(tiny_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """RADIXRT_L2_PREFETCH on (radixrt/models/llama.py L2Prefetch): a batch-1 decode step replayed
+    from a graph captured with the side-stream prefetch (a fork and a join in the graph) gives the
+    logits of the same step from a runner without it; the prefetch stream was made and used."""
+    from radixrt.models.llama import L2Prefetch
+
+    ids = _prompts()[3]
+    step = single_request_batch([7], start=len(ids), page_size=16, batch_id=2)
+    logits = {}
+    for on in (True, False):
+        monkeypatch.setattr(L2Prefetch, "enabled", on)
+        runner = ModelRunner(_args(), tiny_dir)
+        assert runner.graphs is not None
+        runner.forward_logits(single_request_batch(ids, page_size=16))
+        logits[on] = runner.forward_logits(step).clone()
+        assert (runner.model.l2_prefetch.stream is not None) == on
+    torch.testing.assert_close(logits[True], logits[False], atol=1e-5, rtol=1e-5)
