@@ -109,9 +109,10 @@ class L2Prefetch:
     (kernels/l2_prefetch.py) while rotary, the K/V store and attention run on the main stream, so
     the o and gate_up GEMVs read part of their weights from L2. Nothing is written (numerics are
     unchanged); the side stream is joined at the end of the forward pass (also inside a CUDA-graph
-    capture: a fork and a join of the captured graph). Off unless RADIXRT_L2_PREFETCH=1 (the
-    premise is measured, the engine's batch-1 step with it in docs/benchmarks.md, "Weights
-    prefetched into L2"); RADIXRT_L2_PREFETCH_MB sets the budget (default 24)."""
+    capture: a fork and a join of the captured graph). Off unless RADIXRT_L2_PREFETCH=1: on an
+    H200 the GEMVs gained 2.6-4.9 us each after a longer kernel, but the engine's batch-1 step was
+    2.1% (bf16) / 0.5% (FP8) slower with it (docs/benchmarks.md, "Weights prefetched into L2").
+    RADIXRT_L2_PREFETCH_MB sets the budget (default 24)."""
 
     enabled = os.environ.get("RADIXRT_L2_PREFETCH", "0") == "1"
     max_rows = 2  # tokens per pass at most (batch-1 decode, and 2)
