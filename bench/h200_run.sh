@@ -214,11 +214,11 @@ for s in "$@"; do
     # into L2 while other kernels ran (bench/lab/l2_prefetch_lab.py; ~1 min)
     l2-prefetch) stage l2-prefetch 150 python3 bench/lab/l2_prefetch_lab.py --out "$OUT/l2-prefetch.json" ;;
     # issue 19 (batch-1 step): the model's L2 weight prefetch (RADIXRT_L2_PREFETCH; off by default; H200
-    # 2026-12-03 at 24 MB: bf16 step 2.1% slower, FP8 0.5%): its GPU test, then the batch-1 step of
-    # bf16 / FP8 engines without and with it (~4 min)
+    # 2026-12-03 at 24 MB: bf16 step 2.1% slower, FP8 unchanged): its GPU test, then the batch-1 step of
+    # bf16 / FP8 engines without and with it (~3 min)
     l2-engine) stage l2-tests 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/worker/test_gpu_model.py \
         -k l2_prefetch
-      stage l2-engine 230 python3 bench/lab/l2_prefetch_engine.py --budgets-mb 16,32 --rounds 4 \
+      stage l2-engine 230 python3 bench/lab/l2_prefetch_engine.py --budgets-mb 24 --rounds 3 \
         --out "$OUT/l2-prefetch-engine.json" ;;
     serving-goals) stage serving-goals 500 python3 bench/serving_goals.py --out "$OUT/serving-goals.json" ;;
     serving-ls) stage serving-ls 300 python3 bench/gpu_serving.py --configs A,B,E,C --phases long_short \

@@ -136,7 +136,7 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # 128 rows x 64 tokens, 8 warps, 3 stages: the best of 9 tiles x 4 split counts (H200,
     # 2026-11-30, 128 requests sharing 2,048 tokens: 17.7 against 20.3 us); larger heads halve it
     # remat_rows: the prefix kernel recomputes its rows' requests / heads after the loop instead of
-    # holding them through it (no register spills at these tiles on sm_90); off: H200 2026-12-03, 5-8%
+    # holding them through it (no register spills at these tiles on sm_90); off: H200 2026-12-03, 4-8%
     # slower at the 128-row tile (batch 128: 43.9 against 40.7 us), the engine's decode pass unchanged
     "cascade": {"d64": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "remat_rows": False},
                 "d128": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "remat_rows": False},

@@ -191,8 +191,9 @@ class Fp8IntConfig:
 
 # Best configs per exact (M, N, K), the Qwen2.5-7B decode linears: bench/lab/fp8_gemv_lab.py on an
 # H200, 2026-12-02 (docs/benchmarks.md, "FP8 GEMV without conversion instructions"); us of this
-# config / of the skinny path it replaced. Only split-K-free entries: Fp8Linear's workspace is sized
-# for the skinny configs (tests/kernels/test_fp8_int_gemv.py checks). qkv and o at M = 1 were retuned
+# config / of the skinny path it replaced. All split-K-free (split-K lost at every shape, H200
+# 2026-12-03, bench/lab/fp8_m1_lab.py --int-grid); Fp8Linear's scratch would cover a split entry
+# (models/linear.py _scratch). qkv and o at M = 1 were retuned
 # with PDL on (bench/lab/fp8_int_retune.py, H200 2026-12-03, back-to-back calls in one graph): 8 x 512
 # loads 16 KB per program before the wait; us of 8 x 512 / of the 4 x 256 before, same run.
 FP8_INT_TUNED: dict[tuple[int, int, int], Fp8IntConfig] = {

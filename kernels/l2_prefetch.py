@@ -8,7 +8,7 @@ premise (H200, 2026-12-03, bench/lab/l2_prefetch_lab.py, docs/benchmarks.md "Wei
 L2"): after an 18.5 us kernel with a side-stream prefetch of the whole o weight, the FP8 int GEMV of
 o ended 2.6 us earlier (bf16: 3.1 us), gate_up with its first 32 MB prefetched 4.7-4.9 us earlier;
 48 MB was slower (the L2 holds ~50 MB in two halves). In the engine's batch-1 step it did not pay
-(bf16 2.1% slower, FP8 0.5%), so the model's L2Prefetch is off by default.
+(bf16 2.1% slower, FP8 unchanged within its rounds), so the model's L2Prefetch is off by default.
 """
 
 from __future__ import annotations
@@ -39,18 +39,17 @@ def prefetch_programs(nbytes: int) -> int:
 
 
 def prefetch_l2(t: torch.Tensor, nbytes: int, sink: torch.Tensor) -> None:
-    """Load the first min(nbytes, t's bytes) bytes of contiguous `t` (any dtype, 4-byte multiple in
-    size) into L2; `sink` is an int32 tensor of >= prefetch_programs(nbytes) elements on t's device
-    (written only in the 2^-32 case above). Shapes only: CUDA-graph safe. Raises ValueError on a
-    non-contiguous t, a size not a multiple of 4 bytes, or a short sink."""
-    size = t.numel() * t.element_size()
-    if not t.is_contiguous() or size % 4:
-        raise ValueError("prefetch_l2 needs a contiguous tensor of a multiple of 4 bytes")
-    n = min(size, max(0, nbytes)) // 4
+    """Load the whole 4-byte words among the first min(nbytes, t's bytes) bytes of contiguous `t` (any
+    dtype, 4-byte aligned start) into L2; `sink` is an int32 tensor of >= prefetch_programs(nbytes)
+    elements on t's device (written only in the 2^-32 case above). Shapes only: CUDA-graph safe.
+    Raises ValueError on a non-contiguous or misaligned t or a short sink."""
+    if not t.is_contiguous() or t.data_ptr() % 4:
+        raise ValueError("prefetch_l2 needs a contiguous tensor starting on a 4-byte boundary")
+    n = min(t.numel() * t.element_size(), max(0, nbytes)) // 4
     programs = triton.cdiv(n, PREFETCH_WORDS)
     if programs == 0:
         return
     if sink.dtype != torch.int32 or sink.numel() < programs or sink.device != t.device:
         raise ValueError(f"sink must be >= {programs} int32 on {t.device}")
-    words = t.view(-1).view(torch.uint8).view(torch.int32)
+    words = t.view(-1).view(torch.uint8)[: n * 4].view(torch.int32)
     _l2_prefetch_kernel[(programs,)](words, sink, n, WORDS=PREFETCH_WORDS, num_warps=4)

@@ -254,6 +254,11 @@ class Env:
     # RADIXRT_KV_PREFAULT=0: the CPU worker does not write into its KV pool's untouched memory pages
     # while idle (worker_proc._serve, kv_pool.PagedKVPool.prefault_step; the test suite sets 0)
     kv_prefault: bool = True
+    # RADIXRT_L2_PREFETCH=1: at batch-1 decode on CUDA, each layer's o / gate_up weights streamed into
+    # L2 on a side stream (models/llama.py L2Prefetch; off: measured no faster, docs/kernels.md);
+    # RADIXRT_L2_PREFETCH_MB: its budget per layer (positive int, default 24)
+    l2_prefetch: bool = False
+    l2_prefetch_mb: int = 24
 
     @classmethod
     def read(cls) -> Env:
@@ -272,6 +277,8 @@ class Env:
             cpu_threads=_positive_int_or_none("RADIXRT_CPU_THREADS"),
             pass_trace=Path(trace) if (trace := os.environ.get("RADIXRT_PASS_TRACE")) else None,
             kv_prefault=os.environ.get("RADIXRT_KV_PREFAULT", "1") not in ("0", "false"),
+            l2_prefetch=os.environ.get("RADIXRT_L2_PREFETCH", "0") not in ("", "0", "false"),
+            l2_prefetch_mb=_positive_int_or_none("RADIXRT_L2_PREFETCH_MB") or 24,
         )
 
 

@@ -122,6 +122,14 @@ def part2(best: dict[str, tuple[int, int]], rounds: int) -> dict:
     return out
 
 
+def parse_config(text: str) -> tuple[int, int, int, int]:
+    """(block_n, block_k4, split, prefetch) of "8x512", "4x512k2", "8x128p" or "4x256k2p"."""
+    prefetch = text.endswith("p")
+    bn, rest = text.rstrip("p").split("x")
+    bk4, _, split = rest.partition("k")
+    return int(bn), int(bk4), int(split or 1), int(prefetch)
+
+
 def grid_winners(report: dict) -> dict[str, tuple[int, int, int, int]]:
     """(block_n, block_k4, split, prefetch) per shape of an fp8_m1_lab.py --int-grid report (names
     "4x512k1", "p" appended for prefetch), where the grid's best is >= 2% faster than the tuned
@@ -155,8 +163,8 @@ def main() -> int:
         best = grid_winners(json.loads(Path(ns.from_grid).read_text()))
         lab.log(f"from the grid: {best}")
     elif ns.configs:
-        best = {kv.split("=")[0]: tuple(int(v) for v in kv.split("=")[1].replace("p", "x1").replace("k", "x")
-                                        .split("x")) for kv in ns.configs.split(",") if kv.strip()}
+        best = {kv.split("=")[0]: parse_config(kv.split("=")[1])
+                for kv in ns.configs.split(",") if kv.strip()}
     else:
         best = part1(time.time() + ns.budget_s)
     if not ns.no_engines:

@@ -18,7 +18,6 @@ row-parallel and the embedding and LM head vocab-parallel (parallel/layers.py). 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -74,6 +73,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor | Fp8Act, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                 backend: AttentionBackend, after_qkv: Callable[[], None] | None = None) -> torch.Tensor:
+        """x [T, H] (or its FP8 form) -> o_proj's output [T, H]; positions [T] int64; after_qkv, when
+        given, is called right after the qkv GEMV is queued (L2Prefetch.fork)."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         if after_qkv is not None:  # L2Prefetch.fork: runs beside rotary, the K/V store and attention
@@ -109,16 +110,25 @@ class L2Prefetch:
     (kernels/l2_prefetch.py) while rotary, the K/V store and attention run on the main stream, so
     the o and gate_up GEMVs read part of their weights from L2. Nothing is written (numerics are
     unchanged); the side stream is joined at the end of the forward pass (also inside a CUDA-graph
-    capture: a fork and a join of the captured graph). Off unless RADIXRT_L2_PREFETCH=1: on an
-    H200 the GEMVs gained 2.6-4.9 us each after a longer kernel, but the engine's batch-1 step was
-    2.1% (bf16) / 0.5% (FP8) slower with it (docs/benchmarks.md, "Weights prefetched into L2").
-    RADIXRT_L2_PREFETCH_MB sets the budget (default 24)."""
+    capture: a fork and a join of the captured graph). Off unless RADIXRT_L2_PREFETCH=1 (config.Env):
+    on an H200 the GEMVs gained 2.6-4.9 us each after a longer kernel, but the engine's batch-1 step
+    was 2.1% slower in bf16 and unchanged in FP8 with it (docs/benchmarks.md, "Weights prefetched
+    into L2"). RADIXRT_L2_PREFETCH_MB sets the budget per layer (default 24). `enabled` and
+    `budget_bytes` are read from the environment when the model is built (benchmarks set them)."""
 
-    enabled = os.environ.get("RADIXRT_L2_PREFETCH", "0") == "1"
+    enabled: bool | None = None  # None: Env's RADIXRT_L2_PREFETCH, read at the first construction
     max_rows = 2  # tokens per pass at most (batch-1 decode, and 2)
-    budget_bytes = int(os.environ.get("RADIXRT_L2_PREFETCH_MB", "24")) << 20
+    budget_bytes: int | None = None  # None: Env's RADIXRT_L2_PREFETCH_MB MiB
 
     def __init__(self) -> None:
+        if type(self).enabled is None or type(self).budget_bytes is None:
+            from radixrt.config import Env
+
+            env = Env.read()
+            if type(self).enabled is None:
+                type(self).enabled = env.l2_prefetch
+            if type(self).budget_bytes is None:
+                type(self).budget_bytes = env.l2_prefetch_mb << 20
         self.stream: torch.cuda.Stream | None = None
         self.sink: torch.Tensor | None = None
         self.pending = False
@@ -128,9 +138,11 @@ class L2Prefetch:
         return self.enabled and h.is_cuda and 0 < h.shape[0] <= self.max_rows
 
     def fork(self, weights: list[torch.Tensor]) -> None:
-        """Prefetch the weights in order, budget_bytes in all, on the side stream, after the work queued
-        on the current stream so far. The stream and the sink are made at the first call (the warm-up
-        pass before any graph capture)."""
+        """Prefetch the weights (contiguous CUDA tensors of one device, any dtype) in order, budget_bytes
+        in all, on the side stream, after the work queued on the current stream so far. The stream
+        and the sink are made at the first call (the warm-up pass before any graph capture).
+        Raises ValueError as kernels.l2_prefetch.prefetch_l2 does (a non-contiguous or misaligned
+        weight)."""
         from radixrt.kernels.l2_prefetch import prefetch_l2, prefetch_programs
 
         dev = weights[0].device
@@ -174,6 +186,8 @@ class DecoderLayer(nn.Module):
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
                 cos_sin_cache: torch.Tensor, backend: AttentionBackend, prefetch: L2Prefetch | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [T, H] and the residual stream (None at the first layer) -> (MLP output [T, H], residual).
+        prefetch: an L2Prefetch to fork after this layer's qkv GEMV (this layer's o, then gate_up)."""
         x, residual = self.input_layernorm(h, residual, consumer=self.self_attn.qkv_proj)
         after_qkv = None
         if prefetch is not None:

@@ -84,8 +84,8 @@ def test_supported_inputs() -> None:
 
 @pytest.mark.parametrize("n, k", SHAPES_7B)
 def test_decode_rows_on_cuda_route_to_the_int_kernel(n: int, k: int) -> None:
-    """M = 1, 2 on CUDA take the measured configs (split-free: Fp8Linear's workspace is sized for the
-    skinny configs); M >= 3 and other devices stay on skinny_linear."""
+    """M = 1, 2 on CUDA take the measured configs (split-free: split-K lost on the H200); M >= 3 and
+    other devices stay on skinny_linear."""
     for m in (1, 2):
         cfg = G8.int_routed(m, n, k, "cuda")
         assert cfg is not None and cfg == G8.FP8_INT_TUNED[(m, n, k)]

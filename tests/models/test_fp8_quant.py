@@ -226,10 +226,12 @@ def test_fp8_linear_scratch_covers_the_int_gemvs_split_configs(monkeypatch: pyte
     """Fp8Linear's split-K scratch (allocated once, before graph capture) is large enough for the int
     GEMV's config at every row count it takes, split-K ones included: with the routing opened to the
     CPU and a 4-way split config, the scratch holds that config's partials and counters."""
+    from radixrt.kernels import gemv
     from radixrt.kernels import gemv_fp8_int as G8
 
     cfg = G8.Fp8IntConfig(4, 64, split_k=4)
     monkeypatch.setattr(G8, "int_routed", lambda m, n, k, dev: cfg if m <= G8.FP8_INT_MAX_ROWS else None)
+    monkeypatch.setattr(gemv, "skinny_rows_routed", lambda m, n, k: False)  # only the int configs size it
     n, k = 24, 2048
     layer = _fp8_layer(_weights(n, k), None)
     ws = layer._scratch(torch.device("cpu"))

@@ -27,6 +27,28 @@ def test_plan_spends_the_budget_in_weight_order() -> None:
     assert L2Prefetch.plan([a, b], 3) == [] and L2Prefetch.plan([], 100) == []
 
 
+def test_active_only_when_enabled_on_cuda_for_few_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate: enabled (off unless RADIXRT_L2_PREFETCH=1), a CUDA tensor, 1..max_rows tokens."""
+    from radixrt.config import Env
+
+    monkeypatch.delenv("RADIXRT_L2_PREFETCH", raising=False)
+    assert Env.read().l2_prefetch is False and Env.read().l2_prefetch_mb == 24
+    monkeypatch.setenv("RADIXRT_L2_PREFETCH", "1")
+    monkeypatch.setenv("RADIXRT_L2_PREFETCH_MB", "12")
+    assert Env.read().l2_prefetch is True and Env.read().l2_prefetch_mb == 12
+
+    class H:  # stands for hidden states [T, H]: only .is_cuda and .shape are read
+        def __init__(self, rows: int, cuda: bool) -> None:
+            self.shape, self.is_cuda = (rows, 64), cuda
+
+    pf = L2Prefetch()
+    monkeypatch.setattr(L2Prefetch, "enabled", True)
+    assert [pf.active(H(t, True)) for t in (0, 1, 2, 3, 16)] == [False, True, True, False, False]
+    assert not pf.active(H(1, False))
+    monkeypatch.setattr(L2Prefetch, "enabled", False)
+    assert not pf.active(H(1, True))
+
+
 def test_decode_pass_forks_per_layer_and_joins_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save_tiny_model("llama", tmp_path)
     monkeypatch.setattr(native_layers, "layer_calls", lambda *a: False)  # the Python layer loop
@@ -39,15 +61,24 @@ def test_decode_pass_forks_per_layer_and_joins_once(tmp_path: Path, monkeypatch:
     want = runner.forward_logits(step).clone()
 
     events: list = []
-    monkeypatch.setattr(L2Prefetch, "active", lambda self, h: 0 < h.shape[0] <= self.max_rows)
+    # the real gate except its CUDA condition; the qkv GEMVs recorded to check the fork comes after
+    monkeypatch.setattr(L2Prefetch, "enabled", True)
+    monkeypatch.setattr(L2Prefetch, "active",
+                        lambda self, h: self.enabled and 0 < h.shape[0] <= self.max_rows)
     monkeypatch.setattr(L2Prefetch, "fork", lambda self, ws: events.append(("fork", ws)))
     monkeypatch.setattr(L2Prefetch, "join", lambda self: events.append(("join", None)))
-    runner.forward_logits(prefill)  # 8 tokens: no prefetch
-    assert events == []
-    got = runner.forward_logits(step)
     layers = runner.model.model.layers
-    assert [e[0] for e in events] == ["fork"] * len(layers) + ["join"]
-    for (_, ws), layer in zip(events, layers, strict=False):
+    for i, layer in enumerate(layers):
+        qkv = layer.self_attn.qkv_proj
+        monkeypatch.setattr(qkv, "forward",
+                            lambda x, _f=qkv.forward, _i=i: events.append(("qkv", _i)) or _f(x))
+    runner.forward_logits(prefill)  # 8 tokens: no prefetch
+    assert [e for e in events if e[0] != "qkv"] == []
+    events.clear()
+    got = runner.forward_logits(step)
+    assert [e[0] for e in events] == ["qkv", "fork"] * len(layers) + ["join"]
+    forks = [ws for kind, ws in events if kind == "fork"]
+    for ws, layer in zip(forks, layers, strict=True):
         assert ws[0] is layer.self_attn.o_proj.weight and ws[1] is layer.mlp.gate_up_proj.weight
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert isinstance(runner.model.l2_prefetch, llama.L2Prefetch)

@@ -227,5 +227,6 @@ def test_l2_prefetch_in_the_decode_graph_changes_nothing(tiny_dir: Path,
         assert runner.graphs is not None
         runner.forward_logits(single_request_batch(ids, page_size=16))
         logits[on] = runner.forward_logits(step).clone()
+        assert runner.last_path == "graph"  # the step replayed the graph captured with the fork / join
         assert (runner.model.l2_prefetch.stream is not None) == on
     torch.testing.assert_close(logits[True], logits[False], atol=1e-5, rtol=1e-5)
