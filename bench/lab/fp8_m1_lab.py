@@ -2,14 +2,15 @@
 whether the tensor cores read the weights faster.
 
     python3 bench/lab/fp8_m1_lab.py [--budget-s 240] [--shapes gate_up,down] [--out F]   # H200
+    python3 bench/lab/fp8_m1_lab.py --sass        # the int GEMV's sm_90 loop, no GPU needed
     ncu --clock-control none --metrics M1,M2,... -k regex:'_lab_|_fp8_int|_w8a8' \
         python3 bench/lab/fp8_m1_lab.py --ncu                                             # counters
 
 The FP8 step's linears read 7.07 GB at 3.38 TB/s where bf16's read 14.1 GB at 4.11 (docs/benchmarks.md,
 "The batch-1 decode step kernel by kernel"); FP8 / bf16 0.643 against the goal's 0.6. The int GEMV's
 sm_90 loop issues ~18-19 instructions per 4-byte weight word (ptxas + nvdisasm: 8 x 128 gate_up 151
-instructions for 8 words per thread; 44 SHF, 34 LOP3, 32 FFMA, 22 IMAD, 9 LDG), ~4.7 per byte, where
-bf16's skinny GEMV needs ~1. Per shape (Qwen2.5-7B's qkv, o, gate_up, down and the LM head, M = 1),
+instructions for 8 words per thread; 44 SHF, 34 LOP3, 32 FFMA, 22 IMAD, 9 LDG; `--sass`), ~4.7 per
+byte. Per shape (Qwen2.5-7B's qkv, o, gate_up, down and the LM head, M = 1),
 each variant timed as one CUDA graph of back-to-back calls over rotating weight copies (>= 256 MB, so
 L2 holds none of them), PDL off unless named:
   - int / int_pdl: kernels/gemv_fp8_int.py at FP8_INT_TUNED's config, PDL off / on;
@@ -325,6 +326,56 @@ def int_grid(name: str, n: int, k: int, pdl: bool, deadline: float) -> dict:
     return row
 
 
+def sass_report(names: list[str]) -> None:
+    """The int GEMV's sm_90 main loop at each shape's tuned M = 1 config, compiled on this machine (no
+    GPU: Triton's bundled ptxas and nvdisasm, as bench/kernels/compile_sm90.py uses them): SASS
+    instructions in the loop, per 4-byte weight word each thread handles, and the opcode counts."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+
+    sys.path.insert(0, str(ROOT / "bench" / "kernels"))
+    import compile_sm90 as C
+
+    fn = G8._fp8_int_gemv_kernel
+    sig = dict(x="*i64", w="*i32", w_scale="*fp32", bias="*bf16", y="*bf16", partials="*fp32",
+               counters="*i32")
+    for name in names:
+        cfg = G8.fp8_int_config(1, *SHAPES[name])
+        const = dict(ROWS=1, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K4=cfg.block_k4, EVEN_K=True, SPLIT=False,
+                     HAS_BIAS=False, PREFETCH=False, USE_PDL=True)
+        types = {n: "constexpr" if n in const else sig.get(n, "i32") for n in fn.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if n not in const and (types[n].startswith("*") or n.startswith("stride"))}
+        src = ASTSource(fn=fn, signature=types, attrs=attrs,
+                        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+        ptx = triton_compile(src, target=C.TARGET, options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "k.ptx").write_text(ptx)
+            subprocess.run([str(C._nvidia_tool("ptxas")), "-arch=sm_90a", str(Path(tmp) / "k.ptx"), "-o",
+                            str(Path(tmp) / "k.cubin")], check=True, capture_output=True)
+            lines = subprocess.run([str(C._nvidia_tool("nvdisasm")), "-c", str(Path(tmp) / "k.cubin")],
+                                   capture_output=True, text=True, check=True).stdout.splitlines()
+        labels = {m.group(1): i for i, ln in enumerate(lines)
+                  for m in [re.match(r"\s*\.L_x_(\d+):", ln)] if m}
+        loops = [(labels[m.group(1)], i) for i, ln in enumerate(lines)
+                 for m in [re.search(r"BRA[^`]*`\(\.L_x_(\d+)\)", ln)] if m and labels.get(m.group(1), i) < i]
+        a, b = max(loops, key=lambda ab: ab[1] - ab[0])
+        ops: dict[str, int] = {}
+        for ln in lines[a:b + 1]:
+            m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)", ln)
+            if m:
+                ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+        total = sum(ops.values())
+        words = cfg.block_n * cfg.block_k4 / 128  # per thread and loop step (4 warps)
+        top = ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
+        print(f"{name} {cfg.block_n} x {cfg.block_k4}: {total} instructions per loop step, {words:.0f} words "
+              f"per thread: {total / words:.1f} per word ({top})")
+
+
 def ncu_mode(names: list[str]) -> None:
     """Each variant twice, eagerly, PDL off, for ncu (the second call of each is the one to read)."""
     PDL.enabled = False
@@ -349,11 +400,15 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=240)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--sass", action="store_true", help="the int GEMV's sm_90 loop, compiled on the CPU")
     ap.add_argument("--int-grid", action="store_true", help="only the int GEMV's split-K grid, PDL on")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_m1_lab.json"))
     args = ap.parse_args()
     triton.set_allocator(_alloc)
     names = [s for s in args.shapes.split(",") if s]
+    if args.sass:
+        sass_report(names)
+        return 0
     if args.ncu:
         ncu_mode(names)
         return 0

@@ -25,17 +25,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import run_header  # noqa: E402
-from bench.kernels_import import import_kernels  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from l2_prefetch_lab import log, run_header  # noqa: E402  (the lab's imports and kernels set-up)
 
-import_kernels()
 from radixrt.models.llama import L2Prefetch  # noqa: E402
-
-T0 = time.time()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.time() - T0:5.1f}s] {msg}", flush=True)
 
 
 def main() -> int:
