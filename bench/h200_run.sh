@@ -166,6 +166,24 @@ for s in "$@"; do
     decode-peel) stage decode-peel 150 python3 bench/lab/decode_rules.py --rules peel,peel2 \
         --shapes 1x512,1x2048,1x8192,16x2048,64x4096,128x2048,128x2208,256x512,256x768 \
         --out "$OUT/decode-rules-peel.json" ;;
+    # issue 19: bf16 decode against cuDNN (1.04x): the lab kernel on the bf16 pool (v_bf16), the
+    # engine's loop inside the lab's launch (eng / eng_bf16), cuDNN and pages in order in the same run;
+    # then Nsight Compute on the bf16 default, the lab forms and cuDNN at 64 x 4,096 (~5 min)
+    decode-gap) stage decode-gap 270 python3 bench/lab/decode_vt.py --peers --forms v_bf16,eng_bf16,v_f16,eng \
+        --configs 128x8w2s,128x4w3s,64x4w3s,128x8w3s,64x8w3s --shapes 64x4096,128x2048 --out "$OUT/decode-gap.json"
+      stage decode-gap-ncu 200 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section Occupancy --section LaunchStats --launch-count 12 \
+        -k regex:'_decode_split|_decode_vt|_decode_eng|cudnn|sdpa|fmha' \
+        python3 bench/lab/ncu_decode.py --pool bf16 --batch 64 --ctx 4096 --calls 2 --cudnn \
+        --lab v_bf16:128x8w2s,eng_bf16:128x8w2s ;;
+    # issue 19: decode's DRAM stream (ncu, 2026-12-04: cuDNN 89% of DRAM peak, radixrt 85%): every
+    # cp.async with the .L2::128B / 256B prefetch size (a PTX hook), each in its own process and Triton
+    # cache, beside the unhinted defaults and cuDNN (~1.5 min)
+    decode-l2) for n in 0 128 256; do
+        stage decode-l2hint$n 150 env TRITON_CACHE_DIR=/tmp/tc$n python3 bench/lab/decode_vt.py --peers \
+          --cp-async-l2 $n --forms eng_bf16,eng --configs 128x8w2s,64x4w3s,128x4w3s \
+          --shapes 64x4096,128x2048 --out "$OUT/decode-l2hint$n.json"
+      done ;;
     # issue 19: why the lab kernel's "f16" loop beats decode_attention's at 64 x 4K (95 against 101
     # us): its acc update and its masks, one at a time (bench/lab/decode_vt.py v_f16a / v_f16l; ~1 min)
     decode-vt-forms) stage decode-vt-forms 150 python3 bench/lab/decode_vt.py --quick \

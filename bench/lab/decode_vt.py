@@ -31,6 +31,15 @@ Timed beside it, same run: decode_attention's defaults on the bf16 pool and on t
 ratio of issue 19's goal). Each variant is checked against the fp32 reference on the dequantized
 values first (relative norm error <= TOL_OF[form]). Timing: CUDA-graph replay, median, L2 flushed.
 
+Also (issue 19's bf16 decode against cuDNN): "v_bf16", the control's kernel over the bf16 pool (dots
+in bf16); "eng" / "eng_bf16", decode_attention's own loop (paged_attn_loop, every block masked) in
+this lab's launch; `--peers` adds cuDNN SDPA on contiguous K/V and the bf16 default over pages in
+order; `--cp-async-l2 N` compiles every kernel with cp.async's .L2::NB prefetch size (a PTX hook).
+Measured (H200, 2026-12-04, docs/benchmarks.md "bf16 decode against cuDNN: Nsight Compute, the lab's
+forms and L2 hints"): the engine's loop in the lab launch runs as the default (eng 102.9 against 101.3
+us FP8; eng_bf16 141.8 against 141.7 bf16), so the control's 4-6% is in its own loop; on the bf16
+pool the control has no lead (v_bf16 best 138.1 against 139.6); neither hint helps.
+
 Measured (H200, 2026-12-03; docs/benchmarks.md, "V stored transposed per page"): at 64 x 4,096 the
 V^T forms are no faster than the FP8 default (101.4 us): vt_fp8 100.0, vt_fp8x2 102.8, vt_f16 104.1,
 vt_f16t 119.6 at their best configs; the control v_f16 ran 95.1 and again 95.2 us (128 x 4w3s), and
@@ -53,13 +62,18 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from kernels.paged_loop import prefetch_pages  # noqa: E402
+from kernels.paged_loop import paged_attn_loop, prefetch_pages  # noqa: E402
 from kernels.paged_loop_fp8 import LO_WEIGHT, P_SCALE, quantize_rows_e4m3, split_e4m3  # noqa: E402
 
-FORMS = ("v_f16", "vt_f16", "vt_f16t", "vt_fp8", "vt_fp8x2", "v_f16m", "v_f16a", "v_f16l")
+ENG_FORMS = ("eng", "eng_bf16")
+FORMS = ("v_f16", "vt_f16", "vt_f16t", "vt_fp8", "vt_fp8x2", "v_f16m", "v_f16a", "v_f16l",
+         "v_bf16") + ENG_FORMS
+BF16_FORMS = ("v_bf16", "eng_bf16")  # over the bf16 pool
+V_POOL_FORMS = ("v_f16", "v_f16m", "v_f16a", "v_f16l", "v_bf16") + ENG_FORMS  # V as the pool stores it
 TOL_OF = {**dict.fromkeys(FORMS, 1e-2), "vt_fp8": 0.15}
 # (BLOCK_N, num_warps, num_stages)
-CONFIGS = [(128, 4, 3), (128, 4, 2), (64, 4, 3), (128, 8, 3), (64, 4, 4), (128, 4, 4)]
+CONFIGS = [(128, 4, 3), (128, 4, 2), (64, 4, 3), (128, 8, 3), (64, 4, 4), (128, 4, 4), (128, 8, 2),
+           (64, 8, 3)]
 HQ, HKV, D, PAGE = 28, 4, 128, 16
 K_SCALE, V_SCALE = 0.5, 0.25
 T0 = time.time()
@@ -127,7 +141,7 @@ def _vt_step(q16, qt16, q_hi, q_lo, col_scale, qk_scale, m_i, l_i, l_blk, acc, k
             pv = pv * (1.0 / P_SCALE)
         acc = acc * alpha[None, :] + pv
     else:
-        s = tl.dot(q16, tl.trans(kb.to(tl.float16))) * qk_scale
+        s = tl.dot(q16, tl.trans(kb.to(q16.dtype))) * qk_scale
         if MASKED or LOAD_MASK:
             s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -136,14 +150,32 @@ def _vt_step(q16, qt16, q_hi, q_lo, col_scale, qk_scale, m_i, l_i, l_blk, acc, k
         l_i = l_i * alpha + tl.sum(p, 1)
         if ACC_IN_DOT:
             acc = acc * alpha[:, None]
-            acc += tl.dot(p.to(tl.float16), vb.to(tl.float16))
+            acc += tl.dot(p.to(q16.dtype), vb.to(q16.dtype))
         else:
             if FORM == "v_f16":
-                pv = tl.dot(p.to(tl.float16), vb.to(tl.float16))
+                pv = tl.dot(p.to(q16.dtype), vb.to(q16.dtype))
             else:
                 pv = tl.dot(p.to(tl.float16), tl.trans(vb.to(tl.float16)))
             acc = acc * alpha[:, None] + pv
     return m_new, l_i, l_blk, acc
+
+
+@triton.jit
+def _program_queries(q, seq_lens, stride_q_b, stride_q_h, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    """The (KV head, request) of this program (grid axes 0, 1), its seq_len, the group's query heads
+    [BLOCK_H] and their mask, the head-dim offsets, and the group's queries [BLOCK_H, BLOCK_D] (0 in
+    the padding rows)."""
+    kvh = tl.program_id(0)
+    b = tl.program_id(1)
+    seq_len = tl.load(seq_lens + b)
+    offs_g = tl.arange(0, BLOCK_H)
+    heads = kvh * GROUP + offs_g
+    mask_h = offs_g < GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    qg = tl.load(q + b * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :], mask=mask_h[:, None],
+                 other=0.0)
+    return kvh, b, seq_len, heads, mask_h, offs_d, qg
 
 
 @triton.jit
@@ -156,16 +188,9 @@ def _decode_vt_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scal
     k_buf [S, Hkv, D] e4m3; v_buf: [S, Hkv, D] e4m3 for "v_f16", else V^T pages [P, Hkv, D, PAGE]
     e4m3 (stride_vt_p per page, stride_vb_h per head); qk_scale = softmax scale x log2(e) x k_scale.
     The whole blocks run unmasked in one loop, the last partial block after it (_vt_step)."""
-    kvh = tl.program_id(0)
-    b = tl.program_id(1)
-    seq_len = tl.load(seq_lens + b)
-    offs_g = tl.arange(0, BLOCK_H)
-    heads = kvh * GROUP + offs_g
-    mask_h = offs_g < GROUP
-    offs_d = tl.arange(0, BLOCK_D)
+    kvh, b, seq_len, heads, mask_h, offs_d, qg = _program_queries(q, seq_lens, stride_q_b, stride_q_h, GROUP,
+                                                                  BLOCK_H, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    qg = tl.load(q + b * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :], mask=mask_h[:, None],
-                 other=0.0)
     pt_row = page_table + b * stride_pt_b
     k_head = k_buf + kvh.to(tl.int64) * stride_kb_h
     v_head = v_buf + kvh.to(tl.int64) * stride_vb_h
@@ -173,6 +198,8 @@ def _decode_vt_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scal
     qf = tl.clamp(qg.to(tl.float32), -65504.0, 65504.0)
     q16 = qf.to(tl.float16)
     qt16 = tl.trans(qf).to(tl.float16)
+    if FORM == "v_bf16":
+        q16 = qg
     if FORM == "vt_fp8" or FORM == "vt_fp8x2":
         q_hi, q_lo, q_row_scale = quantize_rows_e4m3(qg, FORM == "vt_fp8x2")
         q_hi = tl.trans(q_hi)
@@ -191,7 +218,8 @@ def _decode_vt_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scal
         l_blk = tl.zeros([BLOCK_H], dtype=tl.float32)  # (unused)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     full_end = tl.minimum(seq_len // BLOCK_N * BLOCK_N, seq_len)
-    STEP_FORM: tl.constexpr = "v_f16" if FORM == "v_f16m" or FORM == "v_f16l" or FORM == "v_f16a" else FORM
+    STEP_FORM: tl.constexpr = ("v_f16" if FORM == "v_f16m" or FORM == "v_f16l" or FORM == "v_f16a"
+                               or FORM == "v_bf16" else FORM)
     LOAD_MASK: tl.constexpr = FORM == "v_f16l"
     ACC_IN_DOT: tl.constexpr = FORM == "v_f16a" or FORM == "v_f16l"
     pages = prefetch_pages(pt_row, 0, seq_len, offs_n, PAGE_SIZE)
@@ -217,6 +245,27 @@ def _decode_vt_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scal
         tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :],
                  out.to(o.dtype.element_ty), mask=mask_h[:, None])
 
+
+@triton.jit
+def _decode_eng_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scale,
+                       stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                       stride_pt_b, stride_o_b, stride_o_h,
+                       GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP16_DOTS: tl.constexpr):
+    """Forms "eng" / "eng_bf16": decode_attention's own loop (kernels/paged_loop.py paged_attn_loop,
+    every block masked) over [0, seq_len) of one (KV head, request), in this lab's launch (grid
+    (KV head, request), no split arithmetic, no PDL): which side of the loop the control's lead is on.
+    FP16_DOTS: q rounded to fp16 (an FP8 pool, kv_dot "f16"), else both dots in q's dtype."""
+    kvh, b, seq_len, heads, mask_h, offs_d, qg = _program_queries(q, seq_lens, stride_q_b, stride_q_h, GROUP,
+                                                                  BLOCK_H, BLOCK_D)
+    if FP16_DOTS:
+        qg = tl.clamp(qg.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, page_table + b * stride_pt_b, kvh, 0, seq_len, qk_scale,
+                                    stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, BLOCK_H, PAGE_SIZE,
+                                    BLOCK_D, BLOCK_D, BLOCK_N, "tf32")
+    out = acc * v_scale / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :], out.to(o.dtype.element_ty),
+             mask=mask_h[:, None])
 
 def paged_pool(x, slots, n_slots: int):
     """x [B, Hkv, L, D] scattered into a pool [n_slots, Hkv, D] at `slots` [B * L] (position order);
@@ -245,7 +294,14 @@ def decode_vt(q, kb, v_any, table, seq_lens, out, qk_scale: float, v_scale: floa
     qk_scale includes log2(e) and k_scale."""
     bsz, hq, d = q.shape
     hkv = kb.shape[1]
-    if form in ("v_f16", "v_f16m", "v_f16a", "v_f16l"):
+    if form in ENG_FORMS:
+        _decode_eng_kernel[(hkv, bsz)](
+            q, kb, v_any, table, seq_lens, out, qk_scale, v_scale, q.stride(0), q.stride(1), kb.stride(0),
+            kb.stride(1), v_any.stride(0), v_any.stride(1), table.stride(0), out.stride(0), out.stride(1),
+            GROUP=hq // hkv, PAGE_SIZE=PAGE, BLOCK_D=d, BLOCK_H=max(16, triton.next_power_of_2(hq // hkv)),
+            BLOCK_N=block_n, FP16_DOTS=form == "eng", num_warps=num_warps, num_stages=num_stages)
+        return out
+    if form in V_POOL_FORMS:
         svs, svh, svp = v_any.stride(0), v_any.stride(1), 0
     else:
         svs, svh, svp = 0, v_any.stride(1), v_any.stride(0)
@@ -256,6 +312,27 @@ def decode_vt(q, kb, v_any, table, seq_lens, out, qk_scale: float, v_scale: floa
         GROUP=hq // hkv, PAGE_SIZE=PAGE, BLOCK_D=d, BLOCK_H=max(16, triton.next_power_of_2(hq // hkv)),
         BLOCK_N=block_n, FORM=form, num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+def install_cp_async_l2_hint(size: int) -> None:
+    """Compile every kernel of this process with the L2 prefetch-size qualifier `.L2::<size>B` on its
+    `cp.async` copies (PTX ISA 7.4+; what CUTLASS's SM80 copy atoms emit and Triton 3.6 does not): a
+    hook on the PTX stage (triton.knobs.runtime.add_stages_inspection_hook). The hook is not part of
+    Triton's cache key: run it in a process with its own TRITON_CACHE_DIR."""
+    import triton.knobs as knobs
+
+    pattern = re.compile(r"cp\.async\.(c[ag])\.shared\.global \[")
+
+    def hook(backend, stages, options, language, capability):
+        make_ptx = stages["ptx"]
+
+        def ptx_with_hint(src, metadata):
+            ptx = make_ptx(src, metadata)
+            return pattern.sub(lambda m: f"cp.async.{m.group(1)}.shared.global.L2::{size}B [", ptx)
+
+        stages["ptx"] = ptx_with_hint
+
+    knobs.runtime.add_stages_inspection_hook = hook
 
 
 def compile_report() -> int:
@@ -270,6 +347,8 @@ def compile_report() -> int:
     fn = _decode_vt_kernel
     failed = 0
     for form in FORMS:
+        if form in ENG_FORMS or form in BF16_FORMS:  # (the FP8-pool forms of _decode_vt_kernel only)
+            continue
         for bn, warps, stages in CONFIGS[:3]:
             const = dict(GROUP=7, PAGE_SIZE=PAGE, BLOCK_D=D, BLOCK_H=16, BLOCK_N=bn, FORM=form)
             sig, attrs = {}, {}
@@ -311,14 +390,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="64x4096,128x2048,256x512")
     p.add_argument("--forms", default=",".join(FORMS))
     p.add_argument("--quick", action="store_true", help="the first two configs only")
+    p.add_argument("--configs", default=None, help="BLOCK_NxWARPSwSTAGESs list, e.g. 128x8w2s,64x4w3s")
+    p.add_argument("--cp-async-l2", type=int, default=0, choices=[0, 64, 128, 256],
+                   help="compile every kernel with cp.async's .L2::<n>B prefetch size (own TRITON_CACHE_DIR)")
+    p.add_argument("--peers", action="store_true",
+                   help="also cuDNN SDPA (contiguous bf16) and the bf16 default over pages in order")
     p.add_argument("--compile", action="store_true", help="compile for sm_90 on this machine, no GPU")
     p.add_argument("--device", default="cuda", help="cpu: a check of the script under TRITON_INTERPRET=1")
     ns = p.parse_args(argv)
+    if ns.cp_async_l2:
+        install_cp_async_l2_hint(ns.cp_async_l2)
     if ns.compile:
         return compile_report()
     import kv_layout as kl
     import torch
-    from sdpa_peers import reference
+    from sdpa_peers import peer_rows, reference
 
     from bench.common import out_path, rel_err, run_header, write_json
     from bench.kernels_import import import_kernels
@@ -330,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     path = out_path(ns.out, "decode-vt.json")
     forms = ns.forms.split(",")
     configs = CONFIGS[:2] if ns.quick else CONFIGS
+    if ns.configs:
+        configs = [tuple(int(x) for x in re.fullmatch(r"(\d+)x(\d+)w(\d+)s", c).groups())
+                   for c in ns.configs.split(",")]
     log2e = 1.4426950408889634
 
     def timed(run, out, ref, tol):
@@ -370,11 +459,29 @@ def main(argv: list[str] | None = None) -> int:
             run = partial(K.decode_attention, q, kb, vb, table, seq_lens, PAGE, None, splits, out=out,
                           mid_o=mid_o, mid_lse=mid_lse, max_seq_len=ctx, **scales)
             rows.append({"shape": shape, "variant": f"{name} ({splits} split)", **timed(run, out, ref, 1e-2)})
-        qk_scale = D ** -0.5 * log2e * K_SCALE
+        if ns.peers and dev.type == "cuda":
+            # the same-run peer of issue 19's goal: cuDNN SDPA on contiguous bf16 K/V (its best case)
+            peer = peer_rows(q[:, :, None], kd, vd, False, ref[:, :, None], ("cudnn",))["cudnn"]
+            rows.append({"shape": shape, "variant": "cudnn (contiguous bf16)", **peer})
+            # the bf16 default over pages in order (request by request): does the random page order cost?
+            ordered = (torch.arange(batch * per, device=dev) + 1).view(batch, per).int()
+            sl_o = (ordered.long()[:, :, None] * PAGE + torch.arange(PAGE, device=dev)).view(batch, -1)
+            kbo, vbo = (paged_pool(x, sl_o[:, :ctx].reshape(-1), n_slots) for x in (kd, vd))
+            splits = K.choose_num_kv_splits(batch, HKV, ctx, num_sms)
+            mid_o = torch.empty(batch, HQ, splits, D, device=dev)
+            mid_lse = torch.empty(batch, HQ, splits, device=dev)
+            run = partial(K.decode_attention, q, kbo, vbo, ordered, seq_lens, PAGE, None, splits, out=out,
+                          mid_o=mid_o, mid_lse=mid_lse, max_seq_len=ctx)
+            rows.append({"shape": shape, "variant": f"bf16 default, pages in order ({splits} split)",
+                         **timed(run, out, ref, 1e-2)})
+            del kbo, vbo
         for form in forms:
-            v_any = vb8 if form in ("v_f16", "v_f16m", "v_f16a", "v_f16l") else vt8
+            bf16_form = form in BF16_FORMS
+            kb_any = kb16 if bf16_form else kb8
+            v_any = (vb16 if bf16_form else vb8) if form in V_POOL_FORMS else vt8
+            f_qk, f_v = (D ** -0.5 * log2e, 1.0) if bf16_form else (D ** -0.5 * log2e * K_SCALE, V_SCALE)
             for bn, warps, stages in configs:
-                run = partial(decode_vt, q, kb8, v_any, table, seq_lens, out, qk_scale, V_SCALE, form, bn,
+                run = partial(decode_vt, q, kb_any, v_any, table, seq_lens, out, f_qk, f_v, form, bn,
                               warps, stages)
                 rows.append({"shape": shape, "variant": f"{form} {bn}x{warps}w{stages}s",
                              **timed(run, out, ref, TOL_OF[form])})

@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--calls", type=int, default=4)
+    p.add_argument("--cudnn", action="store_true",
+                   help="then cuDNN SDPA (contiguous K/V, bf16 pool only) as many times: the same-run peer")
+    p.add_argument("--lab", default=None,
+                   help="then bench/lab/decode_vt.py forms, e.g. v_bf16:128x8w2s,eng_bf16:128x8w2s")
     ns = p.parse_args(argv)
     torch.manual_seed(0)
     fp8 = ns.pool == "fp8"
@@ -48,6 +52,27 @@ def main(argv: list[str] | None = None) -> int:
                               mid_lse=mid_lse, max_seq_len=ns.ctx, **scales)
     torch.cuda.synchronize()
     print(f"{ns.pool} {ns.batch} x {ns.ctx}: {splits} split(s)")
+    if ns.lab:
+        import decode_vt as vt
+
+        qk = kl.D ** -0.5 * 1.4426950408889634 * (kl.K_SCALE if fp8 else 1.0)
+        for item in ns.lab.split(","):
+            form, cfg = item.split(":")
+            bn, warps, stages = (int(x) for x in cfg.replace("w", "x").rstrip("s").split("x"))
+            for _ in range(ns.calls):
+                vt.decode_vt(q, kb, vb, table, seq_lens, out, qk, kl.V_SCALE if fp8 else 1.0, form, bn, warps,
+                             stages)
+            torch.cuda.synchronize()
+            print(f"lab {form} {cfg} launched {ns.calls} times")
+    if ns.cudnn and not fp8:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            for _ in range(ns.calls):
+                sdpa(q[:, :, None], kc, vc, enable_gqa=True)
+        torch.cuda.synchronize()
+        print(f"cuDNN SDPA launched {ns.calls} times")
     return 0
 
 
