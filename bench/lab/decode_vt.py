@@ -36,9 +36,10 @@ in bf16); "eng" / "eng_bf16", decode_attention's own loop (paged_attn_loop, ever
 this lab's launch; `--peers` adds cuDNN SDPA on contiguous K/V and the bf16 default over pages in
 order; `--cp-async-l2 N` compiles every kernel with cp.async's .L2::NB prefetch size (a PTX hook).
 Measured (H200, 2026-12-04, docs/benchmarks.md "bf16 decode against cuDNN: Nsight Compute, the lab's
-forms and L2 hints"): the engine's loop in the lab launch runs as the default (eng 102.9 against 101.3
-us FP8; eng_bf16 141.8 against 141.7 bf16), so the control's 4-6% is in its own loop; on the bf16
-pool the control has no lead (v_bf16 best 138.1 against 139.6); neither hint helps.
+forms and L2 hints", the 00:07 call): the engine's loop in the lab launch runs as the default (eng
+102.8 against 100.9 us FP8; eng_bf16 140.5 against 139.6 bf16), so the control's 4-6% is in its own
+loop; on the bf16 pool the control has no lead (v_bf16 best 138.1 against 139.6); neither cp.async
+hint helps (02:15 call).
 
 Measured (H200, 2026-12-03; docs/benchmarks.md, "V stored transposed per page"): at 64 x 4,096 the
 V^T forms are no faster than the FP8 default (101.4 us): vt_fp8 100.0, vt_fp8x2 102.8, vt_f16 104.1,
