@@ -176,6 +176,35 @@ for s in "$@"; do
         -k regex:'_decode_split|_decode_vt|_decode_eng|cudnn|sdpa|fmha' \
         python3 bench/lab/ncu_decode.py --pool bf16 --batch 64 --ctx 4096 --calls 2 --cudnn \
         --lab v_bf16:128x8w2s,eng_bf16:128x8w2s ;;
+    # issue 19: keys split across the warps of a program (cuDNN's 1 x 4 x 1 warp tile; bench/lab/
+    # decode_vt.py ws_bf16 / ws_f16: batched dots, P never leaves its warp), beside cuDNN (~3 min)
+    decode-ws) stage decode-ws 300 python3 bench/lab/decode_vt.py --peers --forms ws_bf16,ws_f16 \
+        --configs 128x4w2s,128x4w3s,64x4w3s,64x4w2s,64x2w3s,32x2w3s,128x8w2s,256x8w2s \
+        --shapes 64x4096,128x2048 --out "$OUT/decode-ws.json" ;;
+    # issue 19: the warp-split loop in decode_attention (kernels/paged_loop.py paged_attn_loop_ws) as
+    # whole rules at the engine's shapes, both pools, beside the defaults and cuDNN (~5 min)
+    decode-ws-rules) WS_BF16=$(python3 -c "import sys; sys.path.insert(0, 'bench/lab'); import decode_rules as d; \
+print(','.join(n for n in d.BF16_RULES if n.startswith('ws')))")
+      WS_FP8=$(python3 -c "import sys; sys.path.insert(0, 'bench/lab'); import decode_rules as d; \
+print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
+      stage decode-ws-bf16 280 python3 bench/lab/decode_rules.py --pools bf16 --rules "$WS_BF16" \
+        --out "$OUT/decode-ws-bf16.json"
+      stage decode-ws-fp8 280 python3 bench/lab/decode_rules.py --pools fp8 --rules "$WS_FP8" \
+        --out "$OUT/decode-ws-fp8.json" ;;
+    # issue 19: an FP8 pool's splits of >= 512 keys take the warp-split config (decode_fp8 "long"):
+    # the kernel GPU tests (fp8-long only), then the default against the rule before it, both pools,
+    # more shapes (~4 min; fp8-long-rules ~1 min)
+    fp8-long) stage kernel-gpu-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;&
+    fp8-long|fp8-long-rules) stage fp8-long-rules 200 python3 bench/lab/decode_rules.py --pools bf16,fp8 --rules "no long" \
+        --shapes 1x512,1x2048,1x8192,8x8192,16x2048,32x4096,64x4096,128x2048,128x2208,256x512,256x768 \
+        --out "$OUT/fp8-long-rules.json" ;;
+    # ... and in the engine: bf16 and FP8 + FP8 KV `random` at the defaults, then FP8 + FP8 KV with
+    # the rule before (RADIXRT_ATTN_CONFIG, a process of its own; ~5 min)
+    fp8-long-engine) printf '%s' '{"decode_fp8": {"d128": {"long_min_tokens": 0}}}' > "$OUT/nolong.json"
+      stage fp8-engine-default 230 python3 bench/lab/fp8_random_profile.py --only engines --engines bf16,fp8_kv8 \
+        --budget-s 200 --out "$OUT/fp8-engine-default.json"
+      stage fp8-engine-nolong 200 env RADIXRT_ATTN_CONFIG="$OUT/nolong.json" python3 bench/lab/fp8_random_profile.py \
+        --only engines --engines fp8_kv8 --budget-s 170 --out "$OUT/fp8-engine-nolong.json" ;;
     # issue 19: decode's DRAM stream (ncu, 2026-12-04: cuDNN 89% of DRAM peak, radixrt 85%): every
     # cp.async with the .L2::128B / 256B prefetch size (a PTX hook), each in its own process and Triton
     # cache, beside the unhinted defaults and cuDNN (~1.5 min)

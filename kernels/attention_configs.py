@@ -3,7 +3,8 @@
 Kinds (the launcher that reads each):
   decode        split stage of decode_attention (BLOCK_N keys per step, num_warps, num_stages;
                 num_warps_many replaces num_warps when the launch has more than many_per_sm
-                programs per SM, 0 = never)
+                programs per SM, 0 = never; warp_split: each block's keys split across the warps,
+                paged_loop.py paged_attn_loop_ws, BLOCK_N = num_warps x >= 16)
   decode_fused  the same stage in the fused cascade form (it also merges the prefix partials)
   decode_fp8    the split stage over an FP8 (e4m3) pool: blocks as "decode", plus kv_dot, the operands
                 of its two dots: "f16" (q, K, V and P in fp16: K/V widened by one packed
@@ -19,7 +20,9 @@ Kinds (the launcher that reads each):
                 (q as two e4m3 terms against K, P V in fp16); kv_dot also applies to the fused form
                 over an FP8 pool. Above many_per_sm programs per SM (0: never), each over at most
                 many_max_tokens keys (0: any), the entries of "many" replace the config's (BLOCK_N,
-                num_warps, num_stages, kv_dot; decode_attention.launch_config; only d128 sets them)
+                num_warps, num_stages, kv_dot, warp_split; decode_attention.launch_config; only d128
+                sets them); with splits of at least long_min_tokens keys (0: never; known only
+                when the caller passes max_seq_len) the entries of "long" do, before "many"
   decode_splits the split-count rule of choose_num_kv_splits (see there): policy "per_sm"
                 (programs_per_sm, min_split_tokens) or "waves" (occupancy, merge_tokens,
                 program_tokens)
@@ -67,6 +70,18 @@ F16_KV_DOTS = ("f16", "f16v", "f16v8")  # the forms whose two dots run in fp16 (
 # the batch-256 decode step at 17.1 against 8.3 ms (H200, bench/lab/fp8_random_profile.py)
 _SPLITS = {"policy": "per_sm", "programs_per_sm": 4, "min_split_tokens": 128, "occupancy": 2,
            "merge_tokens": 256, "program_tokens": 128}
+# an FP8 pool's splits of >= long_min_tokens keys (decode_fp8 "long"): the keys of each 64-key block
+# split across 2 warps, 32 each (kernels/paged_loop.py paged_attn_loop_ws, cuDNN's warp tiling).
+# H200, 2026-12-04 03:27 (bench/lab/decode_rules.py, same run, against the config before, "no long"):
+# 64 x 4,096 91.0 against 101.6 us (bf16 pool 139.4: 0.653x), 128 x 2,048 85.9 / 103.9, 128 x 2,208
+# 91.7 / 115.1, 256 x 768 78.1 / 84.7, 32 x 4,096 58.0 / 62.0, 16 x 2,048 (4 splits of 512) 25.0 / 26.2,
+# 256 x 512 61.5 / 61.6; with splits of 128 keys it lost (03:09 run: 1 x 512 13.0 against 10.4 us,
+# 1 x 8,192 18.2 / 15.8: two 64-key steps in series per program where the default takes one), hence
+# the bound. Other warp-split tiles measured slower at 64 x 4,096 (64 x 2 warps x 4 stages 91.6, 128 x
+# 4 x 3 96.4, 128 x 2 x 3 103.1, 32 x 2 x 3 122.4). Over the bf16 pool no warp-split tile beat the
+# default at the shapes that matter (64 x 4,096 138.9-158.7 against 139.3 us, 256 x 768 118.2-181.1
+# against 111.2), so "decode" keeps warp_split off
+_FP8_WARP_SPLIT = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3, "kv_dot": "f16", "warp_split": True}
 DEFAULTS: dict[str, dict[str, dict]] = {
     # H200, 2026-11-30 (bench/lab/sweep_attention.py, decode part, graph replay): over 7 batch x
     # context shapes x 8 configs of 2-6 stages, 128-key blocks with 2 stages were the best or within
@@ -77,11 +92,11 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # 31.7 / 33.2, batch 1 at 512-8,192 tokens equal, but 256 x 768 (1,024 programs) 113.8 against
     # 110.8: above many_per_sm programs per SM a launch takes num_warps_many (4) warps instead
     "decode": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "num_warps_many": 4,
-                       "many_per_sm": 0, "peel_tail": 0},
+                       "many_per_sm": 0, "peel_tail": 0, "warp_split": False},
                "d128": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "num_warps_many": 4,
-                        "many_per_sm": 4, "peel_tail": 0},
+                        "many_per_sm": 4, "peel_tail": 0, "warp_split": False},
                "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "num_warps_many": 4,
-                        "many_per_sm": 0, "peel_tail": 0}},
+                        "many_per_sm": 0, "peel_tail": 0, "warp_split": False}},
     # the prefix merge adds live registers: 64-key blocks ran the fused form of 128 requests (2,048
     # shared + 128-192 own tokens) in 19 us against 26 us with 128-key blocks (H200, 2026-11-30)
     "decode_fused": {"d64": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
@@ -107,12 +122,15 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # 198.0 / 373.4, 160 x 2,048 (2 splits) 142.7 / 147.7, 192 x 1,024 87.2 / 86.6 (H200, 2026-12-03,
     # bench/lab/decode_rules.py --pools fp8; launch_config)
     "decode_fp8": {"d64": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "kv_dot": "f16", "many_per_sm": 0,
-                           "many_max_tokens": 0, "many": {}, "peel_tail": 0},
+                           "many_max_tokens": 0, "many": {}, "peel_tail": 0,
+                           "warp_split": False, "long_min_tokens": 0, "long": {}},
                    "d128": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "kv_dot": "f16",
                             "many_per_sm": 4, "many_max_tokens": 1024,
-                            "many": {"BLOCK_N": 64, "num_stages": 3, "kv_dot": "f16v"}, "peel_tail": 0},
+                            "many": {"BLOCK_N": 64, "num_stages": 3, "kv_dot": "f16v"}, "peel_tail": 0,
+                            "warp_split": False, "long_min_tokens": 512, "long": dict(_FP8_WARP_SPLIT)},
                    "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16", "many_per_sm": 0,
-                            "many_max_tokens": 0, "many": {}, "peel_tail": 0}},
+                            "many_max_tokens": 0, "many": {}, "peel_tail": 0,
+                           "warp_split": False, "long_min_tokens": 0, "long": {}}},
     # 4 programs per SM and >= 128 tokens per split: the best of 2-16 per SM on an H200, 2026-11-29
     "decode_splits": {"d64": dict(_SPLITS), "d256": dict(_SPLITS),
                       "d128": {**_SPLITS, "policy": "waves"}},  # 2026-12-03, with the 8-warp config
@@ -166,16 +184,17 @@ def bucket(head_dim: int) -> str:
 
 def attention_config(kind: str, head_dim: int, on_gpu: bool = True) -> dict:
     """A copy of the config of `kind` for `head_dim`: the default entry with any override merged in
-    (GPU; "many" merged key by key), or the interpreter's small blocks (on_gpu False). Raises
-    ValueError for an unknown kind."""
+    (GPU; "many" and "long" merged key by key), or the interpreter's small blocks (on_gpu False).
+    Raises ValueError for an unknown kind."""
     check(kind in KINDS, f"unknown attention config kind {kind!r} (one of {KINDS})")
     if not on_gpu:
         return dict(CPU[kind])
     b = bucket(head_dim)
     default, over = DEFAULTS[kind][b], _overrides.get(kind, {}).get(b, {})
     cfg = {**default, **over}
-    if "many" in cfg:  # an override's "many" entries replace the default's one by one
-        cfg["many"] = {**default.get("many", {}), **over.get("many", {})}
+    for variant in ("many", "long"):  # an override's entries of a variant replace the default's one by one
+        if variant in cfg:
+            cfg[variant] = {**default.get(variant, {}), **over.get(variant, {})}
     return cfg
 
 
@@ -196,34 +215,77 @@ def _validate(table: object) -> dict[str, dict[str, dict]]:
                   f"overrides[{kind!r}][{b!r}]['kv_dot'] must be one of {KV_DOTS}")
             check(cfg.get("peel_tail", 0) in (0, 1, 2),
                   f"overrides[{kind!r}][{b!r}]['peel_tail'] must be 0 / false, 1 / true or 2")
+            check(isinstance(cfg.get("warp_split", False), bool),
+                  f"overrides[{kind!r}][{b!r}]['warp_split'] must be true or false")
             _validate_many(cfg, f"overrides[{kind!r}][{b!r}]")
+            _validate_warp_split(kind, b, cfg)
         out[kind] = copy.deepcopy(by_bucket)
     return out
 
 
-MANY_KEYS = ("BLOCK_N", "num_warps", "num_stages", "kv_dot")  # what a "many" entry may replace
+def warp_split_error(block_n: int, num_warps: int, kv_dot: str) -> str | None:
+    """Why a launch of BLOCK_N keys per block on num_warps warps with this kv_dot ("q" for a pool in
+    q's dtype) cannot split its keys across the warps (paged_loop.py paged_attn_loop_ws: kv_dot "q"
+    or "f16", BLOCK_N = num_warps sub-blocks of a power of two >= 16 positions), or None."""
+    if kv_dot not in ("q", "f16"):
+        return f"warp_split needs kv_dot 'q' or 'f16', not {kv_dot!r}"
+    sub = block_n // max(1, num_warps)
+    if block_n % max(1, num_warps) or sub < 16 or next_pow2(sub) != sub:
+        return f"warp_split needs BLOCK_N {block_n} = num_warps {num_warps} x a power of two >= 16 positions"
+    return None
+
+
+def _validate_warp_split(kind: str, b: str, over: dict) -> None:
+    """Every config a decode launch can take under this override (the entry itself, and with its
+    "many" or "long" entries where many_per_sm / long_min_tokens switch them on, as
+    decode_attention.launch_config applies them) that sets warp_split
+    must be able to run it (warp_split_error), so a bad file fails at load, not mid-serving."""
+    if kind not in ("decode", "decode_fp8"):
+        return
+    default = DEFAULTS[kind][b]
+    base = {**default, **over}
+    variants = [base]
+    for name, switch in (("many", "many_per_sm"), ("long", "long_min_tokens")):
+        if not base.get(switch, 0):  # a variant that is never taken
+            continue
+        entries = {**default.get(name, {}), **over.get(name, {})}
+        if name == "many" and "num_warps_many" in base:
+            entries = {"num_warps": base["num_warps_many"], **entries}
+        variants.append({**base, **entries})
+    for cfg in variants:
+        if cfg.get("warp_split"):
+            err = warp_split_error(int(cfg["BLOCK_N"]), int(cfg["num_warps"]), cfg.get("kv_dot", "q"))
+            check(err is None, f"overrides[{kind!r}][{b!r}]: {err}")
+
+
+# what a "many" or "long" entry may replace
+MANY_KEYS = ("BLOCK_N", "num_warps", "num_stages", "kv_dot", "warp_split")
 
 
 def _validate_many(cfg: dict, where: str) -> None:
-    """many_per_sm / many_max_tokens: ints >= 0; many: an object of MANY_KEYS (positive ints, kv_dot
-    one of KV_DOTS)."""
-    for key in ("many_per_sm", "many_max_tokens"):
+    """many_per_sm / many_max_tokens / long_min_tokens: ints >= 0; many / long: objects of MANY_KEYS
+    (positive ints, kv_dot one of KV_DOTS, warp_split a bool)."""
+    for key in ("many_per_sm", "many_max_tokens", "long_min_tokens"):
         if key in cfg:
             v = cfg[key]
             check(isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                   f"{where}[{key!r}] must be an int >= 0")
-    if "many" not in cfg:
-        return
-    many = cfg["many"]
-    check(isinstance(many, dict), f"{where}['many'] must be an object")
-    unknown = set(many) - set(MANY_KEYS)
-    check(not unknown, f"unknown keys {sorted(unknown)} in {where}['many'] (allowed: {MANY_KEYS})")
-    check(many.get("kv_dot", "f16") in KV_DOTS, f"{where}['many']['kv_dot'] must be one of {KV_DOTS}")
-    for key in ("BLOCK_N", "num_warps", "num_stages"):
-        if key in many:
-            v = many[key]
-            check(isinstance(v, int) and not isinstance(v, bool) and v > 0,
-                  f"{where}['many'][{key!r}] must be an int > 0")
+    for variant in ("many", "long"):
+        if variant not in cfg:
+            continue
+        entries = cfg[variant]
+        check(isinstance(entries, dict), f"{where}[{variant!r}] must be an object")
+        unknown = set(entries) - set(MANY_KEYS)
+        check(not unknown, f"unknown keys {sorted(unknown)} in {where}[{variant!r}] (allowed: {MANY_KEYS})")
+        check(entries.get("kv_dot", "f16") in KV_DOTS,
+              f"{where}[{variant!r}]['kv_dot'] must be one of {KV_DOTS}")
+        check(isinstance(entries.get("warp_split", False), bool),
+              f"{where}[{variant!r}]['warp_split'] must be true or false")
+        for key in ("BLOCK_N", "num_warps", "num_stages"):
+            if key in entries:
+                v = entries[key]
+                check(isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                      f"{where}[{variant!r}][{key!r}] must be an int > 0")
 
 
 def set_overrides(table: dict | None) -> None:

@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
-from .attention_configs import F16_KV_DOTS, attention_config
-from .paged_loop import paged_attn_loop
+from .attention_configs import F16_KV_DOTS, attention_config, warp_split_error
+from .paged_loop import paged_attn_loop, paged_attn_loop_ws
 from .paged_loop_fp8 import paged_attn_fp8_operands
 from .pdl import gdc_enter, launch_options, use_pdl
 
@@ -52,7 +52,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, DIRECT_OUT: tl.constexpr,
     MERGE_PREFIX: tl.constexpr, PREFIX_SLOTS: tl.constexpr, KV_DOT: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PEEL_TAIL: tl.constexpr = 0,
+    USE_PDL: tl.constexpr = False, PEEL_TAIL: tl.constexpr = 0, WARP_SPLIT: tl.constexpr = 0,
 ):
     # DIRECT_OUT (num_splits == 1): the program covers the whole range, so it writes the normalised
     # output to o itself and no merge stage runs (H200, 2026-11-30, batch 256 x 768 tokens: 101.7
@@ -97,10 +97,18 @@ def _decode_split_kernel(
             # e4m3 -> fp16 is exact and one packed cvt per two values; -> bf16 costs three cvts per
             # two values, which bounded the kernel below the bandwidth. q is clamped to fp16's range.
             qg = tl.clamp(qg.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-        m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, page_table + b * stride_pt_b, kvh, start, end,
-                                        qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
-                                        BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
-                                        1 if KV_DOT == "f16v" else 2 if KV_DOT == "f16v8" else 0, PEEL_TAIL)
+        pt_row = page_table + b * stride_pt_b
+        if WARP_SPLIT:  # each block's keys split across the WARP_SPLIT warps (paged_attn_loop_ws)
+            m_i, l_i, acc = paged_attn_loop_ws(qg, k_buf, v_buf, pt_row, kvh, start, end,
+                                               qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                                               BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
+                                               WARP_SPLIT)
+        else:
+            m_i, l_i, acc = paged_attn_loop(qg, k_buf, v_buf, pt_row, kvh, start, end,
+                                            qk_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                                            BLOCK_H, PAGE_SIZE, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
+                                            1 if KV_DOT == "f16v" else 2 if KV_DOT == "f16v8" else 0,
+                                            PEEL_TAIL)
     acc = acc * v_scale  # an FP8 pool's per-layer V scale (1.0 otherwise; k_scale is in qk_scale)
 
     if MERGE_PREFIX:
@@ -200,37 +208,63 @@ def launch_warps(cfg: dict, programs: int, num_sms: int) -> int:
     return launch_config(cfg, programs, num_sms)["num_warps"]
 
 
-def launch_config(cfg: dict, programs: int, num_sms: int, split_tokens: int | None = None) -> dict:
-    """The config of a split-stage launch of `programs` programs, each over at most `split_tokens`
-    keys (None: unknown): `cfg` itself, or, when the launch has more than many_per_sm programs per SM
-    (many_per_sm 0 or absent: never) and, where the config sets many_max_tokens, split_tokens is
-    known and at most that, a copy with num_warps_many as num_warps (kind "decode") and the "many"
-    entries (kind "decode_fp8": BLOCK_N, num_warps, num_stages, kv_dot) in place of the config's.
-    Never raises on a validated config (attention_configs checks overrides)."""
+def warp_split(cfg: dict) -> int:
+    """The WARP_SPLIT of a split-stage launch: its num_warps when the config sets warp_split (each
+    block's keys split across the warps, kernels/paged_loop.py paged_attn_loop_ws), else 0. Raises
+    ValueError when the config cannot take it (attention_configs.warp_split_error: kv_dot other than
+    "q" / "f16", or BLOCK_N not num_warps sub-blocks of a power of two >= 16 positions; overrides
+    are checked the same way at load)."""
+    if not cfg.get("warp_split"):
+        return 0
+    err = warp_split_error(int(cfg["BLOCK_N"]), int(cfg["num_warps"]), cfg.get("KV_DOT", "q"))
+    check(err is None, err or "")
+    return int(cfg["num_warps"])
+
+
+def launch_variant(cfg: dict, programs: int, num_sms: int, split_tokens: int | None = None) -> str:
+    """Which config a split-stage launch of `programs` programs, each over at most `split_tokens`
+    keys (None: unknown), takes: "long" when the config sets long_min_tokens (> 0) and "long"
+    entries and split_tokens is known and at least that; else "many" when the config has "many"
+    entries or num_warps_many, the launch has more than many_per_sm programs per SM (many_per_sm 0
+    or absent: never) and, where the config sets many_max_tokens, split_tokens is known and at most
+    that; else "" (the config itself). Never raises."""
+    long_min = cfg.get("long_min_tokens", 0)
+    if long_min and cfg.get("long") and split_tokens is not None and split_tokens >= long_min:
+        return "long"
     many = cfg.get("many_per_sm", 0)
-    if not many or programs <= many * num_sms:
-        return cfg
+    if not many or programs <= many * num_sms or not (cfg.get("many") or "num_warps_many" in cfg):
+        return ""
     max_tokens = cfg.get("many_max_tokens", 0)
     if max_tokens and (split_tokens is None or split_tokens > max_tokens):
+        return ""
+    return "many"
+
+
+def launch_config(cfg: dict, programs: int, num_sms: int, split_tokens: int | None = None) -> dict:
+    """The config of a split-stage launch (launch_variant): `cfg` itself, or a copy with the entries
+    of "long" (long splits; kind "decode_fp8": BLOCK_N, num_warps, num_stages, kv_dot, warp_split),
+    or with num_warps_many as num_warps (kind "decode") and the entries of "many" in place of the
+    config's. Never raises on a validated config (attention_configs checks overrides)."""
+    variant = launch_variant(cfg, programs, num_sms, split_tokens)
+    if not variant:
         return cfg
     out = dict(cfg)
-    if "num_warps_many" in cfg:
+    if variant == "many" and "num_warps_many" in cfg:
         out["num_warps"] = cfg["num_warps_many"]
-    for key, value in cfg.get("many", {}).items():
+    for key, value in cfg.get(variant, {}).items():
         out["KV_DOT" if key == "kv_dot" else key] = value
     return out
 
 
 def decode_launch_variant(batch_size: int, num_kv_heads: int, head_dim: int, num_kv_splits: int,
-                          max_seq_len: int | None, kv_fp8: bool, device: torch.device) -> bool:
-    """Whether a plain decode_attention call of this shape (max_seq_len passed as given) launches
-    its split stage with launch_config's variant for many programs (an FP8 pool's "many" config; a
-    bf16 pool's num_warps_many; the GQA group does not enter): part of what a CUDA graph bakes in
-    besides the split count (worker/attention_triton.py's decode_graph_key). Never raises on a
-    validated config table."""
+                          max_seq_len: int | None, kv_fp8: bool, device: torch.device) -> str:
+    """The launch_variant ("", "many" or "long") a plain decode_attention call of this shape
+    (max_seq_len passed as given) launches its split stage with (the GQA group does not enter): part
+    of what a CUDA graph bakes in besides the split count (worker/attention_triton.py's
+    decode_graph_key). Never raises on a validated config table."""
     cfg = _pick_config(head_dim, 1, device, False, kv_fp8)
     tokens = None if max_seq_len is None else triton.cdiv(max_seq_len, num_kv_splits)
-    return launch_config(cfg, num_kv_splits * num_kv_heads * batch_size, _num_sms(device), tokens) is not cfg
+    return launch_variant(cfg, num_kv_splits * num_kv_heads * batch_size, _num_sms(device), tokens)
 
 
 @functools.cache
@@ -341,7 +375,8 @@ def run_split_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
         HAS_KV_START=kv_start is not None, DIRECT_OUT=direct, MERGE_PREFIX=merge_prefix,
         PREFIX_SLOTS=next_pow2(num_prefix_splits) if merge_prefix else 0, KV_DOT=cfg["KV_DOT"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], USE_PDL=pdl,
-        PEEL_TAIL=int(cfg.get("peel_tail", 0)) if cfg["BLOCK_D"] == head_dim else 0, **launch_options(pdl),
+        PEEL_TAIL=int(cfg.get("peel_tail", 0)) if cfg["BLOCK_D"] == head_dim else 0,
+        WARP_SPLIT=warp_split(cfg), **launch_options(pdl),
     )
 
 
@@ -425,8 +460,9 @@ def decode_attention(
                         "f16" (GPU default) q is rounded to fp16 (clamped to +-65504) and both
                         dots run in fp16, whatever q's dtype
     max_seq_len       : optional host int >= every seq_len (a CUDA graph's length class): lets
-                        launch_config pick an FP8 pool's config for many short splits (None: not
-                        picked; a bf16 pool's warp switch needs no length and applies either way)
+                        launch_config pick an FP8 pool's config for many short splits or for long
+                        ones (None: neither is picked; a bf16 pool's warp switch needs no length and
+                        applies either way)
     Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices.
     """
     check_decode_args(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, num_kv_splits)

@@ -181,3 +181,93 @@ def paged_attn_loop(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
                 mask_d, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
                 V_WIDEN, 1)
     return m_i, l_i, acc
+
+
+@triton.jit
+def paged_attn_ws_block(q3, k_head, v_head, pages, pos, end, qk_scale, m_i, l_i, acc, offs_d, mask_d,
+                        stride_kb_s, stride_vb_s, PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                        MASKED: tl.constexpr):
+    """One step of paged_attn_loop_ws: positions `pos` [W, SUB] (page ids `pages`, loaded one step
+    ahead) folded into the W per-warp states m_i, l_i [W, ROWS], acc [W, ROWS, BLOCK_D]. MASKED 0:
+    every position < end and BLOCK_D == HEAD_DIM, no masks; 1: masked loads (0 past end and past
+    HEAD_DIM), scores -inf past end; a sub-block with no position yet keeps m = -inf, l = 0, acc = 0."""
+    slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+    mask_n = pos < end
+    k_ptrs = k_head + slot[:, :, None] * stride_kb_s + offs_d[None, None, :]
+    v_ptrs = v_head + slot[:, :, None] * stride_vb_s + offs_d[None, None, :]
+    if MASKED:
+        kv_mask = mask_n[:, :, None] & mask_d[None, None, :]
+        kb = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        vb = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    else:
+        kb = tl.load(k_ptrs)
+        vb = tl.load(v_ptrs)
+    # [W, ROWS, D] x [W, D, SUB]: a batched dot, the batch axis on the warps
+    s = tl.dot(q3, tl.trans(kb.to(q3.dtype), (0, 2, 1)), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(mask_n[:, None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 2))
+    m_ref = m_new
+    if MASKED:  # exp2 against 0 where a sub-block has seen no position yet (not -inf - -inf); m stays -inf
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, :, None])
+    l_i = l_i * alpha + tl.sum(p, 2)
+    acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), vb.to(q3.dtype), input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def paged_attn_loop_ws(qb, k_buf, v_buf, pt_row, kvh, start, end, qk_scale,
+                       stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                       ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       W: tl.constexpr):
+    """paged_attn_loop with the keys of each block split across the program's warps: the block of
+    BLOCK_N positions is W sub-blocks of BLOCK_N / W (>= 16) consecutive positions, and sub-block w
+    is warp w's (launch with num_warps = W). The two products are batched dots over W, which Triton
+    3.6 lays out with the batch axis on the warps (mma.sync, warpsPerCTA [W, 1, 1]), so each warp
+    keeps its own running max, sum and accumulator [ROWS, BLOCK_D] and P stays in its registers (in
+    the row-split loop the keys of P are spread across the warps and the P V dot gathers them
+    through shared memory every block). The W states are merged once, after the loop. This is the
+    warp tiling of cuDNN's decode kernel on sm_90 (16 rows x 128 keys x 128, warps 1 x 4 x 1, seen in
+    Nsight Compute, docs/benchmarks.md) and of Flash-Decoding's split-K idea (Dao et al. 2023)
+    inside one program.
+
+    Same contract as paged_attn_loop: returns (m_i, l_i [ROWS], acc [ROWS, BLOCK_D]) over [start,
+    end), fp32, log2 units, the empty state for an empty range. K/V of an FP8 pool are widened to
+    qb's dtype in registers (kv_dot "f16"). The whole blocks run without masks when BLOCK_D ==
+    HEAD_DIM, the last partial block through masked loads."""
+    SUB: tl.constexpr = BLOCK_N // W
+    tl.static_assert(SUB * W == BLOCK_N and SUB >= 16, "BLOCK_N must be W sub-blocks of >= 16 positions")
+    q3 = tl.broadcast_to(qb[None, :, :], (W, ROWS, BLOCK_D))
+    m_i = tl.full([W, ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([W, ROWS], dtype=tl.float32)
+    acc = tl.zeros([W, ROWS, BLOCK_D], dtype=tl.float32)
+    offs_n = tl.arange(0, W)[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [W, SUB]
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    k_head = k_buf + kvh.to(tl.int64) * stride_kb_h
+    v_head = v_buf + kvh.to(tl.int64) * stride_vb_h
+    pages = prefetch_pages(pt_row, start, end, offs_n, PAGE_SIZE)
+    # whole blocks without masks, then the partial last one, if any; with a padded head dim every
+    # block through masked loads
+    LOOP_MASKED: tl.constexpr = BLOCK_D != HEAD_DIM
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    if LOOP_MASKED:
+        full_end = end
+    for n0 in range(start, full_end, BLOCK_N):
+        cur = pages
+        pages = prefetch_pages(pt_row, n0 + BLOCK_N, end, offs_n, PAGE_SIZE)
+        m_i, l_i, acc = paged_attn_ws_block(q3, k_head, v_head, cur, n0 + offs_n, end, qk_scale, m_i, l_i,
+                                            acc, offs_d, mask_d, stride_kb_s, stride_vb_s, PAGE_SIZE,
+                                            DOT_PRECISION, LOOP_MASKED)
+    if full_end < end:
+        m_i, l_i, acc = paged_attn_ws_block(q3, k_head, v_head, pages, full_end + offs_n, end, qk_scale, m_i,
+                                            l_i, acc, offs_d, mask_d, stride_kb_s, stride_vb_s, PAGE_SIZE,
+                                            DOT_PRECISION, 1)
+    # the W states merged: weights 2^(m_w - m); sub-blocks that saw nothing (m_w = -inf) weigh 0
+    m_all = tl.max(m_i, 0)
+    m_ref = tl.where(m_all == float("-inf"), 0.0, m_all)
+    wgt = tl.exp2(m_i - m_ref[None, :])
+    return m_all, tl.sum(l_i * wgt, 0), tl.sum(acc * wgt[:, :, None], 0)

@@ -190,6 +190,10 @@ def variants() -> list[tuple[str, str, str, dict, int, int, int]]:
         # PEEL_TAIL (not the default): whole blocks unmasked in the loop, the last one after it
         ("decode split, 3 stages, peeled tail", "kernels.decode_attention", "_decode_split_kernel",
          {**dec, **plain, "BLOCK_N": 64, "PEEL_TAIL": 2}, 4, 3, 1),
+        # keys split across the warps (paged_attn_loop_ws; an FP8 pool's "long" config, here on bf16):
+        # the whole-block loop keeps K/V blocks in flight
+        ("decode split, warp split, 3 stages", "kernels.decode_attention", "_decode_split_kernel",
+         {**dec, **plain, "BLOCK_N": 64, "WARP_SPLIT": 2}, 2, 3, 1),
         ("cascade suffix -> mid", "kernels.decode_attention", "_decode_split_kernel",
          {**dec, **plain, "HAS_KV_START": True}, 4, 2, 0),
         ("cascade suffix + merge -> out", "kernels.decode_attention", "_decode_split_kernel",

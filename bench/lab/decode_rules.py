@@ -62,8 +62,25 @@ BF16_RULES = {
     "peel": {"decode": {B: {"peel_tail": 1}}},
     "peel2": {"decode": {B: {"peel_tail": 2}}},
 }
+
+
+def _ws(block_n: int, warps: int, stages: int, occupancy: int = 2) -> dict:
+    """A warp-split rule (kernels/paged_loop.py paged_attn_loop_ws) at one config, at every program
+    count, with the "waves" split rule at `occupancy` programs per SM."""
+    return {"decode": {B: {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "many_per_sm": 0,
+                           "warp_split": True}},
+            "decode_splits": {B: {**WAVES, "occupancy": occupancy}}}
+
+
+# keys split across the warps (cuDNN's decode tiling; bench/lab/decode_vt.py ws_bf16, 2026-12-04:
+# 64 x 2 warps x 3 stages 137.1 against the default's 139.3 us at 64 x 4,096)
+for _cfg in ((64, 2, 3), (64, 2, 4), (128, 2, 3), (32, 2, 3), (64, 4, 3), (128, 4, 2)):
+    BF16_RULES["ws {}x{}w{}s".format(*_cfg)] = _ws(*_cfg)
+BF16_RULES["ws 64x2w3s occ4"] = _ws(64, 2, 3, 4)
 FP8_RULES = {
     "default": {},
+    # the default before 2026-12-04: no warp-split "long" config (long_min_tokens 0)
+    "no long": {"decode_fp8": {B: {"long_min_tokens": 0}}},
     "old f16": {"decode_fp8": {B: {"kv_dot": "f16"}}},
     "f16v": {"decode_fp8": {B: {"kv_dot": "f16v"}}},
     "f16v 64x4w3s": {"decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "kv_dot": "f16v"}}},
@@ -88,11 +105,23 @@ FP8_RULES = {
     "peel": {"decode_fp8": {B: {"peel_tail": 1}}},
     "peel2": {"decode_fp8": {B: {"peel_tail": 2}}},
 }
+# warp split over the FP8 pool (kv_dot "f16"; decode_vt.py ws_f16, 2026-12-04: 64 x 2 warps x 3 stages
+# 88.0 against the default's 100.8 us at 64 x 4,096, 84.4 against 103.5 at 128 x 2,048)
+for _cfg in ((64, 2, 3), (64, 2, 4), (64, 2, 2), (128, 2, 3), (32, 2, 3), (32, 2, 4), (128, 4, 3)):
+    FP8_RULES["ws {}x{}w{}s".format(*_cfg)] = {"decode_fp8": {B: {
+        "BLOCK_N": _cfg[0], "num_warps": _cfg[1], "num_stages": _cfg[2], "kv_dot": "f16",
+        "warp_split": True}}}
+for _occ in (4, 8):
+    FP8_RULES[f"ws 64x2w3s occ{_occ}"] = {
+        "decode_fp8": {B: {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3, "kv_dot": "f16",
+                           "warp_split": True}},
+        "decode_splits_fp8": {B: {**WAVES, "occupancy": _occ}}}
 
 
-for _name, _rule in FP8_RULES.items():  # a named rule runs its blocks at every program count
-    if _name not in ("default", "peel", "peel2"):
+for _name, _rule in FP8_RULES.items():  # a named rule runs its blocks at every program count and length
+    if _name not in ("default", "no long", "peel", "peel2"):
         _rule["decode_fp8"][B]["many_per_sm"] = 0
+        _rule["decode_fp8"][B]["long_min_tokens"] = 0
 
 
 def shape_rows(batch: int, ctx: int, fp8: bool) -> list[dict]:
@@ -117,8 +146,9 @@ def shape_rows(batch: int, ctx: int, fp8: bool) -> list[dict]:
             splits = K.choose_num_kv_splits(batch, HKV, ctx, num_sms, kv_fp8=fp8)
             mid_o = torch.empty(batch, HQ, splits, D, device=DEV)
             mid_lse = torch.empty(batch, HQ, splits, device=DEV)
+            # max_seq_len as the engine passes it (launch_config's length-dependent variants)
             run = partial(K.decode_attention, q, kb, vb, table, seq_lens, PAGE, None, splits, out=out,
-                          mid_o=mid_o, mid_lse=mid_lse, **scales)
+                          mid_o=mid_o, mid_lse=mid_lse, max_seq_len=ctx, **scales)
             r = kl.timed(run, out, ref)
         rows.append({"pool": "fp8" if fp8 else "bf16", "shape": f"{batch} x {ctx}", "rule": name,
                      "splits": splits, "cudnn_us": cudnn, **r})

@@ -33,13 +33,18 @@ values first (relative norm error <= TOL_OF[form]). Timing: CUDA-graph replay, m
 
 Also (issue 19's bf16 decode against cuDNN): "v_bf16", the control's kernel over the bf16 pool (dots
 in bf16); "eng" / "eng_bf16", decode_attention's own loop (paged_attn_loop, every block masked) in
-this lab's launch; `--peers` adds cuDNN SDPA on contiguous K/V and the bf16 default over pages in
-order; `--cp-async-l2 N` compiles every kernel with cp.async's .L2::NB prefetch size (a PTX hook).
+this lab's launch; "ws_bf16" / "ws_f16", keys split across the warps (_decode_ws_kernel; config
+BLOCK_N x W warps: W sub-blocks of BLOCK_N / W positions); `--peers` adds cuDNN SDPA on contiguous
+K/V and the bf16 default over pages in order; `--cp-async-l2 N` compiles every kernel with
+cp.async's .L2::NB prefetch size (a PTX hook).
 Measured (H200, 2026-12-04, docs/benchmarks.md "bf16 decode against cuDNN: Nsight Compute, the lab's
 forms and L2 hints", the 00:07 call): the engine's loop in the lab launch runs as the default (eng
 102.8 against 100.9 us FP8; eng_bf16 140.5 against 139.6 bf16), so the control's 4-6% is in its own
 loop; on the bf16 pool the control has no lead (v_bf16 best 138.1 against 139.6); neither cp.async
-hint helps (02:15 call).
+hint helps (02:15 call). The warp-split forms (03:03 call, `bash bench/h200_run.sh decode-ws`): ws_f16
+at 64 x 2 warps x 3 stages 88.0 / 84.4 us at 64 x 4,096 / 128 x 2,048 against the FP8 default's 100.8
+/ 103.5 (bf16 default 139.3 / 140.4), now decode_attention's FP8 "long" config (kernels/paged_loop.py
+paged_attn_loop_ws); ws_bf16 at best 137.1 / 138.6 against cuDNN's 132.8 / 135.2.
 
 Measured (H200, 2026-12-03; docs/benchmarks.md, "V stored transposed per page"): at 64 x 4,096 the
 V^T forms are no faster than the FP8 default (101.4 us): vt_fp8 100.0, vt_fp8x2 102.8, vt_f16 104.1,
@@ -67,10 +72,12 @@ from kernels.paged_loop import paged_attn_loop, prefetch_pages  # noqa: E402
 from kernels.paged_loop_fp8 import LO_WEIGHT, P_SCALE, quantize_rows_e4m3, split_e4m3  # noqa: E402
 
 ENG_FORMS = ("eng", "eng_bf16")
+WS_FORMS = ("ws_bf16", "ws_f16")  # keys split across warps (_decode_ws_kernel)
 FORMS = ("v_f16", "vt_f16", "vt_f16t", "vt_fp8", "vt_fp8x2", "v_f16m", "v_f16a", "v_f16l",
-         "v_bf16") + ENG_FORMS
-BF16_FORMS = ("v_bf16", "eng_bf16")  # over the bf16 pool
-V_POOL_FORMS = ("v_f16", "v_f16m", "v_f16a", "v_f16l", "v_bf16") + ENG_FORMS  # V as the pool stores it
+         "v_bf16") + ENG_FORMS + WS_FORMS
+BF16_FORMS = ("v_bf16", "eng_bf16", "ws_bf16")  # over the bf16 pool
+# V as the pool stores it
+V_POOL_FORMS = ("v_f16", "v_f16m", "v_f16a", "v_f16l", "v_bf16") + ENG_FORMS + WS_FORMS
 TOL_OF = {**dict.fromkeys(FORMS, 1e-2), "vt_fp8": 0.15}
 # (BLOCK_N, num_warps, num_stages)
 CONFIGS = [(128, 4, 3), (128, 4, 2), (64, 4, 3), (128, 8, 3), (64, 4, 4), (128, 4, 4), (128, 8, 2),
@@ -268,6 +275,76 @@ def _decode_eng_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_sca
     tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :], out.to(o.dtype.element_ty),
              mask=mask_h[:, None])
 
+@triton.jit
+def _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, pos, seq_len, offs_d, qk_scale, stride_kb_s,
+             stride_vb_s, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    """One block of the warp-split form: pages / pos [W, SUB] (sub-block w of SUB positions is warp w's),
+    the state m_i / l_i [W, ROWS], acc [W, ROWS, D] per sub-block; returns it updated."""
+    slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+    kb = tl.load(k_head + slot[:, :, None] * stride_kb_s + offs_d[None, None, :])  # [W, SUB, D]
+    vb = tl.load(v_head + slot[:, :, None] * stride_vb_s + offs_d[None, None, :])
+    mask_n = pos < seq_len
+    if MASKED:  # stale (maybe NaN) bytes past the end: zeroed, and no weight
+        kb = tl.where(mask_n[:, :, None], kb, 0.0)
+        vb = tl.where(mask_n[:, :, None], vb, 0.0)
+    s = tl.dot(q3, tl.trans(kb.to(q3.dtype), (0, 2, 1))) * qk_scale  # [W, ROWS, SUB]
+    if MASKED:
+        s = tl.where(mask_n[:, None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 2))
+    m_ref = m_new
+    if MASKED:  # a sub-block with no position yet: exp2 against 0, not -inf - -inf; its m stays -inf
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, :, None])
+    l_i = l_i * alpha + tl.sum(p, 2)
+    acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), vb.to(q3.dtype))
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _decode_ws_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scale,
+                      stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+                      stride_pt_b, stride_o_b, stride_o_h,
+                      GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_H: tl.constexpr, W: tl.constexpr, SUB: tl.constexpr, FP16_DOTS: tl.constexpr):
+    """Forms "ws_bf16" / "ws_f16": keys split across warps inside the program, as cuDNN's decode kernel
+    does (its tile 16 x 128 x 128 with warps 1 x 4 x 1: each warp takes its own keys). A block of
+    W x SUB positions is [W, SUB]; the products are batched dots over W (Triton puts the batch axis
+    on the warps), so each warp keeps its own running max / sum / accumulator [ROWS, D] and P never
+    leaves the warp; the W partial states are combined once, after the loop. One program per (KV
+    head, request), no KV split. FP16_DOTS: an FP8 pool, q rounded to fp16 and K/V widened to it."""
+    kvh, b, seq_len, heads, mask_h, offs_d, qg = _program_queries(q, seq_lens, stride_q_b, stride_q_h, GROUP,
+                                                                  BLOCK_H, BLOCK_D)
+    if FP16_DOTS:
+        qg = tl.clamp(qg.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    q3 = tl.broadcast_to(qg[None, :, :], (W, BLOCK_H, BLOCK_D))
+    offs_n = tl.arange(0, W)[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [W, SUB]
+    pt_row = page_table + b * stride_pt_b
+    k_head = k_buf + kvh.to(tl.int64) * stride_kb_h
+    v_head = v_buf + kvh.to(tl.int64) * stride_vb_h
+    m_i = tl.full([W, BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([W, BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([W, BLOCK_H, BLOCK_D], dtype=tl.float32)
+    BLOCK_N: tl.constexpr = W * SUB
+    full_end = seq_len // BLOCK_N * BLOCK_N
+    pages = prefetch_pages(pt_row, 0, seq_len, offs_n, PAGE_SIZE)
+    for n0 in range(0, full_end, BLOCK_N):
+        cur = pages
+        pages = prefetch_pages(pt_row, n0 + BLOCK_N, seq_len, offs_n, PAGE_SIZE)
+        m_i, l_i, acc = _ws_step(q3, m_i, l_i, acc, k_head, v_head, cur, n0 + offs_n, seq_len, offs_d,
+                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, False)
+    if full_end < seq_len:
+        m_i, l_i, acc = _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, full_end + offs_n, seq_len, offs_d,
+                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, True)
+    # the W sub-blocks' states combined: weights 2^(m_w - m)
+    m_all = tl.max(m_i, 0)
+    wgt = tl.exp2(m_i - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])
+    l_all = tl.sum(l_i * wgt, 0)
+    out = tl.sum(acc * wgt[:, :, None], 0) * v_scale / tl.where(l_all > 0.0, l_all, 1.0)[:, None]
+    tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :], out.to(o.dtype.element_ty),
+             mask=mask_h[:, None])
+
+
 def paged_pool(x, slots, n_slots: int):
     """x [B, Hkv, L, D] scattered into a pool [n_slots, Hkv, D] at `slots` [B * L] (position order);
     every other slot holds 0x7F bytes (NaN in e4m3) for FP8, zeros otherwise."""
@@ -295,6 +372,14 @@ def decode_vt(q, kb, v_any, table, seq_lens, out, qk_scale: float, v_scale: floa
     qk_scale includes log2(e) and k_scale."""
     bsz, hq, d = q.shape
     hkv = kb.shape[1]
+    if form in WS_FORMS:  # config (BLOCK_N, W warps, stages): W sub-blocks of BLOCK_N / W positions
+        _decode_ws_kernel[(hkv, bsz)](
+            q, kb, v_any, table, seq_lens, out, qk_scale, v_scale, q.stride(0), q.stride(1), kb.stride(0),
+            kb.stride(1), v_any.stride(0), v_any.stride(1), table.stride(0), out.stride(0), out.stride(1),
+            GROUP=hq // hkv, PAGE_SIZE=PAGE, BLOCK_D=d, BLOCK_H=max(16, triton.next_power_of_2(hq // hkv)),
+            W=num_warps, SUB=block_n // num_warps, FP16_DOTS=form == "ws_f16", num_warps=num_warps,
+            num_stages=num_stages)
+        return out
     if form in ENG_FORMS:
         _decode_eng_kernel[(hkv, bsz)](
             q, kb, v_any, table, seq_lens, out, qk_scale, v_scale, q.stride(0), q.stride(1), kb.stride(0),

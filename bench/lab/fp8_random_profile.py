@@ -69,7 +69,8 @@ ENGINES: dict[str, dict[str, Any]] = {
     # the fused SiLU-and-mul + FP8 quantization at every row count (activation.QUANT_FUSED_MIN_ROWS = 1;
     # its one-pass form since 2026-12-03 evening)
     "fp8_kv8_silu_all": {"flags": {"quantization": "fp8", **KV8}, "silu_min_rows": 1},
-    # the FP8 pool's decode config at every program count (no "many" switch: launch_config)
+    # the FP8 pool's decode config at every program count (no "many" switch: launch_config; splits of
+    # >= 512 keys still take the "long" config)
     "fp8_kv8_nomany": {"flags": {"quantization": "fp8", **KV8},
                        "attn": {"decode_fp8": {"d128": {"many_per_sm": 0}}}},
 }

@@ -11,9 +11,9 @@ CUDA graphs (decode): forward does no host synchronisation, and its only allocat
 whose size depends on the batch size alone. The split workspace is allocated once, for every batch
 size up to `max_batch_size`, and handed to the kernel as views. The number of KV splits is a host
 int chosen in `prepare` from (batch size, meta.max_seq_len) and baked into a captured graph, as is
-the split stage's launch variant (kernels' launch_config for launches of many programs: a bf16
-pool's warp count, an FP8 pool's config for many short splits, which decode_attention picks from
-max_seq_len); the pair is `decode_graph_key`, so cuda_graph.py captures
+the split stage's launch variant (kernels' launch_config: a bf16 pool's warp count for many
+programs, an FP8 pool's config for many short splits or for long ones, which decode_attention picks
+from max_seq_len); the pair is `decode_graph_key`, so cuda_graph.py captures
 one graph per distinct pair over its length classes and replays the one chosen for the batch's real
 longest sequence. The kernel clips the split ranges
 to each row's seq_len on the device, so any replay is exact; a split count chosen for a much longer
@@ -137,9 +137,9 @@ class TritonAttnBackend(AttentionBackend):
         return choose_num_kv_splits(batch_size, self.num_kv_heads, max_seq_len, self.num_sms,
                                     self.max_num_kv_splits, head_dim=self.head_dim, kv_fp8=self._kv_fp8)
 
-    def decode_graph_key(self, batch_size: int, max_seq_len: int) -> tuple[int, bool]:
-        """The split count a plain DECODE pass of this shape takes, and whether its split stage takes
-        the launch variant for many programs (kernels' decode_launch_variant; see AttentionBackend)."""
+    def decode_graph_key(self, batch_size: int, max_seq_len: int) -> tuple[int, str]:
+        """The split count a plain DECODE pass of this shape takes, and the launch variant its split
+        stage takes ("", "many" or "long": kernels' decode_launch_variant; see AttentionBackend)."""
         splits = self._splits(batch_size, max_seq_len)
         return splits, decode_launch_variant(batch_size, self.num_kv_heads, self.head_dim, splits,
                                              max_seq_len, self._kv_fp8, self.device)

@@ -143,7 +143,7 @@ def test_overrides_merge_into_gpu_configs_only(tmp_path):
     with ac.overriding({"decode": {"d128": {"BLOCK_N": 64}}}):
         assert ac.attention_config("decode", 128) == {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
                                                       "num_warps_many": 4, "many_per_sm": 4,
-                                                      "peel_tail": 0}
+                                                      "peel_tail": 0, "warp_split": False}
     assert ac.attention_config("decode", 128)["BLOCK_N"] == 128
 
 
@@ -204,22 +204,33 @@ def test_decode_warps_follow_the_program_count():
 
 
 def test_fp8_decode_config_switches_above_many_programs():
-    """d128 over an FP8 pool: the 128-key "f16" config up to 4 programs per SM or above 1,024 keys
-    per split, the "many" entries (64-key blocks, kv_dot "f16v") otherwise; an override of
-    many_per_sm 0 pins the config."""
-    from radixrt.kernels.decode_attention import _pick_config, launch_config
+    """d128 over an FP8 pool: the "long" entries (64-key blocks split across 2 warps) for splits of
+    >= 512 keys; else the "many" entries (64-key blocks, kv_dot "f16v") above 4 programs per SM with
+    <= 1,024 keys per split, the 128-key "f16" config otherwise; overrides of many_per_sm 0 and
+    long_min_tokens 0 pin the config."""
+    from radixrt.kernels.decode_attention import _pick_config, launch_config, launch_variant
 
     cfg = _pick_config(128, 7, torch.device("cuda"), kv_fp8=True)
     assert (cfg["BLOCK_N"], cfg["KV_DOT"], cfg["num_stages"]) == (128, "f16", 3)
-    assert launch_config(cfg, 64 * 4, 132, 4096) is cfg  # 64 x 4,096: 256 programs
-    assert launch_config(cfg, 256 * 4, 132, 2048) is cfg  # 256 x 2,048: long splits
+    assert launch_config(cfg, 64 * 4, 132, 256) is cfg  # 64 x 256: 256 short programs
+    assert launch_config(cfg, 1 * 4 * 64, 132, 128) is cfg  # 1 x 8,192 in 64 splits of 128 keys
     assert launch_config(cfg, 256 * 4, 132) is cfg  # split length unknown
-    many = launch_config(cfg, 256 * 4, 132, 768)  # `random`'s 256 requests x 4 KV heads
+    many = launch_config(cfg, 256 * 4, 132, 500)  # 1,024 programs of < 512 keys
     assert (many["BLOCK_N"], many["KV_DOT"], many["num_stages"], many["num_warps"]) == (64, "f16v", 3, 4)
-    assert cfg["BLOCK_N"] == 128  # the table's dict is not changed
-    with ac.overriding({"decode_fp8": {"d128": {"many_per_sm": 0}}}):
+    assert not many.get("warp_split")
+    # splits of >= 512 keys, at any program count: the warp-split "long" config
+    for programs, tokens in ((64 * 4, 4096), (256 * 4, 2048), (256 * 4, 768), (16 * 4 * 4, 512)):
+        long = launch_config(cfg, programs, 132, tokens)
+        got = tuple(long[k] for k in ("BLOCK_N", "num_warps", "num_stages", "KV_DOT", "warp_split"))
+        assert got == (64, 2, 3, "f16", True), (programs, tokens)
+    assert cfg["BLOCK_N"] == 128 and not cfg["warp_split"]  # the table's dict is not changed
+    with ac.overriding({"decode_fp8": {"d128": {"many_per_sm": 0, "long_min_tokens": 0}}}):
         pinned = _pick_config(128, 7, torch.device("cuda"), kv_fp8=True)
         assert launch_config(pinned, 10_000, 132, 512) is pinned
+        assert launch_config(pinned, 10_000, 132, 4096) is pinned
+    # a variant without entries is no variant (no extra CUDA-graph key for the same launch)
+    assert launch_variant({**cfg, "long": {}}, 64 * 4, 132, 4096) == ""
+    assert launch_variant({**cfg, "long": {}, "many": {}}, 256 * 4, 132, 500) == ""
     with pytest.raises(ValueError, match="kv_dot"):
         ac.set_overrides({"decode_fp8": {"d128": {"many": {"kv_dot": "bf16"}}}})
 

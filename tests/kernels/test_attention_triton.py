@@ -264,12 +264,12 @@ def test_decode_graph_key_is_the_split_count_prepare_bakes_in(device, kv_dtype):
             backend.prepare(meta)
             splits, variant = backend.decode_graph_key(bs, max_seq_len)
             assert splits == backend._num_kv_splits
-            assert variant is False  # the interpreter's configs (CPU table) switch nothing
+            assert variant == ""  # the interpreter's configs (CPU table) switch nothing
             keys.add(backend._num_kv_splits)
     assert len(keys) > 2  # the key does follow the length and the batch
 
 
-@pytest.mark.parametrize("bs, seq_len, want", [(6, 40, True), (6, 200, False), (1, 40, False)])
+@pytest.mark.parametrize("bs, seq_len, want", [(6, 40, "many"), (6, 200, ""), (1, 40, "")])
 def test_backend_launches_the_variant_its_graph_key_names(monkeypatch, bs, seq_len, want):
     """An FP8 pool with a "many" entry in the interpreter's table (1 program per SM, <= 64 keys per
     split, 4 SMs): the config run_split_stage launches after `prepare` is the one decode_graph_key
@@ -308,16 +308,17 @@ def test_backend_launches_the_variant_its_graph_key_names(monkeypatch, bs, seq_l
     launched.clear()  # (decode_graph_key asks launch_config too)
     q = torch.randn(bs, 4, 64, generator=torch.Generator().manual_seed(1))
     out = backend._decode(q, kb, vb, meta, SCALE, {"k_scale": 1.0, "v_scale": 1.0})
-    assert variant is want and splits == backend._num_kv_splits
-    assert launched == [(want, 32 if want else 16, "f16v" if want else "f16")]
+    assert variant == want and splits == backend._num_kv_splits
+    assert launched == [(bool(want), 32 if want else 16, "f16v" if want else "f16")]
     ref = decode_attention_ref(q, kb, vb, b.page_table, b.seq_lens, PAGE, SCALE)
     assert float((out - ref).norm() / ref.norm()) < 1e-2
 
 
 @pytest.mark.usefixtures("no_attention_overrides")
 def test_decode_graph_key_carries_the_launch_variant(monkeypatch):
-    """With the GPU's config table, an FP8 pool's decode key has the "many" variant exactly where
-    launch_config takes it: > 4 programs per SM and <= 1,024 keys per split (host-side only)."""
+    """With the GPU's config table, an FP8 pool's decode key names the variant launch_config takes:
+    "long" with >= 512 keys per split, else "many" above 4 programs per SM with <= 1,024 keys per
+    split (host-side only)."""
     import sys
 
     from radixrt.kernels.decode_attention import decode_launch_variant
@@ -325,12 +326,16 @@ def test_decode_graph_key_carries_the_launch_variant(monkeypatch):
     dec_mod = sys.modules["radixrt.kernels.decode_attention"]
     monkeypatch.setattr(dec_mod, "_num_sms", lambda device: 132)
     cuda = torch.device("cuda")
-    assert decode_launch_variant(256, 4, 128, 1, 1024, True, cuda)  # `random`'s length class
-    assert not decode_launch_variant(256, 4, 128, 1, 2048, True, cuda)  # longer splits
-    assert not decode_launch_variant(64, 4, 128, 1, 1024, True, cuda)  # 256 programs
-    assert not decode_launch_variant(256, 4, 128, 1, None, True, cuda)  # length unknown
-    assert decode_launch_variant(160, 4, 128, 2, 2048, True, cuda)  # 1,280 programs of 1,024 keys
+    assert decode_launch_variant(256, 4, 128, 1, 1024, True, cuda) == "long"  # `random`'s length class
+    assert decode_launch_variant(256, 4, 128, 1, 2048, True, cuda) == "long"  # longer splits
+    assert decode_launch_variant(64, 4, 128, 1, 4096, True, cuda) == "long"  # 256 programs
+    assert decode_launch_variant(256, 4, 128, 1, 256, True, cuda) == "many"  # 1,024 short splits
+    assert decode_launch_variant(64, 4, 128, 1, 256, True, cuda) == ""  # 256 short splits
+    assert decode_launch_variant(1, 4, 128, 64, 8192, True, cuda) == ""  # 128 keys per split
+    assert decode_launch_variant(256, 4, 128, 1, None, True, cuda) == ""  # length unknown
+    assert decode_launch_variant(160, 4, 128, 4, 2040, True, cuda) == "many"  # 2,560 programs of 510 keys
+    assert decode_launch_variant(160, 4, 128, 4, 2048, True, cuda) == "long"  # ... and of 512
     # a bf16 pool switches only its warps, by program count alone: one key per (batch, splits)
-    assert decode_launch_variant(256, 4, 128, 1, 1024, False, cuda)
-    assert decode_launch_variant(256, 4, 128, 1, 32768, False, cuda)
-    assert not decode_launch_variant(64, 4, 128, 1, 1024, False, cuda)
+    assert decode_launch_variant(256, 4, 128, 1, 1024, False, cuda) == "many"
+    assert decode_launch_variant(256, 4, 128, 1, 32768, False, cuda) == "many"
+    assert decode_launch_variant(64, 4, 128, 1, 1024, False, cuda) == ""

@@ -12,10 +12,12 @@ from .conftest import run_sm90_script
 def test_attention_kernels_compile_for_sm90():
     proc = run_sm90_script("compile_sm90.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # 14 variants (a peeled-tail decode and the cascade prefix with its rows recomputed among them),
-    # the FP8-operand check and the FP8 V-widening check (no byte loads from shared memory)
-    assert proc.stdout.count("ok ") == 16, proc.stdout
+    # 15 variants (a peeled-tail decode, the warp-split decode and the cascade prefix with its rows
+    # recomputed among them), the FP8-operand check and the FP8 V-widening check (no byte loads from
+    # shared memory)
+    assert proc.stdout.count("ok ") == 17, proc.stdout
     assert "peeled tail" in proc.stdout
+    assert any("warp split" in line and "pipelined loops 1" in line for line in proc.stdout.splitlines())
     # no spilled registers at all where the cascade prefix recomputes its rows after the loop
     lines = proc.stdout.splitlines()
     assert any("rows recomputed" in line and "spills 0 B" in line for line in lines), proc.stdout

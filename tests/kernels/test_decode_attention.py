@@ -86,6 +86,77 @@ def _poison_unread_slots(buf: torch.Tensor, page_table: torch.Tensor, seq_lens: 
     return out
 
 
+def _poisoned_decode_case(paged_batch, seq_lens: list[int], pool: str, head_dim: int, seed: int):
+    """A decode batch (GQA 7, page 16) of these lengths over an fp32 pool or its FP8 copy (x 8, scales
+    1/8), with NaN in every slot no request reads: (q, k_buffer, v_buffer, page_table, seq_lens,
+    scales, config kind, reference output)."""
+    b = paged_batch([max(0, s - 1) for s in seq_lens], [1] * len(seq_lens), 16, 7, 1, head_dim, torch.float32,
+                    seed=seed)
+    kb, vb = b.k_buffer, b.v_buffer
+    scales = {}
+    if pool == "fp8":
+        kb, vb = kb.mul(8).to(torch.float8_e4m3fn), vb.mul(8).to(torch.float8_e4m3fn)
+        scales = {"k_scale": 0.125, "v_scale": 0.125}
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=b.q.device)
+    kb, vb = (_poison_unread_slots(x, b.page_table, lens, 16) for x in (kb, vb))
+    q = b.q[: len(seq_lens)].contiguous()
+    ref = decode_attention_ref(q, kb, vb, b.page_table, lens, 16, None, **scales)
+    return q, kb, vb, b.page_table, lens, scales, "decode_fp8" if pool == "fp8" else "decode", ref
+
+
+@pytest.mark.parametrize("block_n, warps", [(32, 2), (64, 4)])
+@pytest.mark.parametrize("pool", ["fp32", "fp8"])
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_warp_split_matches_reference(paged_batch, monkeypatch, pool, head_dim, block_n, warps):
+    """decode with warp_split (each key block split across the warps, per-warp softmax states merged
+    after the loop: kernels/paged_loop.py paged_attn_loop_ws) against the reference: lengths at, one
+    past and one short of a block and of a warp's sub-block (so some warps see no key in the last
+    block, or none at all), 1-8 splits (empty ones among them), a zero-length row, NaN in every slot
+    no request reads; head dim 80 takes the masked loads in every block."""
+    from radixrt.kernels import attention_configs as ac
+    from radixrt.kernels.decode_attention import warp_split
+
+    q, kb, vb, table, lens, scales, kind, ref = _poisoned_decode_case(
+        paged_batch, [1, 15, 16, 17, 31, 32, 33, 47, 64, 65, 100, 0], pool, head_dim, seed=12)
+    cfg = {**ac.CPU[kind], "BLOCK_N": block_n, "num_warps": warps, "warp_split": True}
+    monkeypatch.setitem(ac.CPU, kind, cfg)
+    assert warp_split({**ac.CPU[kind], "KV_DOT": "q"}) == warps
+    for splits in (1, 3, 8):
+        out = decode_attention(q, kb, vb, table, lens, 16, None, splits, **scales)
+        assert not torch.isnan(out).any(), f"{splits} splits"
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.usefixtures("no_attention_overrides")
+def test_warp_split_rejects_configs_it_cannot_run():
+    from radixrt.kernels import attention_configs as ac
+    from radixrt.kernels.decode_attention import warp_split
+
+    assert warp_split({"BLOCK_N": 128, "num_warps": 4, "KV_DOT": "q"}) == 0  # not set: off
+    assert warp_split({"BLOCK_N": 128, "num_warps": 4, "KV_DOT": "f16", "warp_split": True}) == 4
+    with pytest.raises(ValueError, match="16"):
+        warp_split({"BLOCK_N": 64, "num_warps": 8, "KV_DOT": "q", "warp_split": True})  # 8 keys per warp
+    with pytest.raises(ValueError, match="kv_dot"):
+        warp_split({"BLOCK_N": 128, "num_warps": 4, "KV_DOT": "f16v", "warp_split": True})
+    with pytest.raises(ValueError, match="warp_split"):
+        ac.set_overrides({"decode": {"d128": {"warp_split": 2}}})
+    with pytest.raises(ValueError, match="power of two"):
+        warp_split({"BLOCK_N": 48, "num_warps": 2, "KV_DOT": "q", "warp_split": True})  # 24 keys per warp
+    with pytest.raises(ValueError, match="warp_split"):
+        ac.set_overrides({"decode_fp8": {"d128": {"many": {"warp_split": "yes"}}}})
+    # an override is checked at load in every config it lets a launch take, not at the launch:
+    with pytest.raises(ValueError, match="kv_dot"):  # the "many" entries (kv_dot "f16v") inherit it
+        ac.set_overrides({"decode_fp8": {"d128": {"warp_split": True}}})
+    with pytest.raises(ValueError, match="BLOCK_N 64 = num_warps 8"):  # the "long" entries: 8 keys per warp
+        ac.set_overrides({"decode_fp8": {"d128": {"long": {"num_warps": 8}}}})
+    with pytest.raises(ValueError, match="BLOCK_N 64 = num_warps 8"):  # the d128 entry's 8 warps
+        ac.set_overrides({"decode": {"d128": {"warp_split": True, "BLOCK_N": 64}}})
+    # a variant that is never taken (many_per_sm 0) is not held against the entry
+    ac.set_overrides({"decode": {"d128": {"BLOCK_N": 32, "num_warps": 2, "many_per_sm": 0,
+                                          "warp_split": True}}})
+    assert ac.attention_config("decode", 128)["warp_split"] is True
+
+
 @pytest.mark.parametrize("peel", [1, 2])
 @pytest.mark.parametrize("pool", ["fp32", "fp8"])
 @pytest.mark.parametrize("head_dim", [64, 80])
@@ -98,24 +169,13 @@ def test_peel_tail_equals_the_masked_loop(paged_batch, monkeypatch, pool, head_d
     mask (PEEL_TAIL needs whole rows)."""
     from radixrt.kernels import attention_configs as ac
 
-    seq_lens = [1, 15, 16, 17, 32, 47, 100, 0]
-    b = paged_batch([max(0, s - 1) for s in seq_lens], [1] * len(seq_lens), 16, 7, 1, head_dim, torch.float32,
-                    seed=11)
-    kb, vb = b.k_buffer, b.v_buffer
-    scales = {}
-    if pool == "fp8":
-        kb, vb = kb.mul(8).to(torch.float8_e4m3fn), vb.mul(8).to(torch.float8_e4m3fn)
-        scales = {"k_scale": 0.125, "v_scale": 0.125}
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=b.q.device)
-    kb, vb = (_poison_unread_slots(x, b.page_table, lens, 16) for x in (kb, vb))
-    q = b.q[: len(seq_lens)].contiguous()
-    kind = "decode_fp8" if pool == "fp8" else "decode"
-    ref = decode_attention_ref(q, kb, vb, b.page_table, lens, 16, None, **scales)
+    q, kb, vb, table, lens, scales, kind, ref = _poisoned_decode_case(
+        paged_batch, [1, 15, 16, 17, 32, 47, 100, 0], pool, head_dim, seed=11)
     for splits in (1, 3, 8):
         outs = []
         for mode in (0, peel):
             monkeypatch.setitem(ac.CPU[kind], "peel_tail", mode)
-            outs.append(decode_attention(q, kb, vb, b.page_table, lens, 16, None, splits, **scales))
+            outs.append(decode_attention(q, kb, vb, table, lens, 16, None, splits, **scales))
         assert torch.equal(outs[0], outs[1]), f"{splits} splits"
         assert not torch.isnan(outs[1]).any()
         torch.testing.assert_close(outs[1], ref, atol=1e-4, rtol=1e-4)

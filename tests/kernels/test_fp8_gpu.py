@@ -278,8 +278,9 @@ def _attn_close(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert _rel(out, ref) < 1e-2
 
 
-# (256, 600): 1,024 programs, above 4 per SM: the "many" config (launch_config)
-@pytest.mark.parametrize("batch, seq_len", [(1, 8192), (64, 4096), (7, 333), (256, 600)])
+# launch_config's variants: (256, 400) 1,024 programs of < 512 keys, above 4 per SM: the "many" config;
+# (64, 4096) and (256, 600) splits of >= 512 keys: the warp-split "long" config
+@pytest.mark.parametrize("batch, seq_len", [(1, 8192), (64, 4096), (7, 333), (256, 600), (256, 400)])
 def test_decode_attention_fp8_pool(batch: int, seq_len: int) -> None:
     b = make_paged_batch([seq_len] * batch, [0] * batch, 16, 28, 4, 128, torch.bfloat16,
                          device=torch.device("cuda"))
@@ -289,6 +290,30 @@ def test_decode_attention_fp8_pool(batch: int, seq_len: int) -> None:
     out = decode_attention(q, kb, vb, b.page_table, b.seq_lens, 16, None, splits, k_scale=0.02,
                            v_scale=0.03, max_seq_len=seq_len)
     ref = decode_attention_ref(q, kb, vb, b.page_table, b.seq_lens, 16, None, k_scale=0.02, v_scale=0.03)
+    _attn_close(out, ref)
+
+
+@pytest.mark.parametrize("pool", ["fp8", "bf16"])
+@pytest.mark.parametrize("splits", [1, 3, 8])
+def test_decode_attention_warp_split_ragged(pool: str, splits: int) -> None:
+    """The warp-split loop (an FP8 pool's "long" config, taken here through max_seq_len 8,192: >= 512
+    keys per split; a bf16 pool through an override) over ragged lengths: at, one past and one short
+    of a 64-key block and a warp's 32 keys, so that some warps see no key in the last block or in a
+    whole split."""
+    lens = [1, 31, 32, 33, 63, 64, 65, 513, 1000, 2049, 4095]
+    b = make_paged_batch(lens, [0] * len(lens), 16, 28, 4, 128, torch.bfloat16, device=torch.device("cuda"))
+    scales = {}
+    kb, vb = b.k_buffer, b.v_buffer
+    if pool == "fp8":
+        kb, vb = quantize_kv_ref(kb, 0.02), quantize_kv_ref(vb, 0.03)
+        scales = {"k_scale": 0.02, "v_scale": 0.03}
+    q = torch.randn(len(lens), 28, 128, device="cuda", dtype=torch.bfloat16)
+    over = {} if pool == "fp8" else {"decode": {"d128": {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3,
+                                                         "many_per_sm": 0, "warp_split": True}}}
+    with ac.overriding(over):
+        out = decode_attention(q, kb, vb, b.page_table, b.seq_lens, 16, None, splits, max_seq_len=8192,
+                               **scales)
+    ref = decode_attention_ref(q, kb, vb, b.page_table, b.seq_lens, 16, None, **scales)
     _attn_close(out, ref)
 
 

@@ -61,6 +61,25 @@ def test_decode_fp8_variants_match_reference(monkeypatch, kv_dot, block_n, q_dty
     torch.testing.assert_close(out.float(), ref, atol=F16_TOL, rtol=F16_TOL)
 
 
+@pytest.mark.parametrize("q_dtype, num_kv_splits", [(torch.float32, 3), (torch.float16, 1)])
+def test_decode_fp8_warp_split_f16_matches_reference(monkeypatch, q_dtype, num_kv_splits):
+    """The GPU's "long" form over an FP8 pool: kv_dot "f16" with each block's keys split across 2 warps
+    (paged_attn_loop_ws), q clamped to fp16's range as the row-split form does."""
+    monkeypatch.setitem(ac.CPU, "decode_fp8", {"BLOCK_N": 32, "num_warps": 2, "num_stages": 1,
+                                               "kv_dot": "f16", "warp_split": True})
+    b = make_paged_batch([1, 17, 37, 70], [0, 0, 0, 0], 16, 8, 2, 64, torch.float32, seed=5)
+    kb, vb = _fp8_pools(b)
+    q = torch.randn(4, 8, 64, generator=torch.Generator().manual_seed(3)).to(DEVICE, q_dtype)
+    if q_dtype == torch.float32:
+        q[1, 0, 0] = 1e5
+    out = decode_attention(q, kb, vb, b.page_table, b.seq_lens, 16, None, num_kv_splits,
+                           k_scale=K_SCALE, v_scale=V_SCALE)
+    ref = decode_attention_ref(q.float().clamp(-65504, 65504), kb, vb, b.page_table, b.seq_lens, 16, None,
+                               k_scale=K_SCALE, v_scale=V_SCALE)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, atol=F16_TOL, rtol=F16_TOL)
+
+
 # kv_dot -> bound on the relative norm error (module docstring): about 2x the measured worst case
 FP8_FORM_TOL = {"fp8": 8e-2, "fp8x2": 1e-2, "qk8": 1e-2}
 
