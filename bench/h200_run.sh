@@ -178,7 +178,7 @@ for s in "$@"; do
         --lab v_bf16:128x8w2s,eng_bf16:128x8w2s ;;
     # issue 19: keys split across the warps of a program (cuDNN's 1 x 4 x 1 warp tile; bench/lab/
     # decode_vt.py ws_bf16 / ws_f16: batched dots, P never leaves its warp), beside cuDNN (~3 min)
-    decode-ws) stage decode-ws 300 python3 bench/lab/decode_vt.py --peers --forms ws_bf16,ws_f16 \
+    decode-ws) stage decode-ws 300 python3 bench/lab/decode_vt.py --peers --forms ws_bf16,ws_f16,ws_f16v \
         --configs 128x4w2s,128x4w3s,64x4w3s,64x4w2s,64x2w3s,32x2w3s,128x8w2s,256x8w2s \
         --shapes 64x4096,128x2048 --out "$OUT/decode-ws.json" ;;
     # issue 19: the warp-split loop in decode_attention (kernels/paged_loop.py paged_attn_loop_ws) as

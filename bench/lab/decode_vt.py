@@ -44,7 +44,10 @@ loop; on the bf16 pool the control has no lead (v_bf16 best 138.1 against 139.6)
 hint helps (02:15 call). The warp-split forms (03:03 call, `bash bench/h200_run.sh decode-ws`): ws_f16
 at 64 x 2 warps x 3 stages 88.0 / 84.4 us at 64 x 4,096 / 128 x 2,048 against the FP8 default's 100.8
 / 103.5 (bf16 default 139.3 / 140.4), now decode_attention's FP8 "long" config (kernels/paged_loop.py
-paged_attn_loop_ws); ws_bf16 at best 137.1 / 138.6 against cuDNN's 132.8 / 135.2.
+paged_attn_loop_ws); ws_bf16 at best 137.1 / 138.6 against cuDNN's 132.8 / 135.2. "ws_f16v" (V widened
+before its dot; its sm_90 code at 64 x 2w3s, compiled on the CPU: no ld.shared.b8 against 128, 54
+cp.async against 78, V through registers, 48 against 32 KB of shared memory) is not run on a GPU
+yet (it is in the decode-ws stage).
 
 Measured (H200, 2026-12-03; docs/benchmarks.md, "V stored transposed per page"): at 64 x 4,096 the
 V^T forms are no faster than the FP8 default (101.4 us): vt_fp8 100.0, vt_fp8x2 102.8, vt_f16 104.1,
@@ -72,7 +75,7 @@ from kernels.paged_loop import paged_attn_loop, prefetch_pages  # noqa: E402
 from kernels.paged_loop_fp8 import LO_WEIGHT, P_SCALE, quantize_rows_e4m3, split_e4m3  # noqa: E402
 
 ENG_FORMS = ("eng", "eng_bf16")
-WS_FORMS = ("ws_bf16", "ws_f16")  # keys split across warps (_decode_ws_kernel)
+WS_FORMS = ("ws_bf16", "ws_f16", "ws_f16v")  # keys split across warps (_decode_ws_kernel)
 FORMS = ("v_f16", "vt_f16", "vt_f16t", "vt_fp8", "vt_fp8x2", "v_f16m", "v_f16a", "v_f16l",
          "v_bf16") + ENG_FORMS + WS_FORMS
 BF16_FORMS = ("v_bf16", "eng_bf16", "ws_bf16")  # over the bf16 pool
@@ -277,9 +280,11 @@ def _decode_eng_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_sca
 
 @triton.jit
 def _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, pos, seq_len, offs_d, qk_scale, stride_kb_s,
-             stride_vb_s, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):
+             stride_vb_s, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, V_WIDEN: tl.constexpr = False):
     """One block of the warp-split form: pages / pos [W, SUB] (sub-block w of SUB positions is warp w's),
-    the state m_i / l_i [W, ROWS], acc [W, ROWS, D] per sub-block; returns it updated."""
+    the state m_i / l_i [W, ROWS], acc [W, ROWS, D] per sub-block; returns it updated. V_WIDEN: V
+    widened to q's dtype before the P V dot behind a select (kv_dot "f16v"'s way past the byte loads
+    from shared memory)."""
     slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
     kb = tl.load(k_head + slot[:, :, None] * stride_kb_s + offs_d[None, None, :])  # [W, SUB, D]
     vb = tl.load(v_head + slot[:, :, None] * stride_vb_s + offs_d[None, None, :])
@@ -287,6 +292,8 @@ def _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, pos, seq_len, offs_d, qk_
     if MASKED:  # stale (maybe NaN) bytes past the end: zeroed, and no weight
         kb = tl.where(mask_n[:, :, None], kb, 0.0)
         vb = tl.where(mask_n[:, :, None], vb, 0.0)
+    if V_WIDEN:
+        vb = tl.where(mask_n[:, :, None], vb.to(q3.dtype), 0.0)
     s = tl.dot(q3, tl.trans(kb.to(q3.dtype), (0, 2, 1))) * qk_scale  # [W, ROWS, SUB]
     if MASKED:
         s = tl.where(mask_n[:, None, :], s, float("-inf"))
@@ -306,13 +313,15 @@ def _decode_ws_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scal
                       stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                       stride_pt_b, stride_o_b, stride_o_h,
                       GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_H: tl.constexpr, W: tl.constexpr, SUB: tl.constexpr, FP16_DOTS: tl.constexpr):
-    """Forms "ws_bf16" / "ws_f16": keys split across warps inside the program, as cuDNN's decode kernel
-    does (its tile 16 x 128 x 128 with warps 1 x 4 x 1: each warp takes its own keys). A block of
-    W x SUB positions is [W, SUB]; the products are batched dots over W (Triton puts the batch axis
-    on the warps), so each warp keeps its own running max / sum / accumulator [ROWS, D] and P never
-    leaves the warp; the W partial states are combined once, after the loop. One program per (KV
-    head, request), no KV split. FP16_DOTS: an FP8 pool, q rounded to fp16 and K/V widened to it."""
+                      BLOCK_H: tl.constexpr, W: tl.constexpr, SUB: tl.constexpr, FP16_DOTS: tl.constexpr,
+                      V_WIDEN: tl.constexpr = False):
+    """Forms "ws_bf16" / "ws_f16" / "ws_f16v": keys split across warps inside the program, as cuDNN's
+    decode kernel does (its tile 16 x 128 x 128 with warps 1 x 4 x 1: each warp takes its own
+    keys). A block of W x SUB positions is [W, SUB]; the products are batched dots over W (Triton
+    puts the batch axis on the warps), so each warp keeps its own running max / sum / accumulator
+    [ROWS, D] and P never leaves the warp; the W partial states are combined once, after the loop.
+    One program per (KV head, request), no KV split. FP16_DOTS: an FP8 pool, q rounded to fp16 and
+    K/V widened to it; V_WIDEN ("ws_f16v"): V widened before its dot (_ws_step)."""
     kvh, b, seq_len, heads, mask_h, offs_d, qg = _program_queries(q, seq_lens, stride_q_b, stride_q_h, GROUP,
                                                                   BLOCK_H, BLOCK_D)
     if FP16_DOTS:
@@ -332,10 +341,10 @@ def _decode_ws_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scal
         cur = pages
         pages = prefetch_pages(pt_row, n0 + BLOCK_N, seq_len, offs_n, PAGE_SIZE)
         m_i, l_i, acc = _ws_step(q3, m_i, l_i, acc, k_head, v_head, cur, n0 + offs_n, seq_len, offs_d,
-                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, False)
+                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, False, V_WIDEN)
     if full_end < seq_len:
         m_i, l_i, acc = _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, full_end + offs_n, seq_len, offs_d,
-                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, True)
+                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, True, V_WIDEN)
     # the W sub-blocks' states combined: weights 2^(m_w - m)
     m_all = tl.max(m_i, 0)
     wgt = tl.exp2(m_i - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])
@@ -377,8 +386,8 @@ def decode_vt(q, kb, v_any, table, seq_lens, out, qk_scale: float, v_scale: floa
             q, kb, v_any, table, seq_lens, out, qk_scale, v_scale, q.stride(0), q.stride(1), kb.stride(0),
             kb.stride(1), v_any.stride(0), v_any.stride(1), table.stride(0), out.stride(0), out.stride(1),
             GROUP=hq // hkv, PAGE_SIZE=PAGE, BLOCK_D=d, BLOCK_H=max(16, triton.next_power_of_2(hq // hkv)),
-            W=num_warps, SUB=block_n // num_warps, FP16_DOTS=form == "ws_f16", num_warps=num_warps,
-            num_stages=num_stages)
+            W=num_warps, SUB=block_n // num_warps, FP16_DOTS=form != "ws_bf16", V_WIDEN=form == "ws_f16v",
+            num_warps=num_warps, num_stages=num_stages)
         return out
     if form in ENG_FORMS:
         _decode_eng_kernel[(hkv, bsz)](
