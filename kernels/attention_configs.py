@@ -4,7 +4,7 @@ Kinds (the launcher that reads each):
   decode        split stage of decode_attention (BLOCK_N keys per step, num_warps, num_stages;
                 num_warps_many replaces num_warps when the launch has more than many_per_sm
                 programs per SM, 0 = never; warp_split: each block's keys split across the warps,
-                paged_loop.py paged_attn_loop_ws, BLOCK_N = num_warps x >= 16)
+                paged_loop.py paged_attn_loop_ws, BLOCK_N = num_warps x a power of two >= 16)
   decode_fused  the same stage in the fused cascade form (it also merges the prefix partials)
   decode_fp8    the split stage over an FP8 (e4m3) pool: blocks as "decode", plus kv_dot, the operands
                 of its two dots: "f16" (q, K, V and P in fp16: K/V widened by one packed
@@ -76,9 +76,10 @@ _SPLITS = {"policy": "per_sm", "programs_per_sm": 4, "min_split_tokens": 128, "o
 # 64 x 4,096 91.0 against 101.6 us (bf16 pool 139.4: 0.653x), 128 x 2,048 85.9 / 103.9, 128 x 2,208
 # 91.7 / 115.1, 256 x 768 78.1 / 84.7, 32 x 4,096 58.0 / 62.0, 16 x 2,048 (4 splits of 512) 25.0 / 26.2,
 # 256 x 512 61.5 / 61.6; with splits of 128 keys it lost (03:09 run: 1 x 512 13.0 against 10.4 us,
-# 1 x 8,192 18.2 / 15.8: two 64-key steps in series per program where the default takes one), hence
-# the bound. Other warp-split tiles measured slower at 64 x 4,096 (64 x 2 warps x 4 stages 91.6, 128 x
-# 4 x 3 96.4, 128 x 2 x 3 103.1, 32 x 2 x 3 122.4). Over the bf16 pool no warp-split tile beat the
+# 1 x 2,048 14.6 / 11.7, 1 x 8,192 18.2 / 15.8: two 64-key steps in series per program where the
+# default takes one), hence the bound. Other warp-split tiles at 64 x 4,096 against this one's 92.1 us
+# in the 03:09 run: 64 x 2 warps x 4 stages 91.6 (but 128 x 2,048 95.5 against 86.6), 128 x 4 x 3
+# 96.4, 128 x 2 x 3 103.1, 32 x 2 x 3 122.4. Over the bf16 pool no warp-split tile beat the
 # default at the shapes that matter (64 x 4,096 138.9-158.7 against 139.3 us, 256 x 768 118.2-181.1
 # against 111.2), so "decode" keeps warp_split off
 _FP8_WARP_SPLIT = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3, "kv_dot": "f16", "warp_split": True}
@@ -130,7 +131,7 @@ DEFAULTS: dict[str, dict[str, dict]] = {
                             "warp_split": False, "long_min_tokens": 512, "long": dict(_FP8_WARP_SPLIT)},
                    "d256": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "kv_dot": "f16", "many_per_sm": 0,
                             "many_max_tokens": 0, "many": {}, "peel_tail": 0,
-                           "warp_split": False, "long_min_tokens": 0, "long": {}}},
+                            "warp_split": False, "long_min_tokens": 0, "long": {}}},
     # 4 programs per SM and >= 128 tokens per split: the best of 2-16 per SM on an H200, 2026-11-29
     "decode_splits": {"d64": dict(_SPLITS), "d256": dict(_SPLITS),
                       "d128": {**_SPLITS, "policy": "waves"}},  # 2026-12-03, with the 8-warp config
