@@ -181,6 +181,26 @@ for s in "$@"; do
     decode-ws) stage decode-ws 300 python3 bench/lab/decode_vt.py --peers --forms ws_bf16,ws_f16,ws_f16v \
         --configs 128x4w2s,128x4w3s,64x4w3s,64x4w2s,64x2w3s,32x2w3s,128x8w2s,256x8w2s \
         --shapes 64x4096,128x2048 --out "$OUT/decode-ws.json" ;;
+    # issue 19: the warp-split FP8 form over V^T pages (decode_vt.py "ws_vt": V through ldmatrix, no
+    # one-byte shared-memory loads) beside "ws_f16", the defaults and cuDNN (~3 min)
+    decode-wsvt) stage decode-wsvt 300 python3 bench/lab/decode_vt.py --peers --forms ws_f16,ws_vt \
+        --configs 64x2w3s,64x2w4s,128x2w3s,128x4w3s,64x4w3s,32x2w3s,128x4w2s --shapes 64x4096,128x2048,256x768,256x512 \
+        --out "$OUT/decode-wsvt.json" ;;
+    # issue 19: Nsight Compute on the FP8 pool at 64 x 4,096: the default ("long" warp-split config), the
+    # lab's ws_f16 and ws_vt (V^T pages) at 64 x 2w3s and ws_vt at 64 x 4w3s (~2 min)
+    decode-ws-ncu) stage decode-ws-ncu 240 ncu --clock-control none --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+        --section SchedulerStats --section ComputeWorkloadAnalysis --launch-skip 1 --launch-count 7 \
+        -k regex:'_decode_split|_decode_ws' python3 bench/lab/ncu_decode.py --pool fp8 --batch 64 --ctx 4096 \
+        --calls 2 --lab ws_f16:64x2w3s,ws_vt:64x2w3s,ws_vt:64x4w3s ;;
+    # issue 19: the warp-split FP8 form with K and / or V widened by integer instructions (decode_vt.py
+    # "ws_f16i*", e4m3_to_f16_x256th) beside "ws_f16" / "ws_f16v", then the FP8 warp-split rules (~7 min)
+    decode-wsi) stage decode-wsi 330 python3 bench/lab/decode_vt.py --forms ws_f16,ws_f16v,ws_f16i,ws_f16ik,ws_f16ii \
+        --configs 64x2w3s,64x2w4s,64x4w3s,32x2w3s,128x4w3s --shapes 64x4096,128x2048,256x768 \
+        --out "$OUT/decode-wsi.json"
+      stage decode-wsi-rules 150 python3 bench/lab/decode_rules.py --pools fp8 \
+        --rules "ws 64x2w3s,ws 64x2w3s occ4,ws 64x2w3s occ8,ws 64x2w4s" --shapes 64x4096,128x2048,256x768 \
+        --out "$OUT/decode-wsi-rules.json" ;;
     # issue 19: the warp-split loop in decode_attention (kernels/paged_loop.py paged_attn_loop_ws) as
     # whole rules at the engine's shapes, both pools, beside the defaults and cuDNN (~5 min)
     decode-ws-rules) WS_BF16=$(python3 -c "import sys; sys.path.insert(0, 'bench/lab'); import decode_rules as d; \

@@ -44,10 +44,15 @@ loop; on the bf16 pool the control has no lead (v_bf16 best 138.1 against 139.6)
 hint helps (02:15 call). The warp-split forms (03:03 call, `bash bench/h200_run.sh decode-ws`): ws_f16
 at 64 x 2 warps x 3 stages 88.0 / 84.4 us at 64 x 4,096 / 128 x 2,048 against the FP8 default's 100.8
 / 103.5 (bf16 default 139.3 / 140.4), now decode_attention's FP8 "long" config (kernels/paged_loop.py
-paged_attn_loop_ws); ws_bf16 at best 137.1 / 138.6 against cuDNN's 132.8 / 135.2. "ws_f16v" (V widened
-before its dot; its sm_90 code at 64 x 2w3s, compiled on the CPU: no ld.shared.b8 against 128, 54
-cp.async against 78, V through registers, 48 against 32 KB of shared memory) is not run on a GPU
-yet (it is in the decode-ws stage).
+paged_attn_loop_ws); ws_bf16 at best 137.1 / 138.6 against cuDNN's 132.8 / 135.2.
+More warp-split FP8 forms (10:20-10:43 calls, docs/benchmarks.md "FP8-KV decode: integer widening, V^T
+pages under the warp split, and time against batch"; us at 64 x 4,096, ws_f16 64 x 2w3s 88.2-88.6):
+  "ws_f16v"   V widened before its dot: 97.5 (no one-byte shared loads, but V through registers)
+  "ws_f16i"   V widened by integer instructions (e4m3_to_f16_x256th: prmt, shift, and/or; the
+              conversion unit left to K): 99.6; "ws_f16ik" K that way 105.4; "ws_f16ii" both 108.4
+  "ws_vt"     V read from the V^T pages (ldmatrix, 16-byte copies; 565 instructions in the sm_90 loop
+              against ws_f16's 949): 87.6 at 64 x 4w3s, 105.2 at 64 x 2w3s; at 128 x 2,048 83.0
+              (32 x 2w4s) against ws_f16's 86.7, i.e. <= 4% for a pool layout change
 
 Measured (H200, 2026-12-03; docs/benchmarks.md, "V stored transposed per page"): at 64 x 4,096 the
 V^T forms are no faster than the FP8 default (101.4 us): vt_fp8 100.0, vt_fp8x2 102.8, vt_f16 104.1,
@@ -75,12 +80,18 @@ from kernels.paged_loop import paged_attn_loop, prefetch_pages  # noqa: E402
 from kernels.paged_loop_fp8 import LO_WEIGHT, P_SCALE, quantize_rows_e4m3, split_e4m3  # noqa: E402
 
 ENG_FORMS = ("eng", "eng_bf16")
-WS_FORMS = ("ws_bf16", "ws_f16", "ws_f16v")  # keys split across warps (_decode_ws_kernel)
+# keys split across warps (_decode_ws_kernel); the "i" forms widen V ("i"), K ("ik") or both ("ii")
+# with integer instructions; "ws_vt" reads V from the V^T pages. (Two sub-blocks per warp, two softmax
+# states each: ptxas spills 436-808 bytes at 128 x 2 warps for sm_90, compiled on the CPU 2026-12-04;
+# not run.)
+WS_FORMS = ("ws_bf16", "ws_f16", "ws_f16v", "ws_f16i", "ws_f16ik", "ws_f16ii", "ws_vt")
+INT_WIDEN = {"ws_f16i": (False, True), "ws_f16ik": (True, False), "ws_f16ii": (True, True)}  # (K, V)
 FORMS = ("v_f16", "vt_f16", "vt_f16t", "vt_fp8", "vt_fp8x2", "v_f16m", "v_f16a", "v_f16l",
          "v_bf16") + ENG_FORMS + WS_FORMS
 BF16_FORMS = ("v_bf16", "eng_bf16", "ws_bf16")  # over the bf16 pool
 # V as the pool stores it
-V_POOL_FORMS = ("v_f16", "v_f16m", "v_f16a", "v_f16l", "v_bf16") + ENG_FORMS + WS_FORMS
+V_POOL_FORMS = ("v_f16", "v_f16m", "v_f16a", "v_f16l", "v_bf16") + ENG_FORMS + tuple(
+    f for f in WS_FORMS if not f.startswith("ws_vt"))
 TOL_OF = {**dict.fromkeys(FORMS, 1e-2), "vt_fp8": 0.15}
 # (BLOCK_N, num_warps, num_stages)
 CONFIGS = [(128, 4, 3), (128, 4, 2), (64, 4, 3), (128, 8, 3), (64, 4, 4), (128, 4, 4), (128, 8, 2),
@@ -279,22 +290,71 @@ def _decode_eng_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_sca
              mask=mask_h[:, None])
 
 @triton.jit
+def e4m3_to_f16_x256th(x):
+    """x (e4m3, any shape) widened to fp16 with integer instructions, as x * 2^-8 (exact: e4m3's
+    exponent field moved into fp16's, whose bias is 8 more; subnormals map to subnormals).
+
+    Four values per 32-bit register: one byte permute (prmt) puts two bytes in the high halves of two
+    16-bit lanes, then sign | (magnitude >> 1) per lane: 4 integer instructions per two values, issued
+    at 64 per clock per SM on Hopper, against one packed cvt.rn.f16x2.e4m3x2 per two values at 16 per
+    clock: the same issue cost, on the integer pipe instead of the conversion unit, so a kernel that
+    widens K one way and V the other spreads its conversions over both (the bit layout as in the FP8
+    dequantization of Marlin-style GPTQ kernels; this is our own code). The caller folds 256 into
+    the scale of whatever the value multiplies. Not run by the Triton interpreter (inline PTX)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 a<2>, t<2>;
+        prmt.b32 a0, $2, 0, 0x1404;
+        prmt.b32 a1, $2, 0, 0x3424;
+        shr.b32 t0, a0, 1;
+        shr.b32 t1, a1, 1;
+        and.b32 t0, t0, 0x3F803F80;
+        and.b32 t1, t1, 0x3F803F80;
+        and.b32 a0, a0, 0x80008000;
+        and.b32 a1, a1, 0x80008000;
+        or.b32 $0, a0, t0;
+        or.b32 $1, a1, t1;
+        }""",
+        constraints="=r,=r,r", args=[x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=True,
+        pack=4)
+
+
+@triton.jit
+def _widen(x, dtype: tl.constexpr, INT: tl.constexpr):
+    """x in `dtype`; INT: e4m3 x as fp16 x * 2^-8 through e4m3_to_f16_x256th."""
+    if INT:
+        return e4m3_to_f16_x256th(x)
+    return x.to(dtype)
+
+
+@triton.jit
 def _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, pos, seq_len, offs_d, qk_scale, stride_kb_s,
-             stride_vb_s, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, V_WIDEN: tl.constexpr = False):
+             stride_vb_s, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, V_WIDEN: tl.constexpr = False,
+             K_INT: tl.constexpr = False, V_INT: tl.constexpr = False, VT: tl.constexpr = False):
     """One block of the warp-split form: pages / pos [W, SUB] (sub-block w of SUB positions is warp w's),
     the state m_i / l_i [W, ROWS], acc [W, ROWS, D] per sub-block; returns it updated. V_WIDEN: V
     widened to q's dtype before the P V dot behind a select (kv_dot "f16v"'s way past the byte loads
-    from shared memory)."""
+    from shared memory). K_INT / V_INT: K / V widened by e4m3_to_f16_x256th (the caller's scales
+    carry the 256). VT: v_head is the head's V^T pages (to_vt_pages; stride_vb_s their page stride),
+    read as [W, D, SUB] tiles with the positions contiguous (ws_vt)."""
     slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
     kb = tl.load(k_head + slot[:, :, None] * stride_kb_s + offs_d[None, None, :])  # [W, SUB, D]
-    vb = tl.load(v_head + slot[:, :, None] * stride_vb_s + offs_d[None, None, :])
     mask_n = pos < seq_len
+    if VT:
+        base = tl.max_constancy(pages.to(tl.int64) * stride_vb_s, [1, PAGE_SIZE])
+        off = base[:, None, :] + offs_d[None, :, None] * PAGE_SIZE + (pos % PAGE_SIZE)[:, None, :]
+        vb = tl.load(v_head + tl.max_contiguous(tl.multiple_of(off, [1, 1, PAGE_SIZE]), [1, 1, PAGE_SIZE]))
+    else:
+        vb = tl.load(v_head + slot[:, :, None] * stride_vb_s + offs_d[None, None, :])
     if MASKED:  # stale (maybe NaN) bytes past the end: zeroed, and no weight
         kb = tl.where(mask_n[:, :, None], kb, 0.0)
-        vb = tl.where(mask_n[:, :, None], vb, 0.0)
+        if VT:
+            vb = tl.where(mask_n[:, None, :], vb, 0.0)
+        else:
+            vb = tl.where(mask_n[:, :, None], vb, 0.0)
     if V_WIDEN:
         vb = tl.where(mask_n[:, :, None], vb.to(q3.dtype), 0.0)
-    s = tl.dot(q3, tl.trans(kb.to(q3.dtype), (0, 2, 1))) * qk_scale  # [W, ROWS, SUB]
+    s = tl.dot(q3, tl.trans(_widen(kb, q3.dtype, K_INT), (0, 2, 1))) * qk_scale  # [W, ROWS, SUB]
     if MASKED:
         s = tl.where(mask_n[:, None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 2))
@@ -304,7 +364,10 @@ def _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, pos, seq_len, offs_d, qk_
     alpha = tl.exp2(m_i - m_ref)
     p = tl.exp2(s - m_ref[:, :, None])
     l_i = l_i * alpha + tl.sum(p, 2)
-    acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), vb.to(q3.dtype))
+    if VT:
+        acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), tl.trans(vb.to(q3.dtype), (0, 2, 1)))
+    else:
+        acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), _widen(vb, q3.dtype, V_INT))
     return m_new, l_i, acc
 
 
@@ -314,14 +377,17 @@ def _decode_ws_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scal
                       stride_pt_b, stride_o_b, stride_o_h,
                       GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_H: tl.constexpr, W: tl.constexpr, SUB: tl.constexpr, FP16_DOTS: tl.constexpr,
-                      V_WIDEN: tl.constexpr = False):
-    """Forms "ws_bf16" / "ws_f16" / "ws_f16v": keys split across warps inside the program, as cuDNN's
-    decode kernel does (its tile 16 x 128 x 128 with warps 1 x 4 x 1: each warp takes its own
-    keys). A block of W x SUB positions is [W, SUB]; the products are batched dots over W (Triton
+                      V_WIDEN: tl.constexpr = False, K_INT: tl.constexpr = False, V_INT: tl.constexpr = False,
+                      VT: tl.constexpr = False):
+    """Forms "ws_bf16" / "ws_f16" / "ws_f16v" / "ws_f16i*" / "ws_vt": keys split across warps inside the
+    program, as cuDNN's decode kernel does (its tile 16 x 128 x 128 with warps 1 x 4 x 1: each warp takes
+    its own keys). A block of W x SUB positions is [W, SUB]; the products are batched dots over W (Triton
     puts the batch axis on the warps), so each warp keeps its own running max / sum / accumulator
     [ROWS, D] and P never leaves the warp; the W partial states are combined once, after the loop.
     One program per (KV head, request), no KV split. FP16_DOTS: an FP8 pool, q rounded to fp16 and
-    K/V widened to it; V_WIDEN ("ws_f16v"): V widened before its dot (_ws_step)."""
+    K/V widened to it; V_WIDEN ("ws_f16v"): V widened before its dot (_ws_step); K_INT / V_INT (the
+    "ws_f16i*" forms): K / V widened with integer instructions, qk_scale / v_scale x 256 (the caller);
+    VT ("ws_vt"): v_buf holds V^T pages (stride_vb_s: their page stride)."""
     kvh, b, seq_len, heads, mask_h, offs_d, qg = _program_queries(q, seq_lens, stride_q_b, stride_q_h, GROUP,
                                                                   BLOCK_H, BLOCK_D)
     if FP16_DOTS:
@@ -341,10 +407,12 @@ def _decode_ws_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scal
         cur = pages
         pages = prefetch_pages(pt_row, n0 + BLOCK_N, seq_len, offs_n, PAGE_SIZE)
         m_i, l_i, acc = _ws_step(q3, m_i, l_i, acc, k_head, v_head, cur, n0 + offs_n, seq_len, offs_d,
-                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, False, V_WIDEN)
+                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, False, V_WIDEN, K_INT, V_INT,
+                                 VT)
     if full_end < seq_len:
         m_i, l_i, acc = _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, full_end + offs_n, seq_len, offs_d,
-                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, True, V_WIDEN)
+                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, True, V_WIDEN, K_INT, V_INT,
+                                 VT)
     # the W sub-blocks' states combined: weights 2^(m_w - m)
     m_all = tl.max(m_i, 0)
     wgt = tl.exp2(m_i - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])
@@ -387,6 +455,8 @@ def decode_vt(q, kb, v_any, table, seq_lens, out, qk_scale: float, v_scale: floa
             kb.stride(1), v_any.stride(0), v_any.stride(1), table.stride(0), out.stride(0), out.stride(1),
             GROUP=hq // hkv, PAGE_SIZE=PAGE, BLOCK_D=d, BLOCK_H=max(16, triton.next_power_of_2(hq // hkv)),
             W=num_warps, SUB=block_n // num_warps, FP16_DOTS=form != "ws_bf16", V_WIDEN=form == "ws_f16v",
+            K_INT=INT_WIDEN.get(form, (False, False))[0], V_INT=INT_WIDEN.get(form, (False, False))[1],
+            VT=form.startswith("ws_vt"),
             num_warps=num_warps, num_stages=num_stages)
         return out
     if form in ENG_FORMS:
@@ -575,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
             kb_any = kb16 if bf16_form else kb8
             v_any = (vb16 if bf16_form else vb8) if form in V_POOL_FORMS else vt8
             f_qk, f_v = (D ** -0.5 * log2e, 1.0) if bf16_form else (D ** -0.5 * log2e * K_SCALE, V_SCALE)
+            k_int, v_int = INT_WIDEN.get(form, (False, False))
+            f_qk, f_v = f_qk * (256.0 if k_int else 1.0), f_v * (256.0 if v_int else 1.0)
             for bn, warps, stages in configs:
                 run = partial(decode_vt, q, kb_any, v_any, table, seq_lens, out, f_qk, f_v, form, bn,
                               warps, stages)

@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cudnn", action="store_true",
                    help="then cuDNN SDPA (contiguous K/V, bf16 pool only) as many times: the same-run peer")
     p.add_argument("--lab", default=None,
-                   help="then bench/lab/decode_vt.py forms, e.g. v_bf16:128x8w2s,eng_bf16:128x8w2s")
+                   help="then bench/lab/decode_vt.py forms, e.g. v_bf16:128x8w2s,eng_bf16:128x8w2s (not the "
+                        "integer-widening ws_f16i* forms, whose scales this launch does not carry)")
     ns = p.parse_args(argv)
     torch.manual_seed(0)
     fp8 = ns.pool == "fp8"
@@ -59,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         for item in ns.lab.split(","):
             form, cfg = item.split(":")
             bn, warps, stages = (int(x) for x in cfg.replace("w", "x").rstrip("s").split("x"))
+            v_any = vb if form in vt.V_POOL_FORMS else vt.to_vt_pages(vb, kl.PAGE)  # V^T pages (vt_*, ws_vt)
             for _ in range(ns.calls):
-                vt.decode_vt(q, kb, vb, table, seq_lens, out, qk, kl.V_SCALE if fp8 else 1.0, form, bn, warps,
-                             stages)
+                vt.decode_vt(q, kb, v_any, table, seq_lens, out, qk, kl.V_SCALE if fp8 else 1.0, form, bn,
+                             warps, stages)
             torch.cuda.synchronize()
             print(f"lab {form} {cfg} launched {ns.calls} times")
     if ns.cudnn and not fp8:
