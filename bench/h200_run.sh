@@ -186,6 +186,11 @@ for s in "$@"; do
     decode-wsvt) stage decode-wsvt 300 python3 bench/lab/decode_vt.py --peers --forms ws_f16,ws_vt \
         --configs 64x2w3s,64x2w4s,128x2w3s,128x4w3s,64x4w3s,32x2w3s,128x4w2s --shapes 64x4096,128x2048,256x768,256x512 \
         --out "$OUT/decode-wsvt.json" ;;
+    # issue 19: the warp-split FP8 forms with block n + 1's scores computed before block n's softmax
+    # (decode_vt.py "ws_f16p" / "ws_vtp", S_AHEAD) beside ws_f16 / ws_vt and the defaults (~3 min)
+    decode-wsp) stage decode-wsp 300 python3 bench/lab/decode_vt.py --forms ws_f16,ws_f16p,ws_vt,ws_vtp \
+        --configs 64x2w3s,64x2w4s,64x4w3s,32x2w3s,32x2w4s,128x4w3s --shapes 64x4096,128x2048,256x768 \
+        --out "$OUT/decode-wsp.json" ;;
     # issue 19: Nsight Compute on the FP8 pool at 64 x 4,096: the default ("long" warp-split config), the
     # lab's ws_f16 and ws_vt (V^T pages) at 64 x 2w3s and ws_vt at 64 x 4w3s (~2 min)
     decode-ws-ncu) stage decode-ws-ncu 240 ncu --clock-control none --section SpeedOfLight \

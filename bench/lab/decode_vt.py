@@ -53,6 +53,8 @@ pages under the warp split, and time against batch"; us at 64 x 4,096, ws_f16 64
   "ws_vt"     V read from the V^T pages (ldmatrix, 16-byte copies; 565 instructions in the sm_90 loop
               against ws_f16's 949): 87.6 at 64 x 4w3s, 105.2 at 64 x 2w3s; at 128 x 2,048 83.0
               (32 x 2w4s) against ws_f16's 86.7, i.e. <= 4% for a pool layout change
+  "ws_f16p" / "ws_vtp"  block n + 1's scores before block n's softmax (S_AHEAD, 11:00 call): the
+              worst configs 28% faster, the best 1-7% slower; best at 64 x 4,096 87.2 (ws_vtp 64x4w3s)
 
 Measured (H200, 2026-12-03; docs/benchmarks.md, "V stored transposed per page"): at 64 x 4,096 the
 V^T forms are no faster than the FP8 default (101.4 us): vt_fp8 100.0, vt_fp8x2 102.8, vt_f16 104.1,
@@ -84,7 +86,8 @@ ENG_FORMS = ("eng", "eng_bf16")
 # with integer instructions; "ws_vt" reads V from the V^T pages. (Two sub-blocks per warp, two softmax
 # states each: ptxas spills 436-808 bytes at 128 x 2 warps for sm_90, compiled on the CPU 2026-12-04;
 # not run.)
-WS_FORMS = ("ws_bf16", "ws_f16", "ws_f16v", "ws_f16i", "ws_f16ik", "ws_f16ii", "ws_vt")
+WS_FORMS = ("ws_bf16", "ws_f16", "ws_f16v", "ws_f16i", "ws_f16ik", "ws_f16ii", "ws_vt", "ws_f16p",
+            "ws_vtp")  # "p": the next block's scores before this block's softmax (S_AHEAD)
 INT_WIDEN = {"ws_f16i": (False, True), "ws_f16ik": (True, False), "ws_f16ii": (True, True)}  # (K, V)
 FORMS = ("v_f16", "vt_f16", "vt_f16t", "vt_fp8", "vt_fp8x2", "v_f16m", "v_f16a", "v_f16l",
          "v_bf16") + ENG_FORMS + WS_FORMS
@@ -372,13 +375,43 @@ def _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, pos, seq_len, offs_d, qk_
 
 
 @triton.jit
+def _ws_scores(q3, k_head, pages, pos, offs_d, qk_scale, stride_kb_s, PAGE_SIZE: tl.constexpr):
+    """S [W, ROWS, SUB] of one whole block (no masks): q3 against K of positions `pos` on `pages`."""
+    slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+    kb = tl.load(k_head + slot[:, :, None] * stride_kb_s + offs_d[None, None, :])  # [W, SUB, D]
+    return tl.dot(q3, tl.trans(kb.to(q3.dtype), (0, 2, 1))) * qk_scale
+
+
+@triton.jit
+def _ws_update(s, q3, m_i, l_i, acc, v_head, pages, pos, offs_d, stride_vb_s, PAGE_SIZE: tl.constexpr,
+               VT: tl.constexpr):
+    """The softmax and P V of one whole block whose scores `s` were computed before (_ws_scores)."""
+    if VT:
+        base = tl.max_constancy(pages.to(tl.int64) * stride_vb_s, [1, PAGE_SIZE])
+        off = base[:, None, :] + offs_d[None, :, None] * PAGE_SIZE + (pos % PAGE_SIZE)[:, None, :]
+        vb = tl.load(v_head + tl.max_contiguous(tl.multiple_of(off, [1, 1, PAGE_SIZE]), [1, 1, PAGE_SIZE]))
+    else:
+        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        vb = tl.load(v_head + slot[:, :, None] * stride_vb_s + offs_d[None, None, :])
+    m_new = tl.maximum(m_i, tl.max(s, 2))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, :, None])
+    l_i = l_i * alpha + tl.sum(p, 2)
+    if VT:
+        acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), tl.trans(vb.to(q3.dtype), (0, 2, 1)))
+    else:
+        acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), vb.to(q3.dtype))
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_ws_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scale,
                       stride_q_b, stride_q_h, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
                       stride_pt_b, stride_o_b, stride_o_h,
                       GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_H: tl.constexpr, W: tl.constexpr, SUB: tl.constexpr, FP16_DOTS: tl.constexpr,
                       V_WIDEN: tl.constexpr = False, K_INT: tl.constexpr = False, V_INT: tl.constexpr = False,
-                      VT: tl.constexpr = False):
+                      VT: tl.constexpr = False, S_AHEAD: tl.constexpr = False):
     """Forms "ws_bf16" / "ws_f16" / "ws_f16v" / "ws_f16i*" / "ws_vt": keys split across warps inside the
     program, as cuDNN's decode kernel does (its tile 16 x 128 x 128 with warps 1 x 4 x 1: each warp takes
     its own keys). A block of W x SUB positions is [W, SUB]; the products are batched dots over W (Triton
@@ -387,7 +420,10 @@ def _decode_ws_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scal
     One program per (KV head, request), no KV split. FP16_DOTS: an FP8 pool, q rounded to fp16 and
     K/V widened to it; V_WIDEN ("ws_f16v"): V widened before its dot (_ws_step); K_INT / V_INT (the
     "ws_f16i*" forms): K / V widened with integer instructions, qk_scale / v_scale x 256 (the caller);
-    VT ("ws_vt"): v_buf holds V^T pages (stride_vb_s: their page stride)."""
+    VT ("ws_vt"): v_buf holds V^T pages (stride_vb_s: their page stride). S_AHEAD (the "p" forms): the
+    whole blocks software-pipelined by hand, block n + 1's scores computed before block n's softmax
+    and P V, so each warp has two independent MMA chains in flight (FlashAttention-3's intra-warpgroup
+    overlap, here on mma.sync)."""
     kvh, b, seq_len, heads, mask_h, offs_d, qg = _program_queries(q, seq_lens, stride_q_b, stride_q_h, GROUP,
                                                                   BLOCK_H, BLOCK_D)
     if FP16_DOTS:
@@ -403,12 +439,33 @@ def _decode_ws_kernel(q, k_buf, v_buf, page_table, seq_lens, o, qk_scale, v_scal
     BLOCK_N: tl.constexpr = W * SUB
     full_end = seq_len // BLOCK_N * BLOCK_N
     pages = prefetch_pages(pt_row, 0, seq_len, offs_n, PAGE_SIZE)
-    for n0 in range(0, full_end, BLOCK_N):
-        cur = pages
-        pages = prefetch_pages(pt_row, n0 + BLOCK_N, seq_len, offs_n, PAGE_SIZE)
-        m_i, l_i, acc = _ws_step(q3, m_i, l_i, acc, k_head, v_head, cur, n0 + offs_n, seq_len, offs_d,
-                                 qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, False, V_WIDEN, K_INT, V_INT,
-                                 VT)
+    if S_AHEAD:
+        if full_end > 0:
+            s_cur = _ws_scores(q3, k_head, pages, offs_n, offs_d, qk_scale, stride_kb_s, PAGE_SIZE)
+            # page ids one iteration ahead for both operands (K of block n + 1, V of block n): a chain
+            # two iterations deep kept Triton's pipeliner from making any copy asynchronous
+            pk = prefetch_pages(pt_row, BLOCK_N, seq_len, offs_n, PAGE_SIZE)
+            pv = pages
+            for n0 in range(0, full_end - BLOCK_N, BLOCK_N):
+                ck = pk
+                cv = pv
+                pk = prefetch_pages(pt_row, n0 + 2 * BLOCK_N, seq_len, offs_n, PAGE_SIZE)
+                pv = prefetch_pages(pt_row, n0 + BLOCK_N, seq_len, offs_n, PAGE_SIZE)
+                s_next = _ws_scores(q3, k_head, ck, n0 + BLOCK_N + offs_n, offs_d, qk_scale, stride_kb_s,
+                                    PAGE_SIZE)
+                m_i, l_i, acc = _ws_update(s_cur, q3, m_i, l_i, acc, v_head, cv, n0 + offs_n, offs_d,
+                                           stride_vb_s, PAGE_SIZE, VT)
+                s_cur = s_next
+            m_i, l_i, acc = _ws_update(s_cur, q3, m_i, l_i, acc, v_head, pv, full_end - BLOCK_N + offs_n,
+                                       offs_d, stride_vb_s, PAGE_SIZE, VT)
+            pages = pk  # the tail block's page ids
+    else:
+        for n0 in range(0, full_end, BLOCK_N):
+            cur = pages
+            pages = prefetch_pages(pt_row, n0 + BLOCK_N, seq_len, offs_n, PAGE_SIZE)
+            m_i, l_i, acc = _ws_step(q3, m_i, l_i, acc, k_head, v_head, cur, n0 + offs_n, seq_len, offs_d,
+                                     qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, False, V_WIDEN, K_INT,
+                                     V_INT, VT)
     if full_end < seq_len:
         m_i, l_i, acc = _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, full_end + offs_n, seq_len, offs_d,
                                  qk_scale, stride_kb_s, stride_vb_s, PAGE_SIZE, True, V_WIDEN, K_INT, V_INT,
@@ -456,7 +513,7 @@ def decode_vt(q, kb, v_any, table, seq_lens, out, qk_scale: float, v_scale: floa
             GROUP=hq // hkv, PAGE_SIZE=PAGE, BLOCK_D=d, BLOCK_H=max(16, triton.next_power_of_2(hq // hkv)),
             W=num_warps, SUB=block_n // num_warps, FP16_DOTS=form != "ws_bf16", V_WIDEN=form == "ws_f16v",
             K_INT=INT_WIDEN.get(form, (False, False))[0], V_INT=INT_WIDEN.get(form, (False, False))[1],
-            VT=form.startswith("ws_vt"),
+            VT=form.startswith("ws_vt"), S_AHEAD=form.endswith("p"),
             num_warps=num_warps, num_stages=num_stages)
         return out
     if form in ENG_FORMS:
