@@ -331,6 +331,20 @@ def _widen(x, dtype: tl.constexpr, INT: tl.constexpr):
 
 
 @triton.jit
+def _ws_load_v(v_head, pages, pos, offs_d, stride_vb_s, PAGE_SIZE: tl.constexpr, VT: tl.constexpr):
+    """V of positions `pos` [W, SUB] on `pages`: [W, SUB, D] from the pool, or with VT [W, D, SUB] from
+    the V^T pages (stride_vb_s their page stride; positions contiguous in 16-byte pieces)."""
+    if VT:
+        base = tl.max_constancy(pages.to(tl.int64) * stride_vb_s, [1, PAGE_SIZE])
+        off = base[:, None, :] + offs_d[None, :, None] * PAGE_SIZE + (pos % PAGE_SIZE)[:, None, :]
+        vb = tl.load(v_head + tl.max_contiguous(tl.multiple_of(off, [1, 1, PAGE_SIZE]), [1, 1, PAGE_SIZE]))
+    else:  # (one return: Triton wants one return type per function)
+        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        vb = tl.load(v_head + slot[:, :, None] * stride_vb_s + offs_d[None, None, :])
+    return vb
+
+
+@triton.jit
 def _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, pos, seq_len, offs_d, qk_scale, stride_kb_s,
              stride_vb_s, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, V_WIDEN: tl.constexpr = False,
              K_INT: tl.constexpr = False, V_INT: tl.constexpr = False, VT: tl.constexpr = False):
@@ -343,12 +357,7 @@ def _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, pos, seq_len, offs_d, qk_
     slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
     kb = tl.load(k_head + slot[:, :, None] * stride_kb_s + offs_d[None, None, :])  # [W, SUB, D]
     mask_n = pos < seq_len
-    if VT:
-        base = tl.max_constancy(pages.to(tl.int64) * stride_vb_s, [1, PAGE_SIZE])
-        off = base[:, None, :] + offs_d[None, :, None] * PAGE_SIZE + (pos % PAGE_SIZE)[:, None, :]
-        vb = tl.load(v_head + tl.max_contiguous(tl.multiple_of(off, [1, 1, PAGE_SIZE]), [1, 1, PAGE_SIZE]))
-    else:
-        vb = tl.load(v_head + slot[:, :, None] * stride_vb_s + offs_d[None, None, :])
+    vb = _ws_load_v(v_head, pages, pos, offs_d, stride_vb_s, PAGE_SIZE, VT)
     if MASKED:  # stale (maybe NaN) bytes past the end: zeroed, and no weight
         kb = tl.where(mask_n[:, :, None], kb, 0.0)
         if VT:
@@ -386,13 +395,7 @@ def _ws_scores(q3, k_head, pages, pos, offs_d, qk_scale, stride_kb_s, PAGE_SIZE:
 def _ws_update(s, q3, m_i, l_i, acc, v_head, pages, pos, offs_d, stride_vb_s, PAGE_SIZE: tl.constexpr,
                VT: tl.constexpr):
     """The softmax and P V of one whole block whose scores `s` were computed before (_ws_scores)."""
-    if VT:
-        base = tl.max_constancy(pages.to(tl.int64) * stride_vb_s, [1, PAGE_SIZE])
-        off = base[:, None, :] + offs_d[None, :, None] * PAGE_SIZE + (pos % PAGE_SIZE)[:, None, :]
-        vb = tl.load(v_head + tl.max_contiguous(tl.multiple_of(off, [1, 1, PAGE_SIZE]), [1, 1, PAGE_SIZE]))
-    else:
-        slot = pages.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        vb = tl.load(v_head + slot[:, :, None] * stride_vb_s + offs_d[None, None, :])
+    vb = _ws_load_v(v_head, pages, pos, offs_d, stride_vb_s, PAGE_SIZE, VT)
     m_new = tl.maximum(m_i, tl.max(s, 2))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, :, None])
