@@ -345,6 +345,17 @@ def _ws_load_v(v_head, pages, pos, offs_d, stride_vb_s, PAGE_SIZE: tl.constexpr,
 
 
 @triton.jit
+def _ws_pv(acc, alpha, p, vb, dtype: tl.constexpr, VT: tl.constexpr, V_INT: tl.constexpr):
+    """acc [W, ROWS, D] rescaled by alpha [W, ROWS] plus P [W, ROWS, SUB] V, V as _ws_load_v gave it
+    (VT: [W, D, SUB], transposed for the dot; V_INT: widened by e4m3_to_f16_x256th)."""
+    if VT:
+        pv = tl.dot(p.to(dtype), tl.trans(vb.to(dtype), (0, 2, 1)))
+    else:
+        pv = tl.dot(p.to(dtype), _widen(vb, dtype, V_INT))
+    return acc * alpha[:, :, None] + pv
+
+
+@triton.jit
 def _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, pos, seq_len, offs_d, qk_scale, stride_kb_s,
              stride_vb_s, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, V_WIDEN: tl.constexpr = False,
              K_INT: tl.constexpr = False, V_INT: tl.constexpr = False, VT: tl.constexpr = False):
@@ -376,11 +387,7 @@ def _ws_step(q3, m_i, l_i, acc, k_head, v_head, pages, pos, seq_len, offs_d, qk_
     alpha = tl.exp2(m_i - m_ref)
     p = tl.exp2(s - m_ref[:, :, None])
     l_i = l_i * alpha + tl.sum(p, 2)
-    if VT:
-        acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), tl.trans(vb.to(q3.dtype), (0, 2, 1)))
-    else:
-        acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), _widen(vb, q3.dtype, V_INT))
-    return m_new, l_i, acc
+    return m_new, l_i, _ws_pv(acc, alpha, p, vb, q3.dtype, VT, V_INT)
 
 
 @triton.jit
@@ -400,11 +407,7 @@ def _ws_update(s, q3, m_i, l_i, acc, v_head, pages, pos, offs_d, stride_vb_s, PA
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, :, None])
     l_i = l_i * alpha + tl.sum(p, 2)
-    if VT:
-        acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), tl.trans(vb.to(q3.dtype), (0, 2, 1)))
-    else:
-        acc = acc * alpha[:, :, None] + tl.dot(p.to(q3.dtype), vb.to(q3.dtype))
-    return m_new, l_i, acc
+    return m_new, l_i, _ws_pv(acc, alpha, p, vb, q3.dtype, VT, False)
 
 
 @triton.jit
