@@ -263,6 +263,13 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
         --out "$OUT/sp-remat.json" ;;
     # issue 19 (FP8 batch-1): the int GEMV at M = 1 against its own loop without the conversion / with
     # loads only, and W8A8 on the tensor cores (pointer loads / TMA); then ncu's counters (~5 min)
+    # issue 19: the batch-1 FP8 MLP as one persistent kernel (kernels/mlp_fp8_m1.py) against its
+    # three launches, norm included, over a grid of its configs (~3 min)
+    fused-mlp) stage fused-mlp 280 python3 bench/lab/fused_mlp_m1.py --budget-s 220 --configs 2 --out "$OUT/fused-mlp.json" ;;
+    # issue 19 part 4: cascade's prefix stage on a side stream beside the suffix stage (~30 s)
+    cascade-overlap) stage cascade-overlap 200 python3 bench/lab/cascade_overlap.py --out "$OUT/cascade-overlap.json" ;;
+    # issue 19 part 4: the shared-prefix batch-128 decode pass kernel by kernel, cascade on and off (~3 min)
+    sp-pass) stage sp-pass 300 python3 bench/lab/shared_prefix_pass.py --out "$OUT/sp-pass.json" ;;
     fp8-m1) stage fp8-m1 300 python3 bench/lab/fp8_m1_lab.py --budget-s 230 --out "$OUT/fp8-m1.json" ;;
     fp8-m1-ncu) stage fp8-m1-ncu 150 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
         --section SchedulerStats --section Occupancy --section LaunchStats -k regex:'_fp8_int_gemv|_lab_int|_w8a8_tma' \

@@ -197,6 +197,40 @@ def _check_groups(q: torch.Tensor, kv_start: torch.Tensor, group_members: torch.
           f"max_group_size must be an int >= 1 when there are groups, got {max_group_size!r}")
 
 
+def run_prefix_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                     page_table: torch.Tensor, group_members: torch.Tensor, group_starts: torch.Tensor,
+                     group_prefix_lens: torch.Tensor,
+                     page_size: int, qk_scale: float, v_scale: float, num_kv_splits: int,
+                     num_prefix_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor,
+                     tile: CascadeTile) -> None:
+    """Stage A on checked arguments (cascade_decode_attention's): every group's prefix partials into
+    mid slots num_kv_splits .. num_kv_splits + num_prefix_splits - 1 of its members' rows (qk_scale
+    already includes log2(e) and an FP8 pool's k_scale). Launches nothing without groups."""
+    num_groups = group_starts.shape[0] - 1
+    if num_groups <= 0:
+        return
+    _, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    group = num_q_heads // num_kv_heads
+    # an upper bound on the row blocks of all groups (see the kernel), from shapes only
+    num_blocks = triton.cdiv(group_members.shape[0] * group, tile.block_m) + num_groups
+    prefix_o, prefix_lse = mid_o[:, :, num_kv_splits:], mid_lse[:, :, num_kv_splits:]
+    on_gpu = q.device.type == "cuda"
+    _cascade_prefix_kernel[(num_blocks, num_kv_heads, num_prefix_splits)](
+        q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens,
+        prefix_o, prefix_lse,
+        qk_scale, float(v_scale), num_groups, num_prefix_splits,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
+        prefix_o.stride(0), prefix_o.stride(1), prefix_o.stride(2),
+        prefix_lse.stride(0), prefix_lse.stride(1),
+        GROUP=group, PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim),
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, DOT_PRECISION=dot_precision(q.dtype),
+        REMAT_ROWS=bool(attention_config("cascade", head_dim, on_gpu).get("remat_rows", False)),
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
+
+
 def cascade_decode_attention(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
     seq_lens: torch.Tensor, kv_start: torch.Tensor, group_members: torch.Tensor, group_starts: torch.Tensor,
@@ -236,7 +270,6 @@ def cascade_decode_attention(
     _check_groups(q, kv_start, group_members, group_starts, group_prefix_lens, num_prefix_splits,
                   max_group_size)
     batch_size, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_buffer.shape[1]
     out = check_out(out, q)
     num_slots = num_kv_splits + num_prefix_splits
     mid_o, mid_lse = check_mid(mid_o, mid_lse, (batch_size, num_q_heads, num_slots), head_dim, q.device)
@@ -248,24 +281,8 @@ def cascade_decode_attention(
 
     num_groups = group_starts.shape[0] - 1
     if num_groups > 0:
-        group = num_q_heads // num_kv_heads
-        # an upper bound on the row blocks of all groups (see the kernel), from shapes only
-        num_blocks = triton.cdiv(group_members.shape[0] * group, tile.block_m) + num_groups
-        prefix_o, prefix_lse = mid_o[:, :, num_kv_splits:], mid_lse[:, :, num_kv_splits:]
-        on_gpu = q.device.type == "cuda"
-        _cascade_prefix_kernel[(num_blocks, num_kv_heads, num_prefix_splits)](
-            q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens,
-            prefix_o, prefix_lse,
-            qk_scale, float(v_scale), num_groups, num_prefix_splits,
-            q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-            v_buffer.stride(0), v_buffer.stride(1), page_table.stride(0),
-            prefix_o.stride(0), prefix_o.stride(1), prefix_o.stride(2),
-            prefix_lse.stride(0), prefix_lse.stride(1),
-            GROUP=group, PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim),
-            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, DOT_PRECISION=dot_precision(q.dtype),
-            REMAT_ROWS=bool(attention_config("cascade", head_dim, on_gpu).get("remat_rows", False)),
-            num_warps=tile.num_warps, num_stages=tile.num_stages,
-        )
+        run_prefix_stage(q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens,
+                         page_size, qk_scale, v_scale, num_kv_splits, num_prefix_splits, mid_o, mid_lse, tile)
     if num_kv_splits == 1:  # B + C fused: the suffix program merges the prefix partials itself
         run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
                         1, mid_o, mid_lse, out=out,

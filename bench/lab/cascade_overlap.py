@@ -1,0 +1,110 @@
+"""Cascade decode attention with its prefix stage on a side stream beside the suffix stage, against
+the default order (prefix, then the suffix program that merges the prefix partials itself), issue 19
+part 4 (`shared-prefix` at ~0.76 of the read-once bound).
+
+    python3 bench/lab/cascade_overlap.py [--out F]      # H200, ~30 s
+
+In the `shared-prefix` decode pass cascade attention takes ~48 us per layer at batch 128: stage A
+(kernels/cascade_attention.py, 112 programs at one per SM) ~27 us, then the suffix (B, 512 short
+programs bound by latency, merging A's partials) ~21 us, one after the other. B reads only
+[kv_start, seq_len) of each request, never A's partials, so it could run beside A, with a merge
+launch (C) after both. The lab composes the stages itself (`run_prefix_stage` on a side stream,
+decode_attention's `run_split_stage` on the current one, a join, `run_merge_stage`), also in order
+on one stream. Shapes as bench/lab/sweep_attention.py's cascade part (one group sharing 2,048
+tokens, 128-192 own tokens per request, Qwen2.5-7B heads, page 16); us of CUDA-graph replay with the
+L2 flushed before each call (its own time subtracted); every variant checked against the fp32
+reference first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench" / "lab"))
+sys.path.insert(0, str(ROOT))
+
+import sweep_attention as SA  # noqa: E402
+
+from bench.common import out_path, run_header  # noqa: E402
+
+K, bk = SA.K, SA.bk
+CA = sys.modules["radixrt.kernels.cascade_attention"]
+DA = sys.modules["radixrt.kernels.decode_attention"]
+
+
+def staged(a: dict, o: torch.Tensor, kv_splits: int, ps: int, side: torch.cuda.Stream | None):
+    """A (on `side` when given) and B, then C: cascade_decode_attention's result in three launches."""
+    mid_o = torch.empty(*o.shape[:2], kv_splits + ps, o.shape[2], device=o.device, dtype=torch.float32)
+    mid_lse = torch.empty(*o.shape[:2], kv_splits + ps, device=o.device, dtype=torch.float32)
+    qk_scale = 1.0 / math.sqrt(o.shape[2]) * DA.LOG2E
+    tile = CA.default_tile(o.shape[2], o.device)
+    stage_a = (a["q"], a["k_buffer"], a["v_buffer"], a["page_table"], a["group_members"], a["group_starts"],
+               a["group_prefix_lens"], a["page_size"], qk_scale, 1.0, kv_splits, ps, mid_o, mid_lse, tile)
+    stage_b = (a["q"], a["k_buffer"], a["v_buffer"], a["page_table"], a["seq_lens"], a["kv_start"],
+               a["page_size"], qk_scale, kv_splits, mid_o, mid_lse)
+
+    def run() -> None:
+        if side is None:
+            CA.run_prefix_stage(*stage_a)
+            DA.run_split_stage(*stage_b)
+        else:
+            main = torch.cuda.current_stream()
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                CA.run_prefix_stage(*stage_a)
+            DA.run_split_stage(*stage_b)
+            main.wait_stream(side)
+        DA.run_merge_stage(mid_o, mid_lse, o, kv_splits, a["kv_start"], ps)
+
+    return run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="128,32,64,256")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    SA.L2_FLUSH.append(torch.empty(256 << 20, dtype=torch.uint8, device=SA.DEV))
+    side = torch.cuda.Stream()
+    header = run_header()
+    print(header, flush=True)
+    rows = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        a, ref = SA.cascade_batch(batch, SA.PREFIX_LEN, 128, 192)
+        ps0 = CA.choose_num_prefix_splits(1, batch, SA.HQ, SA.HKV, SA.PREFIX_LEN)
+        o = torch.empty_like(a["q"])
+        variants = [("default (A; B with the merge)", 1, ps0, None, None)]
+        for ps in sorted({ps0, 2, 4, 8}):
+            variants.append((f"A || B; C, {ps} prefix splits", 1, ps, side, True))
+        variants.append((f"A || B; C, 2 suffix splits, {ps0} prefix splits", 2, ps0, side, True))
+        variants.append((f"A; B; C on one stream, 2 suffix splits, {ps0} prefix splits", 2, ps0, None, True))
+        for name, kv_splits, ps, stream, three in variants:
+            if three:
+                run = staged(a, o, kv_splits, ps, stream)
+            else:
+                def run(a=a, o=o, ps=ps, batch=batch):
+                    K.cascade_decode_attention(**a, num_kv_splits=1, num_prefix_splits=ps,
+                                               max_group_size=batch, out=o)
+            o.fill_(float("nan"))
+            run()
+            torch.cuda.synchronize()
+            err = bk.rel_err(o, ref)
+            us = SA.graph_us(run) if err < 1e-2 else float("nan")
+            rows.append({"batch": batch, "variant": name, "suffix_splits": kv_splits, "prefix_splits": ps,
+                         "side_stream": stream is not None, "us": us, "rel_err": err})
+            print(f"B={batch:3d} {name:60s} {us:7.1f} us  err {err:.1e}", flush=True)
+    path = out_path(args.out, "cascade-overlap.json")
+    if path:
+        path.write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
