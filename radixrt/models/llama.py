@@ -286,8 +286,9 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden_last: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """hidden_last [B, H] -> logits [B, V] float32, into `out` ([B, V] float32) if given (one
-        conversion pass instead of a conversion plus a copy: CUDA graphs keep a static buffer)."""
+        """hidden_last [B, H] -> logits [B, V] float32; with `out` ([B, V], any float dtype: CUDA
+        graphs keep a static buffer in the model's dtype) the LM head's output is copied into it,
+        converted to out's dtype, and out is returned."""
         logits = self.lm_head(hidden_last)
         if out is None:
             return logits.float()

@@ -87,12 +87,17 @@ class CudaGraphRunner:
         max_pages_per_req: width of the device page table (a replay's page_table must match it).
         max_bs: largest batch served by a graph; larger decode batches run eagerly.
         cascade: also capture cascade graphs (the backend supports ForwardMeta.cascade).
+        dtype: the model's dtype, that of the static logits buffer (the LM head's output, copied as
+            is; float32 by default).
 
-    The logits returned by `replay` are a view of a static buffer, valid until the next replay.
+    The logits returned by `replay` are a view of a static buffer in the model's dtype (the LM head's
+    output dtype, copied as is: no float32 conversion inside the graph; sampling converts only
+    what needs it, worker/forward_pass.py sample_outputs), valid until the next replay.
     """
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, *, device: torch.device, page_size: int,
-                 context_len: int, max_pages_per_req: int, max_bs: int, cascade: bool = False) -> None:
+                 context_len: int, max_pages_per_req: int, max_bs: int, cascade: bool = False,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.model = model
         self.backend = backend
         self.page_size = page_size
@@ -108,7 +113,7 @@ class CudaGraphRunner:
         self.extend_lens = torch.ones(n, dtype=torch.int32, device=dev)
         self.extend_start_loc = torch.arange(n, dtype=torch.int32, device=dev)
         self.page_table = torch.zeros(n, max_pages_per_req, dtype=torch.int32, device=dev)
-        self.logits = torch.zeros(n, model.config.vocab_size, dtype=torch.float32, device=dev)
+        self.logits = torch.zeros(n, model.config.vocab_size, dtype=dtype, device=dev)
         self.num_q_heads = model.config.num_heads
         self.kv_start = torch.zeros(n, dtype=torch.int32, device=dev)
         self.members = torch.zeros(n, dtype=torch.int32, device=dev)
@@ -187,7 +192,7 @@ class CudaGraphRunner:
         return 0 < meta.batch_size <= self.max_bs
 
     def replay(self, meta: ForwardMeta, input_ids: torch.Tensor) -> torch.Tensor:
-        """Run a DECODE batch of B <= max_bs requests; returns logits [B, V] float32 (a view)."""
+        """Run a DECODE batch of B <= max_bs requests; returns logits [B, V] in the model's dtype (a view)."""
         n = meta.batch_size
         c = meta.cascade
         bs = next(b for b in (self.sizes if c is None else self.cascade_sizes) if b >= n)

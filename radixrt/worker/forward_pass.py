@@ -96,7 +96,9 @@ def _to_pinned(t: torch.Tensor | None) -> torch.Tensor | None:
 def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampler.SamplingTensors,
                    penalties: PenaltyState, mask: protocol.GrammarMask | None = None
                    ) -> tuple[torch.Tensor, PassOutputs]:
-    """Sample the next token of each request from logits [B, V] float32.
+    """Sample the next token of each request from logits [B, V]: float32, or the model's dtype (a CUDA
+    graph's logits), converted to float32 first when the pass has grammar rows, penalties or a logit
+    bias, or asks for logprobs; otherwise greedy rows take the argmax as given (sampler.sample).
 
     Seeds the penalty rows the scheduler just assigned, applies penalties and logit bias, then the
     grammar bitmask rows (batch.grammar_rows / grammar_bitmask, and `mask`'s rows: the batch's
@@ -109,6 +111,8 @@ def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampl
     """
     rows, blocks = grammar_blocks(batch, mask)
     penalties.prepare(batch)
+    if logits.dtype != torch.float32 and (len(rows) or batch.return_logprob or penalties.applies(batch)):
+        logits = logits.float()
     next_ids = sampler.sample(apply_grammar(rows, blocks, penalties.process(logits, batch), logits), st)
     penalties.record(batch, next_ids)
     out = PassOutputs(next_ids.to(torch.int32))

@@ -110,6 +110,7 @@ def activation_reserve_bytes(args: ServerArgs, model: nn.Module, config: ModelCo
     finally:
         req_to_page.zero_()
     graphs = use_cuda_graphs(args, device)
+    # the graphs' static logits (the model's dtype; 4 bytes per entry bounds bf16 / fp16 / fp32)
     logits_buf = graph_max_bs(args) * config.vocab_size * 4 if graphs else 0
     return peak * (2 if graphs else 1) + logits_buf + MIN_SLACK_BYTES
 

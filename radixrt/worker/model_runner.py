@@ -127,7 +127,7 @@ class ModelRunner:
             self.graphs = CudaGraphRunner(
                 self.model, self.backend, device=self.device, page_size=self.page_size,
                 context_len=self.context_len, max_pages_per_req=self.max_pages_per_req,
-                max_bs=graph_max_bs(args), cascade=not args.disable_cascade_attention)
+                max_bs=graph_max_bs(args), cascade=not args.disable_cascade_attention, dtype=self.dtype)
 
     def prefault_step(self) -> bool:
         """While the worker is idle: write into the next slice of the CPU KV pool's untouched memory
@@ -180,10 +180,11 @@ class ModelRunner:
     def forward_logits(self, batch: protocol.ForwardBatch) -> torch.Tensor:
         """Apply memory ops, run the model, return logits [B, V] float32 of each request's last token."""
         meta, input_ids, _ = self.stage(batch)
-        return self._logits(meta, input_ids)
+        return self._logits(meta, input_ids).float()
 
     def _logits(self, meta: ForwardMeta, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits [B, V] float32 from a CUDA graph when one fits the pass, else eagerly."""
+        """Logits [B, V] from a CUDA graph when one fits the pass (the model's dtype, a view of the
+        graphs' static buffer), else eagerly (float32)."""
         if self.graphs is not None and self.graphs.can_run(meta):
             self.last_path = "cascade-graph" if meta.cascade is not None else "graph"
             return self.graphs.replay(meta, input_ids)

@@ -88,6 +88,11 @@ class PenaltyState:
             ids = self._t(batch.penalty_output_ids, torch.int64)
             self.output_counts.index_put_((r, ids), torch.ones_like(r, dtype=torch.float32), accumulate=True)
 
+    @staticmethod
+    def applies(batch: ForwardBatch) -> bool:
+        """Whether `process` changes any row of this batch (a penalty or a logit bias in use)."""
+        return penalized_indices(batch).size > 0 or len(batch.logit_bias_idx) > 0
+
     def process(self, logits: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Logits [B, V] with penalties then logit bias applied; `logits` itself (not a copy, not
         modified) when no request in the batch uses either."""

@@ -123,7 +123,9 @@ def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """Pick one token per row.
 
     Args:
-        logits: [B, V] float32 raw logits.
+        logits: [B, V] raw logits, float32 or the model's dtype (a CUDA graph's bf16 logits): greedy
+            rows take the argmax of the values as given, which is that of their float32 conversion
+            (exact, order-preserving; the same first index on ties); sampled rows are converted.
         st: per-row parameters (see SamplingTensors).
 
     Returns:
@@ -141,7 +143,7 @@ def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         if plan.num_sampled == 0:
             return greedy_ids
         rows, use_min_p, need_sort = plan.sampled_rows, plan.use_min_p, plan.need_sort
-    lg = logits[rows]  # [R, V]
+    lg = logits[rows].float()  # [R, V]
     temp = st.temperature[rows].clamp_min(1e-6)[:, None]
     probs = torch.softmax(lg / temp, dim=-1)
     probs = _filter_probs(probs, st.top_k[rows], st.top_p[rows], st.min_p[rows], use_min_p, need_sort)

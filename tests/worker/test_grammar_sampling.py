@@ -69,3 +69,39 @@ def test_a_uniform_of_one_never_picks_a_zero_probability_token(monkeypatch) -> N
     lg = torch.zeros(2, 10)
     lg[:, 7] = float("-inf")  # masked
     assert 7 not in sampler.sample(lg, params(2, temperature=1.0)).tolist()
+
+
+def _ties(b: int, seed: int) -> torch.Tensor:
+    """bf16 logits [b, V] with repeated values (bf16 keeps 8 bits): argmax ties break to the first."""
+    return (logits(b, V, seed=seed) * 4).round().bfloat16()
+
+
+def test_model_dtype_logits_sample_as_their_float32_conversion() -> None:
+    """A CUDA graph hands sample_outputs its bf16 logits: every pass must sample (and report logprobs)
+    what the same logits converted to float32 give. Greedy rows take the argmax of the bf16 values as
+    they are; grammar rows, penalties, logit bias and logprobs convert first."""
+    b = 6
+    st = PenaltyState(b, V, torch.device("cpu"))
+    rows = np.arange(b, dtype=np.int32)
+    plain = ForwardBatch(batch_id=0, mode=2, req_rows=rows)
+    with_logprobs = ForwardBatch(batch_id=1, mode=2, req_rows=rows, return_logprob=True, top_logprobs_num=3)
+    biased = ForwardBatch(batch_id=2, mode=2, req_rows=rows, logit_bias_idx=np.array([0, 4], np.int32),
+                          logit_bias_ids=np.array([7, 9], np.int32),
+                          logit_bias_vals=np.array([50.0, 50.0], np.float32))
+    grammar = ForwardBatch(batch_id=3, mode=2, req_rows=rows, grammar_rows=np.array([2], np.int32),
+                           grammar_bitmask=masks([[1, 40, 66]]).reshape(-1))
+    mixed = params(b, temperature=0.8, seeds=torch.arange(b, dtype=torch.int64) + 11)
+    mixed.temperature[::2] = 0.0  # greedy and sampled rows in one pass
+    for seed in range(5):
+        lg16 = _ties(b, seed)
+        lg32 = lg16.float()
+        for batch in (plain, with_logprobs, biased, grammar):
+            for sp in (params(b, temperature=0.0), mixed):
+                ids16, out16 = sample_outputs(batch, lg16, sp, st)
+                ids32, out32 = sample_outputs(batch, lg32, sp, st)
+                assert ids16.tolist() == ids32.tolist()
+                if batch.return_logprob:
+                    assert torch.equal(out16.logprobs, out32.logprobs)
+                    assert torch.equal(out16.top_logprob_ids, out32.top_logprob_ids)
+        assert lg16.dtype == torch.bfloat16  # the caller's logits are left as they were
+    assert int(sample_outputs(biased, lg16, params(b, temperature=0.0), st)[0][4]) == 9
