@@ -40,6 +40,10 @@ for s in "$@"; do
         --out "$OUT/engine-verify.json"
       python3 bench/compare_results.py "$OUT/engine-verify.json" ;;
     gpu-tests) stage gpu-tests 290 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    # verify's second half alone: the engine figures and the table against bench/results/engine.md
+    engine-verify) stage engine-verify 250 python3 bench/gpu_engine.py --only profile,random,shared-prefix \
+        --out "$OUT/engine-verify.json"
+      python3 bench/compare_results.py "$OUT/engine-verify.json" ;;
     # issue 15: 100% json_schema against unconstrained, Engine and HTTP (bench/results/grammar_bench.md)
     grammar) stage grammar 280 python3 bench/grammar_bench.py --model-config qwen2.5-7b --device cuda \
         --num-requests 64 --prompt-len 256 --output-len 256 --repeat 2 --out "$OUT/grammar_bench.json" ;;
