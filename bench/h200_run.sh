@@ -272,6 +272,14 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
     fused-mlp) stage fused-mlp 280 python3 bench/lab/fused_mlp_m1.py --budget-s 220 --configs 2 --out "$OUT/fused-mlp.json" ;;
     # issue 19 part 4: cascade's prefix stage on a side stream beside the suffix stage (~30 s)
     cascade-overlap) stage cascade-overlap 200 python3 bench/lab/cascade_overlap.py --out "$OUT/cascade-overlap.json" ;;
+    # issue 19 part 4: a decode graph's padded groups and cascade stage A's grid order (row blocks
+    # first / last): the kernel (1 and 8 groups), then shared-prefix in the Engine with each order,
+    # one process apiece (~3 min)
+    cascade-walk) stage cascade-walk 150 python3 bench/lab/cascade_overlap.py --walk --out "$OUT/cascade-walk.json"
+      echo '{"cascade": {"d128": {"blocks_last": true}}}' > /tmp/last.json
+      stage sp-last 200 env RADIXRT_ATTN_CONFIG=/tmp/last.json python3 bench/gpu_engine.py --only shared-prefix \
+        --out "$OUT/sp-last.json"
+      stage sp-first 200 python3 bench/gpu_engine.py --only shared-prefix --out "$OUT/sp-first.json" ;;
     # issue 19 part 4: the shared-prefix batch-128 decode pass kernel by kernel, cascade on and off (~3 min)
     sp-pass) stage sp-pass 300 python3 bench/lab/shared_prefix_pass.py --out "$OUT/sp-pass.json" ;;
     fp8-m1) stage fp8-m1 300 python3 bench/lab/fp8_m1_lab.py --budget-s 230 --out "$OUT/fp8-m1.json" ;;

@@ -157,9 +157,17 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # remat_rows: the prefix kernel recomputes its rows' requests / heads after the loop instead of
     # holding them through it (no register spills at these tiles on sm_90); off: H200 2026-12-03, 4-8%
     # slower at the 128-row tile (batch 128: 43.9 against 40.7 us), the engine's decode pass unchanged
-    "cascade": {"d64": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "remat_rows": False},
-                "d128": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "remat_rows": False},
-                "d256": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2, "remat_rows": False}},
+    # blocks_last: the grid's row-block axis slowest (KV head, split, row block), so the programs of the
+    # bound's spare blocks (a decode graph pads to 8 groups, 7 empty: 8 spare blocks) start after
+    # every real one instead of among them. On: H200 2026-12-04 (bench/lab/cascade_overlap.py --walk),
+    # the whole call at the graph's 8 groups 45.0 against 48.2 us at batch 128, 28.2 / 32.6 at 32,
+    # 37.1 / 42.9 at 64, 67.1 / 69.4 at 256 (one group: within 1-2 us either way); measured for d128
+    "cascade": {"d64": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "remat_rows": False,
+                        "blocks_last": True},
+                "d128": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "remat_rows": False,
+                         "blocks_last": True},
+                "d256": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2, "remat_rows": False,
+                         "blocks_last": True}},
 }
 # Triton interpreter (CPU tests): small blocks exercise every loop; splits follow the GPU rule
 CPU: dict[str, dict] = {
@@ -218,6 +226,8 @@ def _validate(table: object) -> dict[str, dict[str, dict]]:
                   f"overrides[{kind!r}][{b!r}]['peel_tail'] must be 0 / false, 1 / true or 2")
             check(isinstance(cfg.get("warp_split", False), bool),
                   f"overrides[{kind!r}][{b!r}]['warp_split'] must be true or false")
+            check(isinstance(cfg.get("blocks_last", False), bool),
+                  f"overrides[{kind!r}][{b!r}]['blocks_last'] must be true or false")
             _validate_many(cfg, f"overrides[{kind!r}][{b!r}]")
             _validate_warp_split(kind, b, cfg)
         out[kind] = copy.deepcopy(by_bucket)

@@ -58,7 +58,7 @@ def _cascade_prefix_kernel(
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    REMAT_ROWS: tl.constexpr = False,
+    REMAT_ROWS: tl.constexpr = False, BLOCKS_LAST: tl.constexpr = False,
 ):
     # grid (row block, KV head, split). Row blocks are numbered group after group: group g owns
     # cdiv(members_g * GROUP, BLOCK_M) consecutive blocks; this program finds its group by walking
@@ -66,9 +66,14 @@ def _cascade_prefix_kernel(
     # CUDA graph padded with empty groups costs only the blocks of its real groups. (H200, 2026-11-30:
     # with 8 groups, 7 of them empty, a grid of (group x row block) ran this stage in 127.8 us, as the
     # real group's programs waited behind ~980 empty ones; numbered this way, 32.1 us in the engine.)
-    pid = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    if BLOCKS_LAST:  # grid (KV head, split, row block): the blocks past the groups' end start last
+        kvh = tl.program_id(0)
+        split = tl.program_id(1)
+        pid = tl.program_id(2)
+    else:
+        pid = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
     g = -1
     blk = 0
     first_block = 0
@@ -215,8 +220,11 @@ def run_prefix_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
     # an upper bound on the row blocks of all groups (see the kernel), from shapes only
     num_blocks = triton.cdiv(group_members.shape[0] * group, tile.block_m) + num_groups
     prefix_o, prefix_lse = mid_o[:, :, num_kv_splits:], mid_lse[:, :, num_kv_splits:]
-    on_gpu = q.device.type == "cuda"
-    _cascade_prefix_kernel[(num_blocks, num_kv_heads, num_prefix_splits)](
+    cfg = attention_config("cascade", head_dim, q.device.type == "cuda")
+    last = bool(cfg.get("blocks_last", False))
+    grid = ((num_kv_heads, num_prefix_splits, num_blocks) if last
+            else (num_blocks, num_kv_heads, num_prefix_splits))
+    _cascade_prefix_kernel[grid](
         q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens,
         prefix_o, prefix_lse,
         qk_scale, float(v_scale), num_groups, num_prefix_splits,
@@ -226,7 +234,7 @@ def run_prefix_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
         prefix_lse.stride(0), prefix_lse.stride(1),
         GROUP=group, PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim),
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, DOT_PRECISION=dot_precision(q.dtype),
-        REMAT_ROWS=bool(attention_config("cascade", head_dim, on_gpu).get("remat_rows", False)),
+        REMAT_ROWS=bool(cfg.get("remat_rows", False)), BLOCKS_LAST=last,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
 

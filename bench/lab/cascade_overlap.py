@@ -3,6 +3,7 @@ the default order (prefix, then the suffix program that merges the prefix partia
 part 4 (`shared-prefix` at ~0.76 of the read-once bound).
 
     python3 bench/lab/cascade_overlap.py [--out F]      # H200, ~30 s
+    python3 bench/lab/cascade_overlap.py --walk [--out F]   # a graph's padded groups, stage A's grid order
 
 In the `shared-prefix` decode pass cascade attention takes ~48 us per layer at batch 128: stage A
 (kernels/cascade_attention.py, 112 programs at one per SM) ~27 us, then the suffix (B, 512 short
@@ -14,6 +15,11 @@ on one stream. Shapes as bench/lab/sweep_attention.py's cascade part (one group 
 tokens, 128-192 own tokens per request, Qwen2.5-7B heads, page 16); us of CUDA-graph replay with the
 L2 flushed before each call (its own time subtracted); every variant checked against the fp32
 reference first.
+
+--walk: a decode graph pads the groups to 8 (7 empty), and stage A's grid bound then has 8 spare
+row blocks (programs that find no group and exit): the whole call for one group and for the graph's
+8, with the grid's row-block axis first (the default) or last (config "cascade" blocks_last, so the
+spare programs start after every real one).
 """
 
 from __future__ import annotations
@@ -66,12 +72,54 @@ def staged(a: dict, o: torch.Tensor, kv_splits: int, ps: int, side: torch.cuda.S
     return run
 
 
+def padded(a: dict, groups: int) -> dict:
+    """The same batch as one real group followed by groups - 1 empty ones (a decode graph's padding)."""
+    batch = a["q"].shape[0]
+    ints = {"dtype": a["group_starts"].dtype, "device": a["group_starts"].device}
+    return {**a, "group_starts": torch.tensor([0] + [batch] * groups, **ints),
+            "group_prefix_lens": torch.cat([a["group_prefix_lens"],
+                                            torch.zeros(groups - 1, **ints)])}
+
+
+def walk_part(batches: list[int]) -> list[dict]:
+    AC = sys.modules["radixrt.kernels.attention_configs"]
+    rows = []
+    for batch in batches:
+        a, ref = SA.cascade_batch(batch, SA.PREFIX_LEN, 128, 192)
+        ps = CA.choose_num_prefix_splits(1, batch, SA.HQ, SA.HKV, SA.PREFIX_LEN)
+        o = torch.empty_like(a["q"])
+        for groups in (1, 8):
+            args = a if groups == 1 else padded(a, groups)
+            for last in (False, True):
+                def run(args=args, ps=ps, batch=batch, o=o):
+                    K.cascade_decode_attention(**args, num_kv_splits=1, num_prefix_splits=ps,
+                                               max_group_size=batch, out=o)
+                with AC.overriding({"cascade": {"d128": {"blocks_last": last}}}):
+                    o.fill_(float("nan"))
+                    run()
+                    torch.cuda.synchronize()
+                    err = bk.rel_err(o, ref)
+                    us = SA.graph_us(run) if err < 1e-2 else float("nan")
+                rows.append({"batch": batch, "groups": groups, "blocks_last": last, "us": us, "rel_err": err})
+                print(f"B={batch:3d} groups {groups} blocks_last {last!s:5s}: {us:6.1f} us  err {err:.1e}",
+                      flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="128,32,64,256")
+    ap.add_argument("--walk", action="store_true", help="the padded-groups / grid-order A/B instead")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     SA.L2_FLUSH.append(torch.empty(256 << 20, dtype=torch.uint8, device=SA.DEV))
+    if args.walk:
+        header = run_header()
+        rows = walk_part([int(b) for b in args.batches.split(",")])
+        path = out_path(args.out, "cascade-walk.json")
+        if path:
+            path.write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+        return 0
     side = torch.cuda.Stream()
     header = run_header()
     print(header, flush=True)

@@ -195,19 +195,21 @@ def test_choose_num_prefix_splits():
             assert 1 <= choose_num_prefix_splits(groups, 16, 28, 4, n) <= 16
 
 
+@pytest.mark.parametrize("option", ["remat_rows", "blocks_last"])
 @pytest.mark.parametrize("case", [pytest.param(c.values, id=c.id) for c in CASES
                                   if "multi-block" in c.id or "empty-groups" in c.id])
-def test_prefix_rows_recomputed_after_the_loop_change_nothing(monkeypatch, case):
-    """The prefix kernel's REMAT_ROWS (config "cascade" remat_rows: the rows' requests and heads
-    recomputed for the stores rather than held through the loop) writes the same bits as the
-    default, padding rows, empty groups and several row blocks per group included."""
+def test_prefix_stage_options_change_nothing(monkeypatch, case, option):
+    """The prefix kernel's options write the same bits as the default, padding rows, empty (and
+    leading empty) groups and several row blocks per group included: config "cascade" remat_rows
+    (the rows' requests and heads recomputed for the stores rather than held through the loop) and
+    blocks_last (the grid's row-block axis last, so spare blocks start after the real ones)."""
     from radixrt.kernels import attention_configs as ac
 
     groups, loners, page_size, hq, hkv, head_dim, dtype, splits, prefix_splits, tile = case
     c = make_cascade_batch(groups, loners, page_size, hq, hkv, head_dim, dtype, seed=5)
     outs = []
-    for remat in (False, True):
-        monkeypatch.setitem(ac.CPU["cascade"], "remat_rows", remat)
+    for on in (False, True):
+        monkeypatch.setitem(ac.CPU["cascade"], option, on)
         mid_o = torch.full((c.q.shape[0], hq, splits + prefix_splits, head_dim), float("nan"), device=DEVICE)
         mid_lse = torch.full((c.q.shape[0], hq, splits + prefix_splits), float("nan"), device=DEVICE)
         outs.append((cascade_decode_attention(*c.args(page_size), splits, prefix_splits, c.max_group_size + 1,
