@@ -97,8 +97,10 @@ def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampl
                    penalties: PenaltyState, mask: protocol.GrammarMask | None = None
                    ) -> tuple[torch.Tensor, PassOutputs]:
     """Sample the next token of each request from logits [B, V]: float32, or the model's dtype (a CUDA
-    graph's logits), converted to float32 first when the pass has grammar rows, penalties or a logit
-    bias, or asks for logprobs; otherwise greedy rows take the argmax as given (sampler.sample).
+    graph's logits), converted to float32 first when the pass has penalties or a logit bias (applied
+    in float32) or asks for logprobs; otherwise the grammar mask (-inf, exact in any float dtype) and
+    the greedy argmax work on the values as given and the sampler converts the rows it samples, which
+    picks the tokens of the float32 conversion (exact) in every case.
 
     Seeds the penalty rows the scheduler just assigned, applies penalties and logit bias, then the
     grammar bitmask rows (batch.grammar_rows / grammar_bitmask, and `mask`'s rows: the batch's
@@ -111,7 +113,7 @@ def sample_outputs(batch: protocol.ForwardBatch, logits: torch.Tensor, st: sampl
     """
     rows, blocks = grammar_blocks(batch, mask)
     penalties.prepare(batch)
-    if logits.dtype != torch.float32 and (len(rows) or batch.return_logprob or penalties.applies(batch)):
+    if logits.dtype != torch.float32 and (batch.return_logprob or penalties.applies(batch)):
         logits = logits.float()
     next_ids = sampler.sample(apply_grammar(rows, blocks, penalties.process(logits, batch), logits), st)
     penalties.record(batch, next_ids)
@@ -187,7 +189,7 @@ def upload_bitmask(blocks: list[np.ndarray], device: torch.device) -> torch.Tens
 def apply_grammar(rows: np.ndarray, blocks: list[np.ndarray], processed: torch.Tensor,
                   raw: torch.Tensor) -> torch.Tensor:
     """Mask the disallowed tokens of constrained rows (rows int32 [R] into the B requests, blocks
-    the int32 [R_i, W] bitmask pieces of grammar_blocks) with -inf in `processed` [B, V] float32,
+    the int32 [R_i, W] bitmask pieces of grammar_blocks) with -inf in `processed` [B, V] (any float dtype),
     cloned first when it is `raw` (the logits logprobs are taken of; on the CUDA-graph path also a
     static buffer). One host-to-device copy of the bitmask (upload_bitmask: pinned, async on CUDA);
     no device sync. Returns the tensor to sample from."""

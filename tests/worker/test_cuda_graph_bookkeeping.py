@@ -107,3 +107,26 @@ def test_padded_graph_replay_matches_eager(graph_runner: ModelRunner) -> None:
     # 3 decode passes of 3 requests, each on the padded size-4 graph (one length class: the context)
     assert graphs.replayed == [(4, 512)] * 3
     assert graph_tokens == eager_tokens
+
+
+def test_a_bf16_model_keeps_bf16_graph_logits_and_samples_as_eager(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  one_thread: None) -> None:
+    """The graphs' static logits buffer is in the model's dtype (no float32 conversion in the graph),
+    and greedy decoding through the padded graph picks the eager passes' tokens."""
+    monkeypatch.setattr(model_runner, "use_cuda_graphs", lambda args, device: True)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(cuda_graph.CudaGraphRunner, "_capture", _eager_capture)
+    d = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"], model_type="llama", **BASE)
+    args = ServerArgs(device="cpu", dtype="bfloat16", load_format="dummy", page_size=4, max_total_tokens=256,
+                      max_running_requests=4, cuda_graph_max_bs=4, random_seed=5)
+    runner = ModelRunner(args, d)
+    assert runner.graphs is not None and runner.graphs.logits.dtype == torch.bfloat16
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
+    graphs, runner.graphs = runner.graphs, None
+    eager = GreedyDriver(runner).generate(prompts, max_new=4)
+    runner.graphs = graphs
+    runner.req_to_page.zero_()
+    assert GreedyDriver(runner).generate(prompts, max_new=4) == eager
+    assert graphs.replayed and all(bs == 4 for bs, _ in graphs.replayed)  # padded 3 -> 4
+

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from radixrt.constrained import allocate_bitmask
-from radixrt.protocol import ForwardBatch
+from radixrt.protocol import ForwardBatch, GrammarMask
 from radixrt.worker.forward_pass import sample_outputs
 from radixrt.worker.penalties import PenaltyState
 from tests.worker.test_sampler import logits, params
@@ -78,8 +78,8 @@ def _ties(b: int, seed: int) -> torch.Tensor:
 
 def test_model_dtype_logits_sample_as_their_float32_conversion() -> None:
     """A CUDA graph hands sample_outputs its bf16 logits: every pass must sample (and report logprobs)
-    what the same logits converted to float32 give. Greedy rows take the argmax of the bf16 values as
-    they are; grammar rows, penalties, logit bias and logprobs convert first."""
+    what the same logits converted to float32 give. Greedy rows and grammar masks work on the bf16
+    values as they are; penalties, logit bias and logprobs convert first."""
     b = 6
     st = PenaltyState(b, V, torch.device("cpu"))
     rows = np.arange(b, dtype=np.int32)
@@ -90,12 +90,16 @@ def test_model_dtype_logits_sample_as_their_float32_conversion() -> None:
                           logit_bias_vals=np.array([50.0, 50.0], np.float32))
     grammar = ForwardBatch(batch_id=3, mode=2, req_rows=rows, grammar_rows=np.array([2], np.int32),
                            grammar_bitmask=masks([[1, 40, 66]]).reshape(-1))
+    penalised = ForwardBatch(batch_id=4, mode=2, req_rows=rows, frequency_penalty=np.full(b, 0.5, np.float32),
+                             presence_penalty=np.full(b, 0.25, np.float32),
+                             repetition_penalty=np.full(b, 1.5, np.float32), penalty_reset_rows=rows,
+                             penalty_output_rows=rows, penalty_output_ids=rows + 3)
     mixed = params(b, temperature=0.8, seeds=torch.arange(b, dtype=torch.int64) + 11)
     mixed.temperature[::2] = 0.0  # greedy and sampled rows in one pass
     for seed in range(5):
         lg16 = _ties(b, seed)
         lg32 = lg16.float()
-        for batch in (plain, with_logprobs, biased, grammar):
+        for batch in (plain, with_logprobs, biased, grammar, penalised):
             for sp in (params(b, temperature=0.0), mixed):
                 ids16, out16 = sample_outputs(batch, lg16, sp, st)
                 ids32, out32 = sample_outputs(batch, lg32, sp, st)
@@ -105,3 +109,36 @@ def test_model_dtype_logits_sample_as_their_float32_conversion() -> None:
                     assert torch.equal(out16.top_logprob_ids, out32.top_logprob_ids)
         assert lg16.dtype == torch.bfloat16  # the caller's logits are left as they were
     assert int(sample_outputs(biased, lg16, params(b, temperature=0.0), st)[0][4]) == 9
+
+
+def test_penalties_on_bf16_logits_are_applied_in_float32() -> None:
+    """Two adjacent bf16 values that a small frequency penalty reorders only in float32: the penalised
+    pass must convert before it applies the penalty (in bf16 1.0078 - 0.005 rounds back to 1.0078,
+    a tie the lower index wins)."""
+    lg32 = torch.zeros(1, V)
+    lg32[0, 0], lg32[0, 1] = 1.0, 1.0078125
+    one = np.array([0], np.int32)
+    batch = ForwardBatch(batch_id=0, mode=2, req_rows=one, frequency_penalty=np.array([0.005], np.float32),
+                         presence_penalty=np.zeros(1, np.float32), repetition_penalty=np.ones(1, np.float32),
+                         penalty_reset_rows=one, penalty_output_rows=one,
+                         penalty_output_ids=np.array([1], np.int32))
+    st = PenaltyState(1, V, torch.device("cpu"))
+    want = sample_outputs(batch, lg32, params(1, temperature=0.0), st)[0]
+    got = sample_outputs(batch, lg32.bfloat16(), params(1, temperature=0.0), st)[0]
+    assert want.tolist() == [1] and got.tolist() == want.tolist()
+
+
+def test_deferred_grammar_rows_on_bf16_logits() -> None:
+    """A pass whose grammar rows arrive later (GrammarMask) samples and reports logprobs from bf16
+    logits as from their float32 conversion."""
+    lg16 = (logits(3, V, seed=9) * 4).round().bfloat16()
+    st = PenaltyState(3, V, torch.device("cpu"))
+    batch = ForwardBatch(batch_id=7, mode=2, req_rows=np.arange(3, dtype=np.int32),
+                         grammar_deferred=np.array([1], np.int32), return_logprob=True, top_logprobs_num=2)
+    mask = GrammarMask(batch_id=7, rows=np.array([1], np.int32), bitmask=masks([[3, 50]]))
+    for sp in (params(3, temperature=0.0), params(3, temperature=0.9)):
+        a, oa = sample_outputs(batch, lg16, sp, st, mask)
+        b, ob = sample_outputs(batch, lg16.float(), sp, st, mask)
+        assert a.tolist() == b.tolist() and int(a[1]) in (3, 50)
+        assert torch.equal(oa.logprobs, ob.logprobs)
+
