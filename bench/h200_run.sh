@@ -267,7 +267,7 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
         --out "$OUT/sp-remat.json" ;;
     # issue 19 (FP8 batch-1): the int GEMV at M = 1 against its own loop without the conversion / with
     # loads only, and W8A8 on the tensor cores (pointer loads / TMA); then ncu's counters (~5 min)
-    # issue 19: the batch-1 FP8 MLP as one persistent kernel (kernels/mlp_fp8_m1.py) against its
+    # issue 19: the batch-1 FP8 MLP as one persistent kernel (a lab kernel in bench/lab/fused_mlp_m1.py) against its
     # three launches, norm included, over a grid of its configs (~3 min)
     fused-mlp) stage fused-mlp 280 python3 bench/lab/fused_mlp_m1.py --budget-s 220 --configs 2 --out "$OUT/fused-mlp.json" ;;
     # issue 19 part 4: cascade's prefix stage on a side stream beside the suffix stage (~30 s)

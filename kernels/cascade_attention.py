@@ -8,7 +8,8 @@ Inference: memory bandwidth efficient shared prefix batch decoding") and Hydrage
 a group attend to the prefix together, as one matrix product, and the per-request suffix attention
 is merged in by log-sum-exp. Three launches:
 
-  A. prefix (this module): grid (block of rows, KV head, prefix split). Rows are
+  A. prefix (this module): grid (KV head, prefix split, block of rows) (config blocks_last; the
+     block axis first without it). Rows are
      (member, query head) pairs of one KV head, member-major, packed densely: row r of group g is
      member r // G, query head kvh * G + r % G (G = Hq // Hkv). A program streams its split of the
      group's prefix once, through the FIRST member's page-table row, with tl.dot scores and the
@@ -60,7 +61,8 @@ def _cascade_prefix_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     REMAT_ROWS: tl.constexpr = False, BLOCKS_LAST: tl.constexpr = False,
 ):
-    # grid (row block, KV head, split). Row blocks are numbered group after group: group g owns
+    # grid (KV head, split, row block), or (row block, KV head, split) without BLOCKS_LAST. Row blocks
+    # are numbered group after group: group g owns
     # cdiv(members_g * GROUP, BLOCK_M) consecutive blocks; this program finds its group by walking
     # the (few) groups. Programs past the last block, and empty (padding) groups, do no work, so a
     # CUDA graph padded with empty groups costs only the blocks of its real groups. (H200, 2026-11-30:

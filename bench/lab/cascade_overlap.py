@@ -25,7 +25,6 @@ spare programs start after every real one).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import sweep_attention as SA  # noqa: E402
 
-from bench.common import out_path, run_header  # noqa: E402
+from bench.common import out_path, run_header, write_json  # noqa: E402
 
 K, bk = SA.K, SA.bk
 CA = sys.modules["radixrt.kernels.cascade_attention"]
@@ -116,9 +115,7 @@ def main() -> int:
     if args.walk:
         header = run_header()
         rows = walk_part([int(b) for b in args.batches.split(",")])
-        path = out_path(args.out, "cascade-walk.json")
-        if path:
-            path.write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+        write_json(out_path(args.out, "cascade-walk.json"), {"header": header, "rows": rows})
         return 0
     side = torch.cuda.Stream()
     header = run_header()
@@ -148,9 +145,7 @@ def main() -> int:
             rows.append({"batch": batch, "variant": name, "suffix_splits": kv_splits, "prefix_splits": ps,
                          "side_stream": stream is not None, "us": us, "rel_err": err})
             print(f"B={batch:3d} {name:60s} {us:7.1f} us  err {err:.1e}", flush=True)
-    path = out_path(args.out, "cascade-overlap.json")
-    if path:
-        path.write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    write_json(out_path(args.out, "cascade-overlap.json"), {"header": header, "rows": rows})
     return 0
 
 

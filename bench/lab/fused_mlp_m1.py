@@ -35,7 +35,6 @@ over 50 repeated launches and for equal output on a repeat).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import graph_ms, out_path, rel_err, run_header  # noqa: E402
+from bench.common import graph_ms, out_path, rel_err, run_header, write_json  # noqa: E402
 from bench.kernels_import import import_kernels  # noqa: E402
 
 import_kernels()
@@ -473,9 +472,7 @@ def main() -> int:
             best = (us, name)
     if best:
         log(f"best fused {best[1]}: {best[0]:.2f} us against unfused {base:.2f} ({best[0] / base:.3f}x)")
-    path = out_path(args.out, "fused-mlp-m1.json")
-    if path:
-        path.write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    write_json(out_path(args.out, "fused-mlp-m1.json"), {"header": header, "rows": rows})
     return 0
 
 
