@@ -303,6 +303,11 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
         --from-grid "$OUT/fp8-int-grid.json" ;;
     # issue 19 (batch-1 step): does a GEMV read weights faster after a side-stream kernel streamed them
     # into L2 while other kernels ran (bench/lab/l2_prefetch_lab.py; ~1 min)
+    # the RMSNorm split across the FP8 int GEMVs (kernels/gemv_fp8_int.py NORM_OUT / NORM_IN): its GPU
+    # tests, then the kernel chains and the batch-1 step of bf16 / FP8 / FP8 fused-norm engines
+    fused-norm) stage fused-norm-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/kernels/test_fp8_gpu.py tests/worker/test_gpu_model.py -k "fused_norm"
+      stage fused-norm 330 python3 bench/lab/fp8_fused_norm.py --rounds 4 --out "$OUT/fused-norm.json" ;;
     l2-prefetch) stage l2-prefetch 150 python3 bench/lab/l2_prefetch_lab.py --out "$OUT/l2-prefetch.json" ;;
     # issue 19 (batch-1 step): the model's L2 weight prefetch (RADIXRT_L2_PREFETCH; off by default; H200
     # 2026-12-03 at 24 MB: bf16 step 2.1% slower, FP8 unchanged): its GPU test, then the batch-1 step of

@@ -26,7 +26,8 @@ from .pdl import gdc_enter, launch_options, use_pdl
 
 @triton.jit
 def _silu_and_mul_kernel(x, out, inter, stride_x, stride_o, BLOCK: tl.constexpr,
-                         USE_PDL: tl.constexpr = False):
+                         USE_PDL: tl.constexpr = False, sq=None, P=0, hidden=1, eps=0.0,
+                         RSTD: tl.constexpr = False, BLOCK_P: tl.constexpr = 1):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -34,6 +35,12 @@ def _silu_and_mul_kernel(x, out, inter, stride_x, stride_o, BLOCK: tl.constexpr,
     # gate and up halves of this row, in fp32
     gate = tl.load(x + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    if RSTD:  # x is the linear of an RMSNorm's unnormalized rows: scale both halves by its rstd
+        offs_p = tl.arange(0, BLOCK_P)
+        s = tl.sum(tl.load(sq + row * P + offs_p, mask=offs_p < P, other=0.0), 0)
+        rstd = 1.0 / tl.sqrt(s / hidden + eps)
+        gate = gate * rstd
+        up = up * rstd
     # silu(g) = g * sigmoid(g)
     y = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out + row * stride_o + offs, y.to(out.dtype.element_ty), mask=mask)
@@ -44,10 +51,15 @@ def _pick_config(inter: int) -> dict:
     return {"BLOCK": min(1024, triton.next_power_of_2(inter)), "num_warps": 4}
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, rms: tuple[torch.Tensor, float, int] | None = None) -> torch.Tensor:
     """x: [T, 2I] (gate then up, last dim contiguous) -> [T, I] in x's dtype, computed in fp32.
 
-    Raises ValueError if x is not 2-D with an even, contiguous last dim.
+    rms (sq [T, P] float32 contiguous, eps, hidden): x is a linear (without bias) of RMSNorm rows
+    left unnormalized (kernels/gemv_fp8_int.py fp8_int_gemv_norm_out: sq their partial sums of
+    squares, hidden their width), so each row's gate and up are first multiplied by its
+    rstd = 1 / sqrt(sum(sq[t]) / hidden + eps): the SwiGLU of the normalized rows' linear.
+
+    Raises ValueError if x is not 2-D with an even, contiguous last dim, or sq is not [T, P].
     """
     check(x.dim() == 2 and x.shape[1] % 2 == 0, f"x must be [T, 2I], got {tuple(x.shape)}")
     check(x.stride(1) == 1, "x must have a contiguous last dim")
@@ -55,12 +67,18 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((num_tokens, inter), dtype=x.dtype, device=x.device)
     if num_tokens == 0 or inter == 0:
         return out
+    sq, eps, hidden = rms if rms is not None else (x, 0.0, 1)
+    if rms is not None:
+        check(sq.dim() == 2 and sq.shape[0] == num_tokens and sq.dtype == torch.float32 and sq.is_contiguous()
+              and hidden > 0, f"sq must be a contiguous [{num_tokens}, P] float32 tensor, hidden > 0")
+    num_p = sq.shape[1] if rms is not None else 0
     cfg = _pick_config(inter)
     grid = (num_tokens, triton.cdiv(inter, cfg["BLOCK"]))
     pdl = use_pdl(x)
     _silu_and_mul_kernel[grid](x, out, inter, x.stride(0), out.stride(0),
                                BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"], USE_PDL=pdl,
-                               **launch_options(pdl))
+                               sq=sq, P=num_p, hidden=int(hidden), eps=float(eps), RSTD=rms is not None,
+                               BLOCK_P=triton.next_power_of_2(max(num_p, 1)), **launch_options(pdl))
     return out
 
 

@@ -85,6 +85,64 @@ def _store_row(acc, r, scale, y, partials, bias, offs_n, N, M, stride_ym, pid_k,
 
 
 @triton.jit
+def _norm_operands(residual, sq, stride_r, offs_n, N, P, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                   NORM_OUT: tl.constexpr, NORM_IN: tl.constexpr, BLOCK_P: tl.constexpr):
+    """What the fused-norm epilogues read that the kernel before writes, loaded right after the wait
+    so that their latency passes during the K loop: the residual rows at this program's output
+    channels (NORM_OUT, float32 [BLOCK_N] per row) or the rows' partial sums of squares (NORM_IN,
+    [BLOCK_P] per row); zeros where unused."""
+    res0 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    res1 = res0
+    sq0 = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    sq1 = sq0
+    nmask = offs_n < N
+    offs_p = tl.arange(0, BLOCK_P)
+    if NORM_OUT:
+        res0 = tl.load(residual + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        if ROWS > 1:
+            res1 = tl.load(residual + stride_r + offs_n, mask=nmask, other=0.0).to(tl.float32)
+    if NORM_IN:
+        sq0 = tl.load(sq + offs_p, mask=offs_p < P, other=0.0)
+        if ROWS > 1:
+            sq1 = tl.load(sq + P + offs_p, mask=offs_p < P, other=0.0)
+    return res0, res1, sq0, sq1
+
+
+@triton.jit
+def _rstd(sq_row, K4, eps):
+    """1 / sqrt(mean of squares + eps) of a row from its partial sums of squares (NORM_IN): the
+    RMSNorm statistic of the row whose K = 4 K4 values the producer wrote."""
+    return 1.0 / tl.sqrt(tl.sum(sq_row, 0) / (K4 * 4) + eps)
+
+
+@triton.jit
+def _in_scale(scale, sq_row, K4, eps, NORM_IN: tl.constexpr):
+    """The output channels' scale, times the row's rstd under NORM_IN."""
+    s = scale
+    if NORM_IN:
+        s = scale * _rstd(sq_row, K4, eps)
+    return s
+
+
+@triton.jit
+def _store_row_norm_out(acc, r, scale, y, bias, res, gam, new_residual, sq, offs_n, N,
+                        stride_ym, stride_nr, HAS_BIAS: tl.constexpr):
+    """NORM_OUT epilogue of row r: the linear's output v (rounded to y's dtype, as an unfused
+    linear returns it), h = v + res (rounded: the residual stream, to new_residual),
+    y = h * gam (rounded) and this program's sum of h^2 into sq[r, pid]. res, gam: float32
+    [BLOCK_N] (the residual row and the norm's weight at this program's channels)."""
+    v = tl.sum(acc, axis=1) * scale
+    nmask = offs_n < N
+    if HAS_BIAS:
+        v += tl.load(bias + offs_n, mask=nmask, other=0.0).to(tl.float32)
+    h = (v.to(y.dtype.element_ty).to(tl.float32) + res).to(y.dtype.element_ty)
+    tl.store(new_residual + r * stride_nr + offs_n, h, mask=nmask)
+    hf = tl.where(nmask, h.to(tl.float32), 0.0)
+    tl.store(y + r * stride_ym + offs_n, (hf * gam).to(y.dtype.element_ty), mask=nmask)
+    tl.store(sq + r * tl.num_programs(0) + tl.program_id(0), tl.sum(hf * hf, 0))
+
+
+@triton.jit
 def _chunk(acc0, acc1, acc2, acc3, wv, x, stride_x4, k0, xk, K4,
            ROWS: tl.constexpr, EVEN_K: tl.constexpr, X_SCALE: tl.constexpr):
     """One chunk: the weight words wv [BN, BK4] at word offset k0 into the rows' accumulators."""
@@ -111,9 +169,18 @@ def _fp8_int_gemv_kernel(
     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K4: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
+    residual=None, gamma=None, new_residual=None, sq=None, stride_r=0, stride_nr=0, P=0, eps=0.0,
+    NORM_OUT: tl.constexpr = False, NORM_IN: tl.constexpr = False, BLOCK_P: tl.constexpr = 1,
+    sq_total=None, SQ_LAST: tl.constexpr = False,
 ):
     """x: int64 words of 4 bf16 [M, K4]; w: int32 words of 4 e4m3 [N, K4]. ROWS = M (1..4).
-    USE_PDL (kernels/pdl.py): the first chunk's weight words are loaded before the wait."""
+    USE_PDL (kernels/pdl.py): the first chunk's weight words are loaded before the wait.
+    NORM_OUT (no SPLIT): the epilogue of a linear followed by an RMSNorm (`_store_row_norm_out`);
+    NORM_IN (no SPLIT): x is such a producer's y, and each output row is scaled by its rstd
+    (`_rstd` over sq [M, P]); the two together make the RMSNorm between two linears disappear
+    (fp8_int_gemv_norm_out / fp8_int_gemv_norm_in). SQ_LAST (with NORM_OUT): the last program to
+    finish (counters[0], left zero) sums the rows' partial sums into sq_total [M] in program order,
+    so that the next linear reads one value per row (P = 1) instead of every program's."""
     X_SCALE: tl.constexpr = 281474976710656.0  # 2^48
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -130,15 +197,25 @@ def _fp8_int_gemv_kernel(
     acc2 = tl.zeros((BLOCK_N, BLOCK_K4), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_K4), dtype=tl.float32)
     loop_start = k_start
+    gam = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if NORM_OUT:  # a parameter: before the wait
+        gam = tl.load(gamma + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     if PREFETCH:  # the next chunk's words are loaded before this chunk is computed
         wn = tl.load(w_ptrs + k_start, mask=((k_start + xk) < k_stop) | EVEN_K, other=0)
         gdc_enter(USE_PDL)  # kernels/pdl.py
+        res0, res1, sq0, sq1 = _norm_operands(residual, sq, stride_r, offs_n, N, P, ROWS, BLOCK_N,
+                                              NORM_OUT, NORM_IN, BLOCK_P)
     elif USE_PDL:  # the first chunk, peeled: its words are in flight during the wait
         w0 = tl.load(w_ptrs + k_start, mask=((k_start + xk) < K4) | EVEN_K, other=0)
         gdc_enter(USE_PDL)
+        res0, res1, sq0, sq1 = _norm_operands(residual, sq, stride_r, offs_n, N, P, ROWS, BLOCK_N,
+                                              NORM_OUT, NORM_IN, BLOCK_P)
         acc0, acc1, acc2, acc3 = _chunk(acc0, acc1, acc2, acc3, w0, x, stride_x4, k_start, xk, K4,
                                         ROWS, EVEN_K, X_SCALE)
         loop_start = k_start + BLOCK_K4
+    else:
+        res0, res1, sq0, sq1 = _norm_operands(residual, sq, stride_r, offs_n, N, P, ROWS, BLOCK_N,
+                                              NORM_OUT, NORM_IN, BLOCK_P)
     for k0 in range(loop_start, k_stop, BLOCK_K4):
         if PREFETCH:
             wv = wn
@@ -149,13 +226,36 @@ def _fp8_int_gemv_kernel(
                                         ROWS, EVEN_K, X_SCALE)
     # 2^(120 - 48) = 2^72 undoes the two exponent offsets
     scale = tl.load(w_scale + w_rows) * 4722366482869645213696.0
-    _store_row(acc0, 0, scale, y, partials, bias, offs_n, N, M, stride_ym, pid_k, SPLIT, HAS_BIAS)
-    if ROWS > 1:
-        _store_row(acc1, 1, scale, y, partials, bias, offs_n, N, M, stride_ym, pid_k, SPLIT, HAS_BIAS)
-    if ROWS > 2:
-        _store_row(acc2, 2, scale, y, partials, bias, offs_n, N, M, stride_ym, pid_k, SPLIT, HAS_BIAS)
-    if ROWS > 3:
-        _store_row(acc3, 3, scale, y, partials, bias, offs_n, N, M, stride_ym, pid_k, SPLIT, HAS_BIAS)
+    if NORM_OUT:
+        _store_row_norm_out(acc0, 0, scale, y, bias, res0, gam, new_residual, sq, offs_n, N,
+                            stride_ym, stride_nr, HAS_BIAS)
+        if ROWS > 1:
+            _store_row_norm_out(acc1, 1, scale, y, bias, res1, gam, new_residual, sq, offs_n, N,
+                                stride_ym, stride_nr, HAS_BIAS)
+        if SQ_LAST:
+            tl.debug_barrier()  # every thread's partial-sum store precedes the release below
+            arrived = tl.atomic_add(counters, 1, sem="acq_rel")
+            if arrived == tl.num_programs(0) - 1:
+                tl.debug_barrier()
+                num_p = tl.num_programs(0)
+                offs_p = tl.arange(0, BLOCK_P)
+                # .cg: from L2, never a stale L1 line (other programs wrote these)
+                t0 = tl.load(sq + offs_p, mask=offs_p < num_p, other=0.0, cache_modifier=".cg")
+                tl.store(sq_total, tl.sum(t0, 0))
+                if ROWS > 1:
+                    t1 = tl.load(sq + num_p + offs_p, mask=offs_p < num_p, other=0.0, cache_modifier=".cg")
+                    tl.store(sq_total + 1, tl.sum(t1, 0))
+                tl.atomic_xchg(counters, 0)
+    else:
+        _store_row(acc0, 0, _in_scale(scale, sq0, K4, eps, NORM_IN), y, partials, bias, offs_n, N, M,
+                   stride_ym, pid_k, SPLIT, HAS_BIAS)
+        if ROWS > 1:
+            _store_row(acc1, 1, _in_scale(scale, sq1, K4, eps, NORM_IN), y, partials, bias, offs_n, N, M,
+                       stride_ym, pid_k, SPLIT, HAS_BIAS)
+        if ROWS > 2:
+            _store_row(acc2, 2, scale, y, partials, bias, offs_n, N, M, stride_ym, pid_k, SPLIT, HAS_BIAS)
+        if ROWS > 3:
+            _store_row(acc3, 3, scale, y, partials, bias, offs_n, N, M, stride_ym, pid_k, SPLIT, HAS_BIAS)
     if SPLIT:
         tl.debug_barrier()  # every thread's partial stores precede the release below
         arrived = tl.atomic_add(counters + pid_n, 1, sem="acq_rel")
@@ -261,10 +361,16 @@ def int_supported(x2: torch.Tensor, weight: torch.Tensor) -> bool:
 def fp8_int_gemv(x2: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                  bias: torch.Tensor | None, y2: torch.Tensor, block_n: int, block_k4: int, split_k: int,
                  num_warps: int, partials: torch.Tensor | None = None,
-                 counters: torch.Tensor | None = None, prefetch: bool = False) -> torch.Tensor:
+                 counters: torch.Tensor | None = None, prefetch: bool = False,
+                 norm_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 norm_in: tuple[torch.Tensor, float] | None = None,
+                 sq_total: torch.Tensor | None = None) -> torch.Tensor:
     """The raw launch: y2 [M, N] = x2 [M, K] @ (weight * weight_scale[:, None])^T (+ bias), operands
     as int_supported accepts (not checked here), y2 of any float dtype. With split-K, partials
     (fp32, >= splits * M * N) and counters (int32, >= cdiv(N, block_n), zero; left zero) are required.
+    norm_out (residual, gamma, new_residual, sq) or norm_in (sq, eps): the kernel's NORM_OUT / NORM_IN
+    epilogues (fp8_int_gemv_norm_out / _norm_in check them); not with split-K, M <= 2. sq_total
+    (fp32 [M], with norm_out and counters: zero int32, left zero): SQ_LAST.
     Returns y2. fp8_skinny_linear is the checked entry point."""
     m, k = x2.shape
     n = weight.shape[0]
@@ -280,8 +386,23 @@ def fp8_int_gemv(x2: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
         check(partials is not None and partials.numel() >= num_splits * m * n
               and counters is not None and counters.numel() >= tiles,
               f"split-K needs {num_splits * m * n} partials and {tiles} counters")
-    else:
+    elif sq_total is None:
         partials = counters = y2
+    else:
+        partials = y2
+    check(not ((norm_out or norm_in) and (split or m > 2)), "a fused norm takes M <= 2 and no split-K")
+    residual = gamma = new_residual = sq = y2
+    stride_r = stride_nr = num_p = 0
+    eps = 0.0
+    if norm_out is not None:
+        residual, gamma, new_residual, sq = norm_out
+        stride_r, stride_nr = residual.stride(0), new_residual.stride(0)
+        if sq_total is not None:
+            check(counters is not None and counters.numel() >= 1, "SQ_LAST needs a zero int32 counter")
+            num_p = tiles
+    elif norm_in is not None:
+        sq, eps = norm_in
+        num_p = sq.shape[1]
     pdl = use_pdl(x2)
     _fp8_int_gemv_kernel[(tiles, num_splits)](
         x64, w32, weight_scale, bias if bias is not None else y2, y2, partials, counters,
@@ -289,7 +410,12 @@ def fp8_int_gemv(x2: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
         x2.stride(0) // 4, weight.stride(0) // 4, y2.stride(0),
         ROWS=m, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K4=block_k4,
         EVEN_K=k4 % block_k4 == 0, SPLIT=split, HAS_BIAS=bias is not None,
-        PREFETCH=prefetch, num_warps=num_warps, num_stages=1, USE_PDL=pdl, **launch_options(pdl),
+        PREFETCH=prefetch, num_warps=num_warps, num_stages=1, USE_PDL=pdl,
+        residual=residual, gamma=gamma, new_residual=new_residual, sq=sq, stride_r=stride_r,
+        stride_nr=stride_nr, P=num_p, eps=float(eps), NORM_OUT=norm_out is not None,
+        NORM_IN=norm_in is not None, BLOCK_P=triton.next_power_of_2(max(num_p, 1)),
+        sq_total=sq_total if sq_total is not None else y2, SQ_LAST=sq_total is not None,
+        **launch_options(pdl),
     )
     return y2
 
@@ -341,3 +467,79 @@ def fp8_skinny_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     fp8_int_gemv(x2, weight, weight_scale, bias, out.view(-1, n), config.block_n, config.block_k4,
                  config.split_k, config.num_warps, *ws, config.prefetch)
     return out
+
+
+def norm_fusable(m: int, n: int, k: int, device_type: str) -> Fp8IntConfig | None:
+    """The int GEMV's config when a call of M rows of an [N, K] FP8 weight on `device_type` runs it
+    in one pass (no split-K) with M <= 2, so that it can take a NORM_OUT or NORM_IN epilogue
+    (fp8_int_gemv_norm_out / _norm_in); else None. Shapes only; never raises."""
+    cfg = int_routed(m, n, k, device_type)
+    return cfg if cfg is not None and cfg.split_k == 1 and m <= 2 else None
+
+
+def _fused_config(x2: torch.Tensor, weight: torch.Tensor, config: Fp8IntConfig | None) -> Fp8IntConfig:
+    m, k = x2.shape
+    cfg = config if config is not None else norm_fusable(m, weight.shape[0], k, x2.device.type)
+    check(cfg is not None and cfg.split_k == 1 and 1 <= m <= 2 and int_supported(x2, weight),
+          "a fused norm needs the int FP8 GEMV: 1-2 bf16 rows, K % 4 == 0, aligned rows, no split-K")
+    return cfg
+
+
+def fp8_int_gemv_norm_out(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                          bias: torch.Tensor | None, residual: torch.Tensor, gamma: torch.Tensor,
+                          config: Fp8IntConfig | None = None, counters: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A linear followed by the residual add and RMSNorm of a pre-norm block, the norm left to the
+    next linear (the RMSNorm of Zhang & Sennrich 2019 split across two kernels). With
+    v = x @ (weight * weight_scale[:, None])^T (+ bias) rounded to x's dtype:
+
+        h  = v + residual                 (rounded: the new residual stream)
+        g  = h * gamma                    (rounded: the next linear's input)
+        sq[r, p] = sum of h[r, j]^2 over program p's output channels j (float32)
+
+    so that rms_norm(h) * gamma == g[r] / sqrt(sum(sq[r]) / N + eps) (up to roundings), which
+    fp8_int_gemv_norm_in applies after its dot products.
+
+    x [M, K] bf16 (M of 1..2), weight [N, K] float8_e4m3fn, weight_scale [N] float32, bias [N] or
+    None, residual [M, N] bf16 (last dim contiguous), gamma [N]. config: the int GEMV's launch
+    parameters (default: FP8_INT_TUNED / the rule). Returns (g [M, N], h [M, N], sq [M, P] float32),
+    P = cdiv(N, block_n); with `counters` (int32, >= 1 element, zero; left zero) the last program
+    sums each row's partial sums (SQ_LAST) and sq is [M, 1]. Allocates its outputs only (CUDA-graph
+    safe). Raises ValueError when the call cannot take the int GEMV in one pass (norm_fusable) or a
+    shape or dtype does not match."""
+    _check_args(x, weight, bias, weight_scale)
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    cfg = _fused_config(x2, weight, config)
+    m = x2.shape[0]
+    check(tuple(residual.shape) == (m, n) and residual.dtype == x.dtype and residual.stride(-1) == 1,
+          f"residual must be [{m}, {n}] {x.dtype} with a contiguous last dim")
+    check(tuple(gamma.shape) == (n,) and gamma.is_contiguous(), f"gamma must be a contiguous [{n}]")
+    g = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    h = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    sq = torch.empty((m, triton.cdiv(n, cfg.block_n)), dtype=torch.float32, device=x.device)
+    total = None if counters is None else torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    fp8_int_gemv(x2, weight, weight_scale, bias, g, cfg.block_n, cfg.block_k4, 1, cfg.num_warps,
+                 counters=counters, prefetch=cfg.prefetch, norm_out=(residual, gamma, h, sq), sq_total=total)
+    return g, h, (sq if total is None else total)
+
+
+def fp8_int_gemv_norm_in(g: torch.Tensor, sq: torch.Tensor, eps: float, weight: torch.Tensor,
+                         weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
+                         config: Fp8IntConfig | None = None) -> torch.Tensor:
+    """The linear after fp8_int_gemv_norm_out: y[r] = (g[r] @ (weight * weight_scale[:, None])^T)
+    / sqrt(sum(sq[r]) / K + eps) (+ bias), i.e. the linear of rms_norm(h) * gamma.
+
+    g [M, K] bf16 (M of 1..2), sq [M, P] float32 contiguous, weight [N, K] float8_e4m3fn,
+    weight_scale [N], bias [N] or None. Returns y [M, N] in g's dtype (allocated: CUDA-graph safe).
+    Raises ValueError as fp8_int_gemv_norm_out."""
+    _check_args(g, weight, bias, weight_scale)
+    n, k = weight.shape
+    g2 = g.reshape(-1, k)
+    cfg = _fused_config(g2, weight, config)
+    m = g2.shape[0]
+    check(sq.dim() == 2 and sq.shape[0] == m and sq.dtype == torch.float32 and sq.is_contiguous(),
+          f"sq must be a contiguous [{m}, P] float32 tensor")
+    y = torch.empty((m, n), dtype=g.dtype, device=g.device)
+    return fp8_int_gemv(g2, weight, weight_scale, bias, y, cfg.block_n, cfg.block_k4, 1, cfg.num_warps,
+                        prefetch=cfg.prefetch, norm_in=(sq, eps))

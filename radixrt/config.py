@@ -240,6 +240,10 @@ class Env:
     # RADIXRT_FP8_FUSED_QUANT=0: every FP8 linear on the W8A8 path quantizes its own input, instead of
     # taking it quantized from the RMSNorm / SiLU-and-mul kernel before it (models/quant/fp8.py)
     fp8_fused_quant: bool = True
+    # RADIXRT_FP8_FUSED_NORM=0: at FP8 decode of 1-2 rows on CUDA, the RMSNorms between o and gate_up
+    # and between down and the next layer's qkv run as their own kernels, instead of in the int
+    # GEMVs' epilogues (kernels/gemv_fp8_int.py NORM_OUT / NORM_IN; models/quant/fp8.py NormedAct)
+    fp8_fused_norm: bool = True
     # RADIXRT_CPU_PACKED_LINEAR=0: CPU linears always through F.linear (no oneDNN packed weights)
     cpu_packed_linear: bool = True
     # RADIXRT_CPU_NATIVE_LINEAR: float32 CPU linears of up to 128 rows through the native kernel
@@ -271,6 +275,7 @@ class Env:
             fp8_triton_gemm=os.environ.get("RADIXRT_FP8_TRITON_GEMM", "1") not in ("0", "false"),
             fp8_fast_accum=os.environ.get("RADIXRT_FP8_FAST_ACCUM", "1") not in ("0", "false"),
             fp8_fused_quant=os.environ.get("RADIXRT_FP8_FUSED_QUANT", "1") not in ("0", "false"),
+            fp8_fused_norm=os.environ.get("RADIXRT_FP8_FUSED_NORM", "1") not in ("0", "false"),
             cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
             cpu_native_linear={"0": "0", "false": "0", "1": "1", "true": "1"}.get(
                 os.environ.get("RADIXRT_CPU_NATIVE_LINEAR", "auto").strip().lower(), "auto"),

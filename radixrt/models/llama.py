@@ -8,7 +8,8 @@ paged pool (the contract: radixrt/attention/base.py). Architecture differences a
 Weights are stored fused (q|k|v and gate|up) for two large matmuls instead of five;
 `load_weights` maps Hugging Face tensor names onto them. With FP8 linears (`--quantization fp8`) the
 RMSNorms before qkv and gate_up and the SiLU-and-mul before down quantize their output per token in
-their own kernel where the linear takes that (`Linear.takes_fp8_input`; models/quant/fp8.py).
+their own kernel where the linear takes that (`Linear.takes_fp8_input`; models/quant/fp8.py), and at
+1-2 rows on CUDA the norms between the int GEMVs run inside them (`LlamaForCausalLM.fused_norms`).
 
 Built with a `TPGroup` (--tp-size N > 1), the model is one rank's slice: `config` is the rank's
 (heads, KV heads, intermediate size per rank: parallel/layout.py), o_proj and down_proj are
@@ -28,6 +29,7 @@ from radixrt.attention.base import AttentionBackend, ForwardMeta
 from radixrt.models import native_layers, ops
 from radixrt.models.linear import Linear
 from radixrt.models.model_config import ModelConfig
+from radixrt.models.quant.fp8 import NormedAct
 from radixrt.models.rope import build_cos_sin_cache
 
 if TYPE_CHECKING:
@@ -41,10 +43,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, consumer: Linear | None = None
-                ) -> tuple[torch.Tensor | Fp8Act, torch.Tensor]:
+    def forward(self, x: torch.Tensor | NormedAct, residual: torch.Tensor | None = None,
+                consumer: Linear | None = None) -> tuple[torch.Tensor | Fp8Act | NormedAct, torch.Tensor]:
         """(out, new_residual) as `ops.rms_norm`; out is an Fp8Act (`ops.rms_norm_fp8`) when x is
-        [T, H] and `consumer`, the linear that reads out, takes its input quantized."""
+        [T, H] and `consumer`, the linear that reads out, takes its input quantized. A NormedAct x is
+        this norm already applied by the linear before (Fp8Linear.forward_then_norm; `residual` is
+        then its new residual): returned as it is."""
+        if isinstance(x, NormedAct):
+            return x, residual
         if consumer is not None and x.dim() == 2 and consumer.takes_fp8_input(x.shape[0], x.device):
             return ops.rms_norm_fp8(x, self.weight, self.eps, residual)
         return ops.rms_norm(x, self.weight, self.eps, residual)
@@ -71,10 +77,17 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor | Fp8Act, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                backend: AttentionBackend, after_qkv: Callable[[], None] | None = None) -> torch.Tensor:
-        """x [T, H] (or its FP8 form) -> o_proj's output [T, H]; positions [T] int64; after_qkv, when
-        given, is called right after the qkv GEMV is queued (L2Prefetch.fork)."""
+    def forward(self, x: torch.Tensor | Fp8Act | NormedAct, positions: torch.Tensor,
+                cos_sin_cache: torch.Tensor, backend: AttentionBackend,
+                after_qkv: Callable[[], None] | None = None) -> torch.Tensor:
+        """x [T, H] (or its FP8 / NormedAct form) -> o_proj's output [T, H]; positions [T] int64;
+        after_qkv, when given, is called right after the qkv GEMV is queued (L2Prefetch.fork)."""
+        return self.o_proj(self.attend(x, positions, cos_sin_cache, backend, after_qkv))
+
+    def attend(self, x: torch.Tensor | Fp8Act | NormedAct, positions: torch.Tensor,
+               cos_sin_cache: torch.Tensor, backend: AttentionBackend,
+               after_qkv: Callable[[], None] | None = None) -> torch.Tensor:
+        """`forward` up to o_proj: the attention output [T, Hq * D], o_proj's input."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         if after_qkv is not None:  # L2Prefetch.fork: runs beside rotary, the K/V store and attention
@@ -88,7 +101,7 @@ class Attention(nn.Module):
             k = self.k_norm(k)[0]
         q, k = ops.apply_rotary(q, k, positions, cos_sin_cache)
         o = backend.forward(q, k, v, self.layer_id, self.scale)  # [T, Hq, D]; v is a strided view
-        return self.o_proj(o.reshape(t, self.q_size))
+        return o.reshape(t, self.q_size)
 
 
 class MLP(nn.Module):
@@ -98,10 +111,15 @@ class MLP(nn.Module):
         self.gate_up_proj.gated = True
         self.down_proj = _row_linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, tp)
 
-    def forward(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
-        if self.down_proj.takes_fp8_input(x.shape[0], x.device):  # SiLU, product and quantization fused
+    def forward(self, x: torch.Tensor | Fp8Act | NormedAct) -> torch.Tensor:
+        if not isinstance(x, NormedAct) and self.down_proj.takes_fp8_input(x.shape[0], x.device):
+            # SiLU, product and quantization fused
             return self.down_proj(ops.silu_and_mul_fp8(self.gate_up_proj(x)))
-        return self.down_proj(self.gate_up_proj.silu_and_mul(x))  # ops.silu_and_mul(gate_up_proj(x))
+        return self.down_proj(self.activate(x))
+
+    def activate(self, x: torch.Tensor | Fp8Act | NormedAct) -> torch.Tensor:
+        """down_proj's input in the model dtype: ops.silu_and_mul(gate_up_proj(x))."""
+        return self.gate_up_proj.silu_and_mul(x)
 
 
 class L2Prefetch:
@@ -183,18 +201,29 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                cos_sin_cache: torch.Tensor, backend: AttentionBackend, prefetch: L2Prefetch | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, h: torch.Tensor | NormedAct, residual: torch.Tensor | None, positions: torch.Tensor,
+                cos_sin_cache: torch.Tensor, backend: AttentionBackend, prefetch: L2Prefetch | None = None,
+                fused_norms: bool = False, next_norm: RMSNorm | None = None
+                ) -> tuple[torch.Tensor | NormedAct, torch.Tensor]:
         """h [T, H] and the residual stream (None at the first layer) -> (MLP output [T, H], residual).
-        prefetch: an L2Prefetch to fork after this layer's qkv GEMV (this layer's o, then gate_up)."""
+        prefetch: an L2Prefetch to fork after this layer's qkv GEMV (this layer's o, then gate_up).
+        fused_norms (LlamaForCausalLM.fused_norms said yes for this pass): o_proj applies
+        post_attention_layernorm in its epilogue (Fp8Linear.forward_then_norm), and with next_norm
+        (the next layer's input_layernorm) down_proj applies that one: the output is then a NormedAct
+        and the residual already includes the MLP's output. h may be such a NormedAct."""
         x, residual = self.input_layernorm(h, residual, consumer=self.self_attn.qkv_proj)
         after_qkv = None
         if prefetch is not None:
             weights = [self.self_attn.o_proj.weight, self.mlp.gate_up_proj.weight]
             after_qkv = lambda: prefetch.fork(weights)  # noqa: E731
-        x = self.self_attn(x, positions, cos_sin_cache, backend, after_qkv)
-        x, residual = self.post_attention_layernorm(x, residual, consumer=self.mlp.gate_up_proj)
+        if fused_norms:
+            o = self.self_attn.attend(x, positions, cos_sin_cache, backend, after_qkv)
+            x, residual = self.self_attn.o_proj.forward_then_norm(o, residual, self.post_attention_layernorm)
+        else:
+            x = self.self_attn(x, positions, cos_sin_cache, backend, after_qkv)
+            x, residual = self.post_attention_layernorm(x, residual, consumer=self.mlp.gate_up_proj)
+        if fused_norms and next_norm is not None:
+            return self.mlp.down_proj.forward_then_norm(self.mlp.activate(x), residual, next_norm)
         return self.mlp(x), residual
 
 
@@ -277,12 +306,29 @@ class LlamaForCausalLM(nn.Module):
             h, residual = native_layers.run(self, h, positions, backend)
         else:
             prefetch = self.l2_prefetch if self.l2_prefetch.active(h) else None
-            for layer in self.model.layers:
-                h, residual = layer(h, residual, positions, self.cos_sin_cache, backend, prefetch)
+            fused, layers = self.fused_norms(h), self.model.layers
+            for i, layer in enumerate(layers):
+                next_norm = layers[i + 1].input_layernorm if fused and i + 1 < len(layers) else None
+                h, residual = layer(h, residual, positions, self.cos_sin_cache, backend, prefetch, fused,
+                                    next_norm)
             if prefetch is not None:
                 prefetch.join()
         h, _ = self.model.norm(h, residual)
         return h
+
+    def fused_norms(self, h: torch.Tensor) -> bool:
+        """Whether this pass over hidden states h [T, H] splits the decoder layers' RMSNorms across
+        the FP8 int GEMVs around them (o -> gate_up, down -> the next layer's qkv; Fp8Linear
+        .norm_fusable for all four linears: FP8 weights, CUDA, 1-2 bf16 rows, one pass each, no
+        tensor parallelism). The first layer's input norm and the final norm stay kernels. Shapes
+        only: the same answer at a CUDA graph's capture and replays."""
+        if not self.model.layers or h.dim() != 2:
+            return False
+        first = self.model.layers[0]
+        linears = (first.self_attn.qkv_proj, first.self_attn.o_proj, first.mlp.gate_up_proj,
+                   first.mlp.down_proj)
+        return all(hasattr(lin, "norm_fusable") and lin.norm_fusable(h.shape[0], h.device, h.dtype)
+                   for lin in linears)
 
     @torch.inference_mode()
     def compute_logits(self, hidden_last: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -126,11 +126,14 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
             (k * cos).addcmul_(torch.roll(k, half, dims=-1), sin))
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, rms: tuple[torch.Tensor, float, int] | None = None) -> torch.Tensor:
     """SwiGLU activation (Shazeer 2020): x = [gate | up] -> silu(gate) * up.
 
     Args:
         x: [T, 2 * I].
+        rms: (sq [T, P] float32, eps, hidden) when x is the bias-free linear of RMSNorm rows left
+            unnormalized (models/quant/fp8.py NormedAct): x's rows are first multiplied by
+            1 / sqrt(sum(sq[t]) / hidden + eps) (kernels.silu_and_mul's `rms`).
 
     Returns:
         [T, I], same dtype.
@@ -138,7 +141,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x.is_cuda:
         from radixrt.kernels import silu_and_mul as fused_silu_and_mul
 
-        return fused_silu_and_mul(x)
+        return fused_silu_and_mul(x, rms)
+    if rms is not None:
+        sq, eps, hidden = rms
+        x = (x.float() * torch.rsqrt(sq.sum(1, keepdim=True) / hidden + eps)).to(x.dtype)
     if x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous() and x.device.type == "cpu":
         native = _cpu_native()
         if native is not None:  # one C loop instead of chunk, silu and mul

@@ -135,3 +135,118 @@ def test_fp8_skinny_linear_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(launched) == 2 and not skinny
     G8.fp8_skinny_linear(torch.zeros(3, k, dtype=torch.bfloat16, device=DEVICE), w8, scale, b)
     assert len(launched) == 2 and skinny == [3]
+
+
+def _fp8_weight(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    w = torch.randn(n, k, generator=gen)
+    scale = (w.abs().amax(1) / 448).to(DEVICE)
+    return (w.to(DEVICE) / scale[:, None]).to(FP8), scale
+
+
+def _norm_chain_operands(m: int, bias: bool, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    k1, hidden, n2 = 96, 72, 40
+    w1, s1 = _fp8_weight(hidden, k1, gen)
+    w2, s2 = _fp8_weight(n2, hidden, gen)
+    b1 = torch.randn(hidden, generator=gen).to(torch.bfloat16).to(DEVICE) if bias else None
+    b2 = torch.randn(n2, generator=gen).to(torch.bfloat16).to(DEVICE) if bias else None
+    x = torch.randn(m, k1, generator=gen).to(torch.bfloat16).to(DEVICE)
+    res = (torch.randn(m, hidden, generator=gen) * 2).to(torch.bfloat16).to(DEVICE)
+    gamma = (torch.rand(hidden, generator=gen) + 0.5).to(torch.bfloat16).to(DEVICE)
+    return x, w1, s1, b1, res, gamma, w2, s2, b2
+
+
+def _rms_linear_ref(h, gamma, eps, w2, s2, b2):
+    """(linear of rms_norm(h) * gamma in float64, the bound sum |normed| |w|)."""
+    hd = h.double()
+    normed = hd * torch.rsqrt(hd.pow(2).mean(1, keepdim=True) + eps) * gamma.double()
+    wd = w2.double() * s2.double()[:, None]
+    ref = normed @ wd.t() + (b2.double() if b2 is not None else 0.0)
+    return ref, normed.abs() @ wd.abs().t()
+
+
+@pytest.mark.parametrize("m, bias", [(1, True), (2, False)])
+def test_norm_split_across_two_linears_matches_the_unfused_chain(m: int, bias: bool) -> None:
+    """linear -> residual add + RMSNorm -> linear with the norm in the two int GEMVs' epilogues
+    (NORM_OUT / NORM_IN), through the raw launcher with a float32 stream (the interpreter rounds
+    float32 -> bf16 wrongly): h is the unfused linear's output (same kernel, same config) plus the
+    residual, bit for bit; g = h * gamma exactly; each partial sum of squares is its 16 channels'
+    (N = 72 in blocks of 16: 5 per row, the last half empty); the second linear of g rounded to bf16
+    equals rms_norm(h) * gamma's linear up to that rounding and fp32 sums."""
+    x, w1, s1, b1, res, gamma, w2, s2, b2 = _norm_chain_operands(m, bias, 7 + m)
+    hidden, n2, eps = w1.shape[0], w2.shape[0], 1e-6
+    f32 = dict(dtype=torch.float32, device=DEVICE)
+    v = torch.empty(m, hidden, **f32)
+    G8.fp8_int_gemv(x, w1, s1, b1, v, 16, 8, 1, 4)  # the unfused linear
+    g, h, sq = torch.empty(m, hidden, **f32), torch.empty(m, hidden, **f32), torch.full((m, 5), -1.0, **f32)
+    G8.fp8_int_gemv(x, w1, s1, b1, g, 16, 8, 1, 4, norm_out=(res.float(), gamma, h, sq))
+    assert torch.equal(h, v + res.float())
+    assert torch.equal(g, h * gamma.float())
+    hp = torch.nn.functional.pad(h, (0, 8)).view(m, 5, 16)
+    torch.testing.assert_close(sq, hp.pow(2).sum(2), rtol=1e-6, atol=0)
+
+    gb = g.to(torch.bfloat16)
+    y = torch.empty(m, n2, **f32)
+    G8.fp8_int_gemv(gb, w2, s2, b2, y, 8, 8, 1, 4, norm_in=(sq, eps))
+    rstd = torch.rsqrt(h.double().pow(2).mean(1, keepdim=True) + eps)
+    wd = w2.double() * s2.double()[:, None]
+    ref = rstd * (gb.double() @ wd.t()) + (b2.double() if bias else 0.0)
+    bound = rstd * (gb.double().abs() @ wd.abs().t())
+    assert ((y.double() - ref).abs() <= 1e-5 * bound + 1e-6).all()
+    ref_norm, bound_norm = _rms_linear_ref(h, gamma, eps, w2, s2, b2)
+    assert ((y.double() - ref_norm).abs() <= 2 ** -8 * bound_norm + 1e-6).all()
+
+    # SQ_LAST: the last program sums the partial sums (one value per row), the counter left zero
+    counters = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    total = torch.full((m, 1), -1.0, **f32)
+    g2, h2, sq2 = torch.empty_like(g), torch.empty_like(h), torch.full((m, 5), -1.0, **f32)
+    G8.fp8_int_gemv(x, w1, s1, b1, g2, 16, 8, 1, 4, counters=counters, norm_out=(res.float(), gamma, h2, sq2),
+                    sq_total=total)
+    assert torch.equal(h2, h) and torch.equal(g2, g) and torch.equal(sq2, sq) and int(counters[0]) == 0
+    torch.testing.assert_close(total[:, 0], sq.sum(1), rtol=1e-6, atol=0)
+    y2 = torch.empty(m, n2, **f32)
+    G8.fp8_int_gemv(gb, w2, s2, b2, y2, 8, 8, 1, 4, norm_in=(total, eps))
+    torch.testing.assert_close(y2, y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_fused_norm_entry_points(m: int) -> None:
+    """fp8_int_gemv_norm_out / _norm_in in bf16 (their outputs allocated, P from the config): the
+    chain's result is the linear of rms_norm(v + residual) * gamma within bf16 roundings (two steps:
+    the interpreter truncates)."""
+    x, w1, s1, b1, res, gamma, w2, s2, b2 = _norm_chain_operands(m, True, 11 + m)
+    eps = 1e-5
+    g, h, sq = G8.fp8_int_gemv_norm_out(x, w1, s1, b1, res, gamma, config=G8.Fp8IntConfig(32, 8))
+    assert g.dtype == h.dtype == torch.bfloat16 and sq.shape == (m, 3) and sq.dtype == torch.float32
+    counters = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    g_last, h_last, total = G8.fp8_int_gemv_norm_out(x, w1, s1, b1, res, gamma, config=G8.Fp8IntConfig(32, 8),
+                                                     counters=counters)
+    assert torch.equal(g_last, g) and torch.equal(h_last, h) and total.shape == (m, 1)
+    torch.testing.assert_close(total[:, 0], sq.sum(1), rtol=1e-6, atol=0)
+    assert int(counters[0]) == 0
+    v = x.double() @ (w1.double() * s1.double()[:, None]).t() + b1.double()
+    assert ((h.double() - (v + res.double())).abs() <= 2 ** -6 * (v.abs() + res.double().abs()) + 1e-3).all()
+    y = G8.fp8_int_gemv_norm_in(g, sq, eps, w2, s2, b2, config=G8.Fp8IntConfig(8, 8))
+    ref, bound = _rms_linear_ref(h, gamma, eps, w2, s2, b2)
+    assert y.shape == (m, w2.shape[0]) and y.dtype == torch.bfloat16
+    assert ((y.double() - ref).abs() <= 2 ** -6 * bound + 2 ** -6 * ref.abs() + 1e-3).all()
+
+
+def test_fused_norm_refuses_calls_it_cannot_take() -> None:
+    """M > 2, a split-K config or a residual of the wrong shape: ValueError, nothing launched."""
+    gen = torch.Generator().manual_seed(1)
+    w, s = _fp8_weight(32, 64, gen)
+    x = torch.randn(3, 64, generator=gen).to(torch.bfloat16).to(DEVICE)
+    res = torch.zeros(3, 32, dtype=torch.bfloat16, device=DEVICE)
+    gamma = torch.ones(32, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="fused norm"):
+        G8.fp8_int_gemv_norm_out(x, w, s, None, res, gamma, config=G8.Fp8IntConfig(16, 8))
+    with pytest.raises(ValueError, match="fused norm"):
+        G8.fp8_int_gemv_norm_out(x[:1], w, s, None, res[:1], gamma, config=G8.Fp8IntConfig(16, 8, split_k=2))
+    with pytest.raises(ValueError, match="residual"):
+        G8.fp8_int_gemv_norm_out(x[:1], w, s, None, res[:, :16], gamma, config=G8.Fp8IntConfig(16, 8))
+    with pytest.raises(ValueError, match="sq"):
+        G8.fp8_int_gemv_norm_in(x[:1], torch.zeros(2, 4), 1e-6, torch.zeros(8, 64, dtype=FP8),
+                                torch.ones(8, device=DEVICE), config=G8.Fp8IntConfig(8, 8))
+    assert G8.norm_fusable(1, 3584, 18944, "cuda") == G8.FP8_INT_TUNED[(1, 3584, 18944)]
+    assert G8.norm_fusable(1, 3584, 18944, "cpu") is None and G8.norm_fusable(3, 3584, 3584, "cuda") is None

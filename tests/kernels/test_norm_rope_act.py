@@ -115,3 +115,17 @@ def test_rope_cache_rejects_unknown_scaling():
 def test_silu_and_mul_matches_reference(device, close, num_tokens, inter, dtype):
     x = _randn(num_tokens, 2 * inter, dtype=dtype, device=device, seed=8) * 4
     close(silu_and_mul(x), silu_and_mul_ref(x), *TOL[dtype])
+
+
+@pytest.mark.parametrize("num_tokens, inter, num_p", [(1, 33, 5), (2, 2048 + 5, 448)])
+def test_silu_and_mul_of_unnormalized_rms_rows(device, close, num_tokens, inter, num_p):
+    """`rms` (sq, eps, hidden): each row is first multiplied by 1 / sqrt(sum(sq[t]) / hidden + eps),
+    as if the linear before had normalized its input (kernels/gemv_fp8_int.py NORM_OUT's partial sums);
+    the same result as scaling x in torch first."""
+    x = _randn(num_tokens, 2 * inter, dtype=torch.float32, device=device, seed=9) * 20
+    sq = _randn(num_tokens, num_p, dtype=torch.float32, device=device, seed=10).abs() * 50
+    eps, hidden = 1e-5, 3584
+    rstd = torch.rsqrt(sq.sum(1, keepdim=True) / hidden + eps)
+    close(silu_and_mul(x, rms=(sq, eps, hidden)), silu_and_mul_ref(x * rstd), *TOL[torch.float32])
+    with pytest.raises(ValueError, match="sq"):
+        silu_and_mul(x, rms=(sq[:, :1].expand(num_tokens, 2), eps, hidden))

@@ -230,3 +230,29 @@ def test_l2_prefetch_in_the_decode_graph_changes_nothing(tiny_dir: Path,
         assert runner.last_path == "graph"  # the step replayed the graph captured with the fork / join
         assert (runner.model.l2_prefetch.stream is not None) == on
     torch.testing.assert_close(logits[True], logits[False], atol=1e-5, rtol=1e-5)
+
+
+def test_fp8_fused_norms_in_the_decode_graph(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 model with FP8 linears: a batch-1 decode step replayed from a graph captured with the
+    RMSNorms split across the int GEMVs (Fp8Linear.forward_then_norm; RADIXRT_FP8_FUSED_NORM) equals
+    the same step run eagerly, and is within bf16 roundings of a runner with the norms as kernels."""
+    from radixrt.models.quant.fp8 import Fp8Linear
+
+    ids = _prompts()[3]
+    step = single_request_batch([7], start=len(ids), page_size=16, batch_id=2)
+    logits = {}
+    for on in (True, False):
+        monkeypatch.setattr(Fp8Linear, "fused_norm", on)
+        runner = ModelRunner(_args(dtype="bfloat16", quantization="fp8"), tiny_dir)
+        h = torch.zeros(1, runner.model.config.hidden_size, device="cuda", dtype=torch.bfloat16)
+        assert runner.graphs is not None and runner.model.fused_norms(h) == on
+        runner.forward_logits(single_request_batch(ids, page_size=16))
+        logits[on] = runner.forward_logits(step).clone()
+        assert runner.last_path == "graph"
+        if on:
+            graphs, runner.graphs = runner.graphs, None
+            eager = runner.forward_logits(step)
+            runner.graphs = graphs
+            torch.testing.assert_close(logits[on], eager, atol=1e-2, rtol=0)
+    assert torch.isfinite(logits[True]).all()
+    torch.testing.assert_close(logits[True], logits[False], atol=5e-2, rtol=0)

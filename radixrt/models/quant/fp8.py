@@ -28,6 +28,12 @@ norm kernel's fp32 summation order), as SGLang and vLLM fuse their norm / activa
 quantization. o's input comes from attention, whose programs each see one head of a row, so o
 quantizes its own input.
 
+At 1-2 rows on CUDA (the int GEMV in one pass for all four decoder linears) the RMSNorms between o
+and gate_up and between down and the next layer's qkv move into the GEMVs around them
+(`Fp8Linear.forward_then_norm` -> `NormedAct` -> `forward` or `silu_and_mul` of the next linear;
+kernels/gemv_fp8_int.py NORM_OUT / NORM_IN; RADIXRT_FP8_FUSED_NORM=0 turns it off): the norm scales
+a whole row by one number, so that number can be applied after the next linear's sums.
+
 `skinny_max_rows` comes from RADIXRT_FP8_SKINNY_MAX_ROWS (default 16; 0 sends every call to the
 W8A8 path), RADIXRT_FP8_TRITON_GEMM=0 keeps every W8A8 call on _scaled_mm, and
 RADIXRT_FP8_FAST_ACCUM=0 makes _scaled_mm promote its partial sums to fp32 (fast accumulation is the
@@ -90,6 +96,41 @@ class Fp8Act:
     @property
     def device(self) -> torch.device:
         return self.q.device
+
+
+def _fp8_fused_norm() -> bool:
+    from radixrt.config import Env
+
+    return Env.read().fp8_fused_norm
+
+
+@dataclass(frozen=True, slots=True)
+class NormedAct:
+    """An RMSNorm's output not yet normalized (Fp8Linear.forward_then_norm): rms_norm(h) * gamma
+    == g / sqrt(sum(sq, 1) / H + eps) row by row, with g [M, H] = h * gamma in the model dtype and
+    sq [M, P] float32 partial sums of h's squares. An Fp8Linear applies the division after its dot
+    products (kernels/gemv_fp8_int.py NORM_IN); `materialize` computes the normed rows in torch."""
+
+    g: torch.Tensor
+    sq: torch.Tensor
+    eps: float
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.g.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.g.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.g.dtype
+
+    def materialize(self) -> torch.Tensor:
+        """The normed rows [M, H] in the model dtype (g * rstd, rstd in float32)."""
+        rstd = torch.rsqrt(self.sq.sum(1, keepdim=True) / self.g.shape[1] + self.eps)
+        return (self.g.float() * rstd).to(self.g.dtype)
 
 
 def _scales(amax: torch.Tensor) -> torch.Tensor:
@@ -161,6 +202,12 @@ class Fp8Linear(Linear):
     triton_gemm = _fp8_triton_gemm()  # W8A8 calls through kernels.gemm_fp8 where gemm_routed says so
     fast_accum = _fp8_fast_accum()  # _scaled_mm's use_fast_accum on CUDA (RADIXRT_FP8_FAST_ACCUM)
     fused_quant = _fp8_fused_quant()  # takes_fp8_input may say yes (RADIXRT_FP8_FUSED_QUANT)
+    fused_norm = _fp8_fused_norm()  # norm_fusable may say yes (RADIXRT_FP8_FUSED_NORM)
+    skinny_devices = ("cuda",)  # device types whose decode rows take fp8_skinny_linear (tests add "cpu")
+    # forward_then_norm: the producer's last program sums the partial sums of squares (SQ_LAST)
+    norm_sq_last = False
+    # silu_and_mul of a NormedAct: rstd applied by the SiLU kernel (False: by the GEMV's epilogue)
+    norm_in_silu = True
     _gemm_workspace = None  # split-K scratch of the routed fp8_gemm calls (allocated at the first one)
 
     @classmethod
@@ -186,15 +233,22 @@ class Fp8Linear(Linear):
         self.weight[lo:hi].copy_(q)
         self.weight_scale[lo:hi].copy_(s)
 
-    def forward(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
-        """x [..., K] in the model dtype, or an Fp8Act of [M, K] (`takes_fp8_input`) -> y [..., N] /
-        [M, N] in the model dtype."""
+    def forward(self, x: torch.Tensor | Fp8Act | NormedAct) -> torch.Tensor:
+        """x [..., K] in the model dtype, an Fp8Act of [M, K] (`takes_fp8_input`) or a NormedAct of
+        [M, K] (`forward_then_norm` of the linear before) -> y [..., N] / [M, N] in the model dtype."""
         n, k = self.weight.shape
         if isinstance(x, Fp8Act):
             return self._w8a8(x.q, x.scale, x.dtype)
+        if isinstance(x, NormedAct):
+            if self.norm_fusable(x.shape[0], x.device, x.dtype):
+                from radixrt.kernels.gemv_fp8_int import fp8_int_gemv_norm_in
+
+                return fp8_int_gemv_norm_in(x.g, x.sq, x.eps, self.weight, self.weight_scale, self.bias)
+            x = x.materialize()
         x2 = x.reshape(-1, k)
         m = x2.shape[0]
-        if x.is_cuda and self._skinny and 0 < m <= self.skinny_max_rows and k % 16 == 0:
+        if (x.device.type in self.skinny_devices and self._skinny and 0 < m <= self.skinny_max_rows
+                and k % 16 == 0):
             from radixrt.kernels import fp8_skinny_linear
 
             y = fp8_skinny_linear(x2, self.weight, self.weight_scale, self.bias,
@@ -214,10 +268,49 @@ class Fp8Linear(Linear):
         n, k = self.weight.shape
         return not (k % 16 or n % 16 or (self._skinny and rows <= self.skinny_max_rows))
 
-    def silu_and_mul(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
-        """SwiGLU of this fused [gate; up] FP8 weight: `ops.silu_and_mul(self(x))`."""
+    def norm_fusable(self, rows: int, device: torch.device, dtype: torch.dtype) -> bool:
+        """True where a call of `rows` rows of `dtype` x on `device` runs the int FP8 GEMV in one pass
+        (kernels/gemv_fp8_int.py norm_fusable: CUDA, 1-2 rows, no split-K; bf16 x; forward's own
+        skinny conditions), so it can produce (`forward_then_norm`) or take (`forward` of a
+        NormedAct) an RMSNorm split across its epilogue; False with RADIXRT_FP8_FUSED_NORM=0.
+        Shapes only, so CUDA-graph safe. Never raises."""
+        n, k = self.weight.shape
+        if not (self.fused_norm and self._skinny and dtype == torch.bfloat16
+                and 0 < rows <= self.skinny_max_rows and k % 16 == 0):
+            return False
+        from radixrt.kernels.gemv_fp8_int import norm_fusable
+
+        return norm_fusable(rows, n, k, device.type) is not None
+
+    def forward_then_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+                          ) -> tuple[NormedAct | torch.Tensor, torch.Tensor]:
+        """This linear, the residual add and `norm` (an RMSNorm: `weight` [N], `eps`, and
+        norm(y, residual) -> (out, new residual)) in one kernel, the normalization left to the next
+        Fp8Linear: (NormedAct of rms_norm(y + residual) * norm.weight, the new residual y + residual
+        [M, N]), x [M, K] and residual [M, N] in the model dtype. Where the int GEMV cannot take the
+        call in one pass (`norm_fusable`, or operands it refuses: unaligned rows), the linear and
+        then `norm` as usual: (out [M, N], new residual). Never raises for a fusable-shaped call."""
+        from radixrt.kernels.gemv_fp8_int import fp8_int_gemv_norm_out, int_supported
+
+        x2 = x.reshape(-1, self.weight.shape[1])
+        if not (self.norm_fusable(x2.shape[0], x.device, x.dtype) and int_supported(x2, self.weight)
+                and residual.shape == (x2.shape[0], self.weight.shape[0]) and residual.stride(-1) == 1):
+            return norm(self(x), residual)
+        counters = self._scratch(x.device).counters if self.norm_sq_last else None
+        g, h, sq = fp8_int_gemv_norm_out(x2, self.weight, self.weight_scale, self.bias, residual,
+                                         norm.weight.contiguous(), counters=counters)
+        return NormedAct(g, sq, norm.eps), h
+
+    def silu_and_mul(self, x: torch.Tensor | Fp8Act | NormedAct) -> torch.Tensor:
+        """SwiGLU of this fused [gate; up] FP8 weight: `ops.silu_and_mul(self(x))`. A NormedAct x
+        (with no bias, where `norm_fusable`) takes the plain GEMV of its unnormalized rows and leaves
+        the division by the RMS to the SiLU kernel (its few programs each sum the partial sums of
+        squares once, not each of the GEMV's thousands)."""
         from radixrt.models import ops
 
+        if (isinstance(x, NormedAct) and self.norm_in_silu and self.bias is None
+                and self.norm_fusable(x.shape[0], x.device, x.dtype)):
+            return ops.silu_and_mul(self(x.g), rms=(x.sq, x.eps, x.g.shape[1]))
         return ops.silu_and_mul(self(x))
 
     def _w8a8(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
