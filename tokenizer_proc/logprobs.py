@@ -7,6 +7,7 @@ A token that is not valid UTF-8 on its own is shown as "bytes:\\xe4\\xb8" (as Op
 
 from __future__ import annotations
 
+import codecs
 import re
 from functools import lru_cache
 from typing import Any
@@ -37,11 +38,13 @@ def _is_byte_level(tokenizer: Any) -> bool:
 
 
 class TokenTexts:
-    """Cached id -> (display string, exact bytes) for one tokenizer."""
+    """Cached id -> (display string, exact bytes) for one tokenizer; `special_ids` the ids that
+    decoding with skip_special_tokens leaves out."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.byte_level = _is_byte_level(tokenizer)
+        self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def get(self, token_id: int) -> tuple[str, list[int]]:
@@ -84,34 +87,43 @@ def chat_logprobs(texts: TokenTexts, lps: list[TokenLogprob]) -> list[dict[str, 
 class CompletionLogprobs:
     """Accumulates the legacy completions `logprobs` object.
 
-    The object: {tokens, token_logprobs, top_logprobs, text_offset}.
+    The object: {tokens, token_logprobs, top_logprobs, text_offset}. text_offset[i] is the position in
+    the choice's `text` (characters) where token i starts: the characters its bytes complete are
+    counted after it (a character split across byte tokens starts at the first of them), and a
+    special token the text leaves out (skip_special_tokens) takes no room, so every offset is at most
+    len(text).
     """
 
-    def __init__(self, texts: TokenTexts, text_offset: int = 0) -> None:
+    def __init__(self, texts: TokenTexts, text_offset: int = 0, skip_special: bool = True) -> None:
         self.texts = texts
         self.offset = text_offset
+        self.skip_special = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self.tokens: list[str] = []
         self.token_logprobs: list[float | None] = []
         self.top_logprobs: list[dict[str, float] | None] = []
         self.text_offset: list[int] = []
 
-    def add_prompt(self, ids: list[int]) -> None:
-        """Echoed prompt tokens: OpenAI reports null logprobs for them (nothing is computed here)."""
+    def add_prompt(self, ids: list[int], skip_special: bool | None = None) -> None:
+        """Echoed prompt tokens: OpenAI reports null logprobs for them (nothing is computed here).
+        skip_special: whether the echoed text leaves out special tokens (None: as the completion)."""
+        skip = self.skip_special if skip_special is None else skip_special
         for tid in ids:
-            self._push(tid, None, None)
+            self._push(tid, None, None, skip)
 
     def add(self, lps: list[TokenLogprob]) -> None:
         for lp in lps:
             self._push(lp.token_id, lp.logprob,
-                       {self.texts.get(t)[0]: v for t, v in lp.top} if lp.top else {})
+                       {self.texts.get(t)[0]: v for t, v in lp.top} if lp.top else {}, self.skip_special)
 
-    def _push(self, tid: int, lp: float | None, top: dict[str, float] | None) -> None:
-        tok = self.texts.get(tid)[0]
+    def _push(self, tid: int, lp: float | None, top: dict[str, float] | None, skip_special: bool) -> None:
+        tok, raw = self.texts.get(tid)
         self.tokens.append(tok)
         self.token_logprobs.append(lp)
         self.top_logprobs.append(top)
         self.text_offset.append(self.offset)
-        self.offset += len(tok)
+        if not (skip_special and tid in self.texts.special_ids):
+            self.offset += len(self._utf8.decode(bytes(raw)))
 
     def take(self) -> dict[str, Any]:
         """The accumulated object; resets the lists (for streaming deltas) but keeps the text offset."""

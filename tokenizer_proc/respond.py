@@ -77,10 +77,11 @@ async def respond(request: Request, handle: RequestHandle, writer: ResponseWrite
 
     Raises:
         APIError: the scheduler rejected the request (before a stream's first output).
-        ClientGone: a non-streamed request's client disconnected.
+        ClientGone: the client disconnected before a non-streamed reply or a stream's first output
+            (the samples are aborted then, not after a prefill nobody reads).
     """
     if handle.stream:
-        return HandleStreamingResponse(handle, await open_stream(handle), writer)
+        return HandleStreamingResponse(handle, await until_disconnect(request, open_stream(handle)), writer)
     choices = await until_disconnect(request, collect(handle))
     return json_response(writer.body(choices))
 

@@ -80,9 +80,30 @@ class CompletionWriter:
         self.enc = ChunkEncoder(self.meta, {"usage": None} if self.with_usage else {})
         self.accs: dict[int, CompletionLogprobs] = {}  # streamed legacy logprobs, by choice index
 
+    def _logprobs(self) -> CompletionLogprobs:
+        return CompletionLogprobs(self.ctx.texts, skip_special=self.req.skip_special_tokens is not False)
+
+    def _text_prompt(self, index: int) -> str | None:
+        """Choice `index`'s prompt as sent when it was text (None for token ids)."""
+        p = self.req.prompt
+        if isinstance(p, str):
+            return p
+        if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+            return p[index // (self.req.n or 1)]
+        return None
+
+    def _echo_skips_special(self) -> bool:
+        """Whether the echoed prompt leaves out special tokens: not a text prompt (echoed as sent)."""
+        return self._text_prompt(0) is None and self.req.skip_special_tokens is not False
+
     def _echo_text(self, index: int) -> str:
+        """The echoed prompt of choice `index`: a text prompt exactly as sent (special tokens in it
+        included, as vLLM echoes), a token-id prompt decoded (skip_special_tokens applies)."""
         if not self.req.echo:
             return ""
+        text = self._text_prompt(index)
+        if text is not None:
+            return text
         skip_special = self.req.skip_special_tokens is not False
         return decode(self.ctx.tokenizer, _prompt_of(self.handle, index), skip_special)
 
@@ -91,9 +112,9 @@ class CompletionWriter:
         for i, c in sorted(choices.items()):
             lp_obj: dict[str, Any] | None = None
             if self.want_lp:
-                acc = CompletionLogprobs(self.ctx.texts)
+                acc = self._logprobs()
                 if self.req.echo:
-                    acc.add_prompt(_prompt_of(self.handle, i))
+                    acc.add_prompt(_prompt_of(self.handle, i), self._echo_skips_special())
                 acc.add(c.logprobs)
                 lp_obj = acc.take()
             out.append({"index": i, "text": self._echo_text(i) + c.text, "logprobs": lp_obj,
@@ -112,9 +133,9 @@ class CompletionWriter:
         writes = []
         for st in sorted(self.handle.samples.values(), key=lambda s: s.spec.index):
             i = st.spec.index
-            acc = self.accs[i] = CompletionLogprobs(self.ctx.texts)
+            acc = self.accs[i] = self._logprobs()
             if self.req.echo:
-                acc.add_prompt(st.spec.input_ids)
+                acc.add_prompt(st.spec.input_ids, self._echo_skips_special())
                 writes.append(self._chunk(i, self._echo_text(i), None, acc.take() if self.want_lp else None))
         return writes
 

@@ -20,6 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from radixrt.constrained.errors import GrammarError
+from radixrt.constrained.spec import dumps_checked
+
+from .errors import bad_request
 from .tool_prompt import CALL_CLOSE, CALL_OPEN, CALL_SEPARATOR
 from .tool_protocol import NamedToolChoice, ToolDefinition, ToolFields
 
@@ -107,7 +111,7 @@ def tool_grammar(tools: Sequence[ToolDefinition], tool_choice: str | NamedToolCh
                 raise ValueError(f"tool_choice: function {tool_choice.function.name!r} is not in tools")
             parallel = False  # one call of the named function
         body = _forced(fmt, chosen, parallel)
-    text = json.dumps({"type": "structural_tag", "format": body}, ensure_ascii=False)
+    text = dumps_checked({"type": "structural_tag", "format": body}, "tools", ensure_ascii=False)
     return GrammarSpec("structural_tag", text), fmt.parser
 
 
@@ -126,10 +130,16 @@ class ToolPlan:
 
 
 def plan_tools(fields: ToolFields, parser: str) -> ToolPlan:
-    """Plan a request from its validated tool fields and the server's parser name."""
+    """Plan a request from its validated tool fields and the server's parser name.
+
+    Raises:
+        APIError: 400 (param "tools") when the tools' grammar cannot be built (nested too deeply)."""
     tools = list(fields.tools or [])
     choice = fields.effective_tool_choice()
     if choice == "none" or not tools:
         return ToolPlan(tools, None, None)
-    grammar, out_parser = tool_grammar(tools, choice, fields.allows_parallel(), parser)
+    try:
+        grammar, out_parser = tool_grammar(tools, choice, fields.allows_parallel(), parser)
+    except GrammarError as e:  # a tool's parameters nested too deeply for a grammar
+        raise bad_request(str(e), param="tools") from None
     return ToolPlan(tools, out_parser, grammar)

@@ -26,14 +26,24 @@ class RequestMatcher:
     set back to the output it keeps with rollback_to(num_kept).
     """
 
-    __slots__ = ("_matcher", "num_accepted", "_stop_token_ids")
+    __slots__ = ("_matcher", "num_accepted", "_stop_token_ids", "_vocab_size")
 
     def __init__(self, compiled_grammar: Any) -> None:
         import xgrammar as xgr
 
         self._matcher = xgr.GrammarMatcher(compiled_grammar)
         self._stop_token_ids = list(self._matcher.stop_token_ids)
+        self._vocab_size = int(compiled_grammar.tokenizer_info.vocab_size)
         self.num_accepted = 0
+
+    def admits_any_token(self) -> bool:
+        """Whether some token may come next (the stop token included): False when the grammar is at
+        a dead end, e.g. one whose language is empty (`root ::= root`, the regex `[^\\s\\S]`)."""
+        from .bitmask import allocate_bitmask
+
+        mask = allocate_bitmask(1, self._vocab_size)
+        self.fill_bitmask(mask, 0)
+        return bool(mask.any())
 
     @property
     def is_terminated(self) -> bool:

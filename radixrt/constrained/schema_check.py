@@ -65,6 +65,8 @@ def parse_json(text: str, what: str) -> Any:
         return json.loads(text)
     except (json.JSONDecodeError, TypeError) as e:
         raise GrammarError(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise GrammarError(f"{what} nests too deeply") from None
 
 
 def check_json_schema(schema: Any) -> None:

@@ -84,12 +84,41 @@ def spec_from_request(*, response_format: dict[str, Any] | None = None, regex: s
                               ("json_schema", json_schema, GrammarKind.JSON_SCHEMA),
                               ("structural_tag", structural_tag, GrammarKind.STRUCTURAL_TAG)):
         if value is not None:
-            text = value if isinstance(value, str) else json.dumps(value)
+            text = value if isinstance(value, str) else dumps_checked(value, name)
             found.append((name, GrammarSpec(kind, text)))
     if len(found) > 1:
         names = ", ".join(name for name, _ in found)
         raise GrammarError(f"only one output constraint may be set per request, got {names}")
     return found[0][1] if found else None
+
+
+MAX_JSON_DEPTH = 128  # nesting of a schema, tag or tool definition; far above any real one
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a scalar 0, [] or {} 1, [[1]] 2), computed without recursion."""
+    depth, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            depth = max(depth, d)
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            depth = max(depth, d)
+            stack.extend((x, d + 1) for x in v)
+    return depth
+
+
+def dumps_checked(value: Any, what: str, **kwargs: Any) -> str:
+    """`json.dumps(value, **kwargs)` of a grammar's JSON (schema, structural tag, tool parameters).
+
+    Raises:
+        GrammarError: value nests deeper than MAX_JSON_DEPTH (json.dumps would hit Python's recursion
+            limit near 500 levels; the grammar compiler recurses too)."""
+    depth = json_depth(value)
+    if depth > MAX_JSON_DEPTH:
+        raise GrammarError(f"{what} nests {depth} levels deep; at most {MAX_JSON_DEPTH} are supported")
+    return json.dumps(value, **kwargs)
 
 
 def _spec_from_response_format(rf: dict[str, Any]) -> GrammarSpec | None:
@@ -106,9 +135,10 @@ def _spec_from_response_format(rf: dict[str, Any]) -> GrammarSpec | None:
             raise GrammarError("response_format json_schema needs "
                                "'json_schema': {'name': ..., 'schema': {...}}")
         schema = inner["schema"]
-        return GrammarSpec(GrammarKind.JSON_SCHEMA, schema if isinstance(schema, str) else json.dumps(schema))
+        return GrammarSpec(GrammarKind.JSON_SCHEMA,
+                           schema if isinstance(schema, str) else dumps_checked(schema, "the JSON schema"))
     if kind == "structural_tag":
-        return GrammarSpec(GrammarKind.STRUCTURAL_TAG, json.dumps(rf))
+        return GrammarSpec(GrammarKind.STRUCTURAL_TAG, dumps_checked(rf, "the structural tag"))
     raise GrammarError(f"response_format type {kind!r} is not one of text, json_object, json_schema, "
                        "structural_tag")
 
@@ -128,7 +158,9 @@ def validate_spec(spec: GrammarSpec) -> str:
         if kind is GrammarKind.JSON_OBJECT:
             return JSON_OBJECT_SCHEMA
         if kind is GrammarKind.JSON_SCHEMA:
-            check_json_schema(parse_json(spec.text, "JSON schema"))
+            schema = parse_json(spec.text, "JSON schema")
+            dumps_checked(schema, "the JSON schema")  # the depth limit for schemas sent as strings
+            check_json_schema(schema)
             xgr.Grammar.from_json_schema(spec.text, any_whitespace=JSON_ANY_WHITESPACE)
             return spec.text
         if kind is GrammarKind.REGEX:

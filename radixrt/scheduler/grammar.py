@@ -193,6 +193,10 @@ class GrammarStage:
         ("abort", message) when it rejected the token (the mask was not applied), else (None, None)."""
         matcher = req.matcher
         if not matcher.accept_token(tok):
+            if not matcher.admits_any_token():  # an empty language, or a dead end the compiler kept
+                return "abort", (f"the output constraint (response_format, regex, ebnf, json_schema or "
+                                 f"the forced tool call) admits no token after {req.num_resolved_outputs} "
+                                 f"output tokens: it matches no complete output")
             return "abort", (f"internal error: the grammar rejected sampled token {tok} "
                              f"(output token {req.num_resolved_outputs})")
         if matcher.is_terminated:

@@ -127,3 +127,28 @@ def test_batch_filler_matches_per_row_fills(service: GrammarCompilerService, tok
         BitmaskFiller(num_threads=2, min_rows_for_threads=threads_from).fill(matchers, target)
         np.testing.assert_array_equal(got[:4], expected)
         assert not got[4].any()  # rows past the matchers are untouched
+
+
+@pytest.mark.parametrize("kind, text, prefix", [(GrammarKind.REGEX, "a[^\\s\\S]", "a"),
+                                                (GrammarKind.EBNF, "root ::= root", "")])
+def test_a_dead_end_admits_no_token_and_the_scheduler_says_so(
+        service: GrammarCompilerService, tokenizer: Any, kind: GrammarKind, text: str, prefix: str) -> None:
+    """A grammar with no complete match (found valid by the compiler) reaches a state where no token,
+    stop included, may follow: admits_any_token is False there, True on the way in and for a live
+    grammar, and the scheduler's abort message says the constraint matches nothing instead of
+    calling it an internal error (the break-it report of 2026-12-04, F3)."""
+    from types import SimpleNamespace
+
+    from radixrt.scheduler.grammar import GrammarStage
+
+    m = RequestMatcher(service.compile_now(GrammarSpec(kind, text)))
+    for tok in tokenizer.encode(prefix, add_special_tokens=False):
+        assert m.admits_any_token() and m.accept_token(tok)
+    assert not m.admits_any_token()
+    req = SimpleNamespace(matcher=m, num_resolved_outputs=len(prefix))
+    action, message = GrammarStage.accept(req, 0)
+    assert action == "abort" and "admits no token" in message and "internal error" not in message
+    live = RequestMatcher(service.compile_now(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA))))
+    assert live.admits_any_token()
+    action, message = GrammarStage.accept(SimpleNamespace(matcher=live, num_resolved_outputs=0), 0)
+    assert action == "abort" and "internal error" in message  # a token the mask would have refused

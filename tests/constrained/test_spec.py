@@ -233,3 +233,32 @@ def test_structural_tag_checks_inner_schemas_and_bounds_whitespace() -> None:
     no_format = GrammarSpec(GrammarKind.STRUCTURAL_TAG, '{"type": "structural_tag"}')
     assert "needs a 'format'" in _refusal(no_format)
     assert "not valid JSON" in _refusal(GrammarSpec(GrammarKind.STRUCTURAL_TAG, "{"))
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def test_deeply_nested_schemas_are_refused_in_one_line() -> None:
+    """A schema nested past MAX_JSON_DEPTH, as an object (json.dumps hit Python's recursion limit near
+    500 levels: an HTTP 500 before) or as a string, is a GrammarError naming the depth; a schema at the
+    limit passes the mapping."""
+    from radixrt.constrained.spec import MAX_JSON_DEPTH, json_depth
+
+    assert json_depth(1) == 0 and json_depth([]) == 1 and json_depth({"a": [[1]]}) == 3
+    deep = _nested(600)
+    assert json_depth(deep) == 1201
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": deep}}
+    with pytest.raises(GrammarError, match="JSON schema nests 1201 levels deep"):
+        spec_from_request(response_format=rf)
+    with pytest.raises(GrammarError, match="nests"):
+        spec_from_request(json_schema=deep)
+    ok = _nested((MAX_JSON_DEPTH - 1) // 2)
+    ok_rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": ok}}
+    assert spec_from_request(response_format=ok_rf)
+    text = "[" * 100_000 + "]" * 100_000  # too deep for json.loads itself
+    assert "nests" in _refusal(GrammarSpec(GrammarKind.JSON_SCHEMA, text))
+    assert "nests" in _refusal(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(_nested(100))))

@@ -63,6 +63,14 @@ def _chunk(rid: str, ids: list[int], finish: str | None) -> TokenChunk:
                       error=None)
 
 
+class _StayingRequest:
+    """A request whose client stays connected while respond waits for the first output."""
+
+    async def receive(self) -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
 async def _stream_then_leave(finish_all: bool) -> tuple[list[str], _Manager]:
     """Stream one request; the client stops reading after the first body chunk, then disconnects.
     Returns the outcomes recorded by the time the response returned (the event loop still running:
@@ -73,7 +81,7 @@ async def _stream_then_leave(finish_all: bool) -> tuple[list[str], _Manager]:
                            on_done=lambda h, outcome: outcomes.append(outcome))
     rid = handle.id
     handle.queue.put_nowait(_chunk(rid, [7], None))
-    response = await respond(None, handle, _Writer())  # type: ignore[arg-type]
+    response = await respond(_StayingRequest(), handle, _Writer())  # type: ignore[arg-type]
     if finish_all:  # the rest arrives: every token generated, only [DONE] still to be written
         handle.queue.put_nowait(_chunk(rid, [8, 9, 10], "length"))
     first_body, left = asyncio.Event(), asyncio.Event()
@@ -185,4 +193,34 @@ def test_a_non_streamed_request_whose_client_leaves_is_aborted_once() -> None:
 
     err = asyncio.run(run())
     assert isinstance(err, ClientGone)
+    assert outcomes == ["aborted"] and manager.aborted == [handle.id] and manager.inboxes == {}
+
+
+def test_a_stream_whose_client_leaves_before_the_first_token_is_aborted_at_once() -> None:
+    """Streamed, the client leaves while the request still waits for its first output (queued or in
+    prefill): the wait is cancelled (respond raises ClientGone, the app answers 499) and the sample
+    aborted then, not after the whole prefill has run for nobody (docs/api.md, disconnects)."""
+    from radixrt.tokenizer_proc.errors import ClientGone
+
+    manager, outcomes = _Manager(), []
+    spec = SampleSpec(index=0, input_ids=[1, 2, 3], sampling={"max_new_tokens": 4}, stop=[])
+    handle = RequestHandle(manager, _Tokenizer(), [spec], stream=True,  # type: ignore[arg-type]
+                           on_done=lambda h, outcome: outcomes.append(outcome))
+
+    class _Request:
+        async def receive(self) -> dict[str, Any]:
+            await asyncio.sleep(0.01)
+            return {"type": "http.disconnect"}
+
+    async def run() -> tuple[BaseException | None, float]:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:  # no output ever arrives: before the fix this waited for the first token (here: 10 s)
+            await asyncio.wait_for(respond(_Request(), handle, _Writer()), 10)  # type: ignore[arg-type]
+        except BaseException as e:
+            return e, loop.time() - t0
+        return None, loop.time() - t0
+
+    err, waited = asyncio.run(run())
+    assert isinstance(err, ClientGone) and waited < 5
     assert outcomes == ["aborted"] and manager.aborted == [handle.id] and manager.inboxes == {}

@@ -144,3 +144,56 @@ def test_metrics(fr: Front) -> None:
     assert "radixrt_num_running_reqs 0.0" in text and "radixrt_scheduler_up 1.0" in text
     gen = [ln for ln in text.splitlines() if ln.startswith("radixrt_generation_tokens_total")]
     assert gen and float(gen[0].split()[-1]) > 0
+
+
+@pytest.mark.parametrize("seed, ok", [(-(1 << 63), True), ((1 << 63) - 1, True), (1 << 63, False),
+                                      ((1 << 64) - 1, False), (-(1 << 63) - 1, False)])
+def test_seed_range_is_int64(fr: Front, seed: int, ok: bool) -> None:
+    """Seeds outside int64 are a 400 naming `seed` (2^63 used to sample as seed 0; the break-it report of
+    2026-12-04, F6); the ends of the range pass through."""
+    body = {"model": fr.served_model, "messages": MSGS, "seed": seed, "max_tokens": 2}
+    r = httpx.post(fr.base_url + "/v1/chat/completions", json=body)
+    if ok:
+        assert r.status_code == 200, r.text
+        assert fr.sched.received[-1].sampling["seed"] == seed
+    else:
+        assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+
+
+def test_completion_text_offsets_index_into_the_text(tokenizer: Any) -> None:
+    """text_offset[i] is where token i starts in the choice's text: a skipped special token takes no
+    room, the byte tokens of one character share its start, and every offset is <= len(text) (they
+    used to advance by the display string: "<|im_start|>" 12, "bytes:\\xef\\xbc" 14; the break-it
+    report of 2026-12-04, F4). Without skipping, the special token's text counts."""
+    from radixrt.tokenizer_proc.logprobs import CompletionLogprobs, TokenTexts
+    from radixrt.tokenizer_proc.request_state import TokenLogprob
+
+    texts = TokenTexts(tokenizer)
+    special = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    ids = (tokenizer.encode("\n", add_special_tokens=False) + [special]
+           + tokenizer.encode("assistant ＃＃ é", add_special_tokens=False))
+    for skip in (True, False):
+        text = tokenizer.decode(ids, skip_special_tokens=skip)
+        acc = CompletionLogprobs(texts, skip_special=skip)
+        acc.add([TokenLogprob(token_id=t, logprob=-1.0, top=[]) for t in ids])
+        offsets = acc.take()["text_offset"]
+        assert offsets == sorted(offsets) and offsets[-1] <= len(text), (skip, offsets, len(text))
+        for t, off in zip(ids, offsets, strict=True):
+            tok = texts.get(t)[0]
+            if not tok.startswith("bytes:") and not (skip and t == special):
+                assert text[off:off + len(tok)] == tok, (skip, t, tok, off, text)
+    assert texts.get(special)[0] == "<|im_start|>" and special in texts.special_ids
+
+
+def test_echo_returns_a_text_prompt_as_sent(fr: Front) -> None:
+    """echo with a text prompt holding special tokens: the prompt exactly as sent (F5 of the break-it
+    report: the special tokens were dropped), and the text offsets of the echoed tokens count them."""
+    prompt = "<|im_start|>user\nHi<|im_end|>"
+    body = {"model": fr.served_model, "prompt": prompt, "echo": True, "max_tokens": 4, "logprobs": 1}
+    r = httpx.post(fr.base_url + "/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["text"].startswith(prompt)
+    offsets = ch["logprobs"]["text_offset"]
+    assert offsets == sorted(offsets) and offsets[-1] <= len(ch["text"])
+    assert offsets[1] == len("<|im_start|>")  # the echoed special token takes its room

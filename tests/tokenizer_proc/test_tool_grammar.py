@@ -144,3 +144,18 @@ def test_auto_with_a_strict_tool_constrains_only_calls(compiler: Any) -> None:
     assert not accepts('<tool_call>\n{"name": "add", "arguments": {"a": "7", "b": true}}')  # strict schema
     assert not accepts('<tool_call>\n{"name": "sub", "arguments": {}}')                     # unknown name
     assert accepts('<tool_call>\n{"name": "get_weather", "arguments": {"anything": [1]}}\n</tool_call>')
+
+
+def test_tools_nested_too_deeply_are_a_400_naming_tools() -> None:
+    """A forced tool whose parameters nest past the grammar depth limit: APIError 400, param "tools"
+    (json.dumps of the tag raised RecursionError near 500 levels: an HTTP 500 before)."""
+    from radixrt.tokenizer_proc.errors import APIError
+
+    params: dict[str, Any] = {"type": "string"}
+    for _ in range(500):
+        params = {"type": "object", "properties": {"a": params}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": params}}
+    deep = ToolFields.model_validate({"tools": [tool], "tool_choice": "required"})
+    with pytest.raises(APIError) as info:
+        plan_tools(deep, "hermes")
+    assert info.value.status == 400 and info.value.param == "tools" and "levels deep" in str(info.value)
