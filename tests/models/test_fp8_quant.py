@@ -313,3 +313,38 @@ def _dequantized_hf_logits(path: Path, model: torch.nn.Module, ids: list[int]) -
         hf.lm_head.weight = torch.nn.Parameter(deq(model.lm_head))
     with torch.no_grad():
         return hf(torch.tensor([ids])).logits[0, -1]
+
+
+def test_forward_then_norm_falls_back_to_the_same_kind_of_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """forward_then_norm where the int GEMV cannot take the call (here: a strided residual) computes
+    the same NormedAct in torch (so the next layer's input norm passes it through as with the kernel:
+    a plain normed tensor there would be normed and added to the residual twice); with routing opened
+    to the CPU the kernel's NormedAct and the fallback's give the same normed rows and residual."""
+    from radixrt.kernels import gemv_fp8_int as G8
+    from radixrt.models.llama import RMSNorm
+    from radixrt.models.quant.fp8 import NormedAct
+
+    route = G8.int_routed
+    monkeypatch.setattr(G8, "int_routed", lambda m, n, k, dev: route(m, n, k, "cuda"))
+    monkeypatch.setattr(Fp8Linear, "fused_norm", True)
+    monkeypatch.setattr(Fp8Linear, "skinny_devices", ("cuda", "cpu"))
+    monkeypatch.setattr(Linear, "_skinny", True)
+    gen = torch.Generator().manual_seed(5)
+    layer = _fp8_layer(torch.randn(64, 96, generator=gen) * 0.1, None)
+    norm = RMSNorm(64, 1e-6)
+    norm.weight.data = torch.rand(64, generator=gen) + 0.5
+    x = torch.randn(2, 96, generator=gen).to(torch.bfloat16)
+    residual = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
+    strided = torch.zeros(2, 128, dtype=torch.bfloat16)[:, ::2]
+    strided.copy_(residual)
+    assert layer.norm_fusable(2, x.device, x.dtype)
+    fused, h_fused = layer.forward_then_norm(x, residual, norm)
+    fallback, h_fallback = layer.forward_then_norm(x, strided, norm)
+    assert isinstance(fused, NormedAct) and isinstance(fallback, NormedAct)
+    assert fused.sq.shape[1] > 1 and fallback.sq.shape == (2, 1)
+    ref_out, ref_h = norm(layer(x), residual)
+    for out, h in ((fused, h_fused), (fallback, h_fallback)):
+        torch.testing.assert_close(h.float(), ref_h.float(), atol=0.05, rtol=0.02)
+        torch.testing.assert_close(out.materialize().float(), ref_out.float(), atol=0.05, rtol=0.03)
+    x_next, r_next = norm(fallback, h_fallback)  # the next layer's input norm passes it through
+    assert x_next is fallback and r_next is h_fallback

@@ -284,18 +284,22 @@ class Fp8Linear(Linear):
 
     def forward_then_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
                           ) -> tuple[NormedAct | torch.Tensor, torch.Tensor]:
-        """This linear, the residual add and `norm` (an RMSNorm: `weight` [N], `eps`, and
-        norm(y, residual) -> (out, new residual)) in one kernel, the normalization left to the next
-        Fp8Linear: (NormedAct of rms_norm(y + residual) * norm.weight, the new residual y + residual
-        [M, N]), x [M, K] and residual [M, N] in the model dtype. Where the int GEMV cannot take the
-        call in one pass (`norm_fusable`, or operands it refuses: unaligned rows), the linear and
-        then `norm` as usual: (out [M, N], new residual). Never raises for a fusable-shaped call."""
+        """This linear, the residual add and `norm` (an RMSNorm: `weight` [N], `eps`) in one kernel, the
+        normalization left to the next Fp8Linear: (NormedAct of rms_norm(y + residual) * norm.weight,
+        the new residual y + residual [M, N]), x [M, K] and residual [M, N] in the model dtype. Where
+        the int GEMV cannot take the call in one pass (`norm_fusable`, or operands it refuses:
+        unaligned rows, a strided residual) the same NormedAct is computed in torch after the plain
+        linear (sq then holds one sum per row), so the caller's next layer sees the same kind of
+        value either way. Never raises for a fusable-shaped call."""
         from radixrt.kernels.gemv_fp8_int import fp8_int_gemv_norm_out, int_supported
 
         x2 = x.reshape(-1, self.weight.shape[1])
         if not (self.norm_fusable(x2.shape[0], x.device, x.dtype) and int_supported(x2, self.weight)
                 and residual.shape == (x2.shape[0], self.weight.shape[0]) and residual.stride(-1) == 1):
-            return norm(self(x), residual)
+            y = self(x2)
+            h = (y.float() + residual.reshape(y.shape).float()).to(y.dtype)
+            g = (h.float() * norm.weight.float()).to(y.dtype)
+            return NormedAct(g, h.float().pow(2).sum(1, keepdim=True), norm.eps), h
         counters = self._scratch(x.device).counters if self.norm_sq_last else None
         g, h, sq = fp8_int_gemv_norm_out(x2, self.weight, self.weight_scale, self.bias, residual,
                                          norm.weight.contiguous(), counters=counters)
