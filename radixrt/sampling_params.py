@@ -43,7 +43,8 @@ class SamplingParams:
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
             ("repetition_penalty", 0.0 < self.repetition_penalty <= 2.0, "must be in (0, 2]"),
-            # vLLM's range; larger seeds used to alias smaller ones (2^63 sampled as 0)
+            # vLLM's range (2^63 and up were accepted and aliased 0 and up). The sampler keeps the low
+            # 31 bits (scheduler.py), so seeds equal there (0 and 2^31) still draw the same tokens
             ("seed", self.seed is None or -(1 << 63) <= self.seed < (1 << 63),
              "must be in [-2^63, 2^63 - 1]"),
         ]

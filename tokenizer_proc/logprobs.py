@@ -37,6 +37,15 @@ def _is_byte_level(tokenizer: Any) -> bool:
     return backend is not None and "ByteLevel" in str(getattr(backend, "decoder", ""))
 
 
+def _skipped_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids decode(..., skip_special_tokens=True) leaves out: the special tokens, and the added
+    tokens marked special (SmolLM2's <file_sep>, <jupyter_*>, ... are not in all_special_ids)."""
+    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(i for i, tok in added.items() if getattr(tok, "special", False))
+    return frozenset(ids)
+
+
 class TokenTexts:
     """Cached id -> (display string, exact bytes) for one tokenizer; `special_ids` the ids that
     decoding with skip_special_tokens leaves out."""
@@ -44,7 +53,7 @@ class TokenTexts:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.byte_level = _is_byte_level(tokenizer)
-        self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
+        self.special_ids = _skipped_ids(tokenizer)
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def get(self, token_id: int) -> tuple[str, list[int]]:

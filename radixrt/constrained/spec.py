@@ -187,6 +187,7 @@ def _prepare_structural_tag(text: str) -> str:
     legacy {"structures": [{"begin", "schema", "end"}], "triggers": [...]}), check every JSON
     schema inside, bound the whitespace of JSON contents, and return xgrammar's form as JSON."""
     tag = parse_json(text, "structural tag")
+    dumps_checked(tag, "the structural tag")  # the depth limit for tags sent as strings
     if not isinstance(tag, dict):
         raise GrammarError("structural tag must be a JSON object")
     if "structures" in tag:

@@ -262,3 +262,5 @@ def test_deeply_nested_schemas_are_refused_in_one_line() -> None:
     text = "[" * 100_000 + "]" * 100_000  # too deep for json.loads itself
     assert "nests" in _refusal(GrammarSpec(GrammarKind.JSON_SCHEMA, text))
     assert "nests" in _refusal(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(_nested(100))))
+    tag = {"type": "structural_tag", "format": {"type": "json_schema", "json_schema": _nested(80)}}
+    assert "nests" in _refusal(GrammarSpec(GrammarKind.STRUCTURAL_TAG, json.dumps(tag)))  # a tag as a string

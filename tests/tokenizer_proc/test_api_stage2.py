@@ -170,7 +170,9 @@ def test_completion_text_offsets_index_into_the_text(tokenizer: Any) -> None:
 
     texts = TokenTexts(tokenizer)
     special = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    ids = (tokenizer.encode("\n", add_special_tokens=False) + [special]
+    added = tokenizer.convert_tokens_to_ids("<file_sep>")  # an added token marked special, not in
+    assert added not in tokenizer.all_special_ids and added in texts.special_ids  # all_special_ids
+    ids = (tokenizer.encode("\n", add_special_tokens=False) + [special, added]
            + tokenizer.encode("assistant ＃＃ é", add_special_tokens=False))
     for skip in (True, False):
         text = tokenizer.decode(ids, skip_special_tokens=skip)
@@ -180,7 +182,7 @@ def test_completion_text_offsets_index_into_the_text(tokenizer: Any) -> None:
         assert offsets == sorted(offsets) and offsets[-1] <= len(text), (skip, offsets, len(text))
         for t, off in zip(ids, offsets, strict=True):
             tok = texts.get(t)[0]
-            if not tok.startswith("bytes:") and not (skip and t == special):
+            if not tok.startswith("bytes:") and not (skip and t in (special, added)):
                 assert text[off:off + len(tok)] == tok, (skip, t, tok, off, text)
     assert texts.get(special)[0] == "<|im_start|>" and special in texts.special_ids
 
