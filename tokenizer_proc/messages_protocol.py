@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, model_validator
 
 from .errors import bad_request, from_validation_error
 from .openai_base import _Strict
@@ -35,12 +35,14 @@ class MessagesTool(_Strict):
     input_schema: dict[str, Any]
     type: str | None = None
 
-    @field_validator("type")
+    @model_validator(mode="before")
     @classmethod
-    def _client_tools_only(cls, v: str | None) -> str | None:
-        if v not in (None, "custom"):
-            raise ValueError(f"only client tools (with an input_schema) are supported, got type {v!r}")
-        return v
+    def _client_tools_only(cls, data: Any) -> Any:
+        # before the fields, so that a server tool (which has no input_schema) is named as one
+        if isinstance(data, dict) and data.get("type") not in (None, "custom"):
+            raise ValueError(f"only client tools (with an input_schema) are supported, got type "
+                             f"{data.get('type')!r}")
+        return data
 
     def chat_dict(self) -> dict[str, Any]:
         """The chat completions `tools[i]` (FunctionDefinition validates the name and schema)."""
@@ -98,14 +100,23 @@ def _text_of(block: dict[str, Any], key: str, where: str) -> str:
 
 
 def _tool_result_text(block: dict[str, Any], where: str) -> str:
+    """A `tool_result`'s content as text: a string, or text blocks joined by newlines. Any other
+    block (image, document, search results) is a 400 naming it, as at a turn's top level: dropping
+    it would hand the model an empty result without a word."""
     content = block.get("content", "")
     parts = _blocks(content, f"{where}.content")
-    text = "\n".join(_text_of(b, "text", f"{where}.content.{k}") for k, b in enumerate(parts)
-                     if b["type"] == "text")
+    for k, b in enumerate(parts):
+        if b["type"] != "text":
+            at = f"{where}.content.{k}.type"
+            raise bad_request(f"{at}: unsupported content block {b['type']!r} in a tool_result "
+                              "(supported: text)", param=at)
+    text = "\n".join(_text_of(b, "text", f"{where}.content.{k}") for k, b in enumerate(parts))
     return f"Error: {text}" if block.get("is_error") else text
 
 
-def _user_turn(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+def _user_turn(blocks: list[dict[str, Any]], where: str, tool_use_ids: set[str]) -> list[dict[str, Any]]:
+    """A user turn's chat messages; its tool_result blocks must answer `tool_use_ids`, the tool_use
+    blocks of the assistant turn just before (Anthropic's rule, and its 400)."""
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     for j, b in enumerate(blocks):
@@ -113,8 +124,11 @@ def _user_turn(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]
         if b["type"] == "text":
             texts.append(_text_of(b, "text", at))
         elif b["type"] == "tool_result":
-            out.append({"role": "tool", "tool_call_id": _text_of(b, "tool_use_id", at),
-                        "content": _tool_result_text(b, at)})
+            use_id = _text_of(b, "tool_use_id", at)
+            if use_id not in tool_use_ids:
+                raise bad_request(f"{at}.tool_use_id: unexpected tool_use_id {use_id!r}: no tool_use block "
+                                  "with that id in the previous assistant message", param=f"{at}.tool_use_id")
+            out.append({"role": "tool", "tool_call_id": use_id, "content": _tool_result_text(b, at)})
         else:
             raise bad_request(f"{at}.type: unsupported content block {b['type']!r} in a user turn "
                               "(supported: text, tool_result)", param=f"{at}.type")
@@ -160,6 +174,7 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
         blocks = _blocks(req.system, "system")
         out.append({"role": "system", "content": "\n".join(_text_of(b, "text", f"system.{k}")
                                                             for k, b in enumerate(blocks))})
+    tool_use_ids: set[str] = set()  # the previous assistant turn's, for the next user turn's tool_results
     for i, m in enumerate(req.messages):
         role = m.get("role")
         if role not in ("user", "assistant"):
@@ -167,9 +182,11 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
                               param=f"messages.{i}.role")
         blocks = _blocks(m.get("content"), f"messages.{i}.content")
         if role == "user":
-            out.extend(_user_turn(blocks, f"messages.{i}.content"))
+            out.extend(_user_turn(blocks, f"messages.{i}.content", tool_use_ids))
+            tool_use_ids = set()
         else:
             out.append(_assistant_turn(blocks, f"messages.{i}.content"))
+            tool_use_ids = {c["id"] for c in out[-1].get("tool_calls") or ()}
     return out
 
 
@@ -191,8 +208,9 @@ def to_chat_request(req: MessagesRequest, stream: bool | None = None) -> ChatCom
         APIError: 400 as chat_messages, or when the translation fails chat validation.
     """
     choice, parallel = _tool_choice(req.tool_choice)
+    messages = chat_messages(req)
     body: dict[str, Any] = {
-        "model": req.model, "messages": chat_messages(req), "max_tokens": req.max_tokens,
+        "model": req.model, "messages": messages, "max_tokens": req.max_tokens,
         "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
         "stream": bool(req.stream if stream is None else stream), "stop": req.stop_sequences or None,
         "tool_choice": choice, "parallel_tool_calls": parallel,
@@ -205,6 +223,15 @@ def to_chat_request(req: MessagesRequest, stream: bool | None = None) -> ChatCom
             raise renamed(from_validation_error(e), {"parameters": f"tools.{i}.input_schema",
                                                      "name": f"tools.{i}.name"}) from None
     body["tools"] = tools or None
+    last = messages[-1]
+    if last["role"] == "assistant" and last.get("content") and not last.get("tool_calls"):
+        # Anthropic's prefill: the reply continues the final assistant turn (only the continuation
+        # is returned), which Anthropic refuses to end with whitespace
+        where = f"messages.{len(req.messages) - 1}.content"
+        if (last.get("content") or "") != (last.get("content") or "").rstrip():
+            raise bad_request(f"{where}: final assistant content cannot end with trailing whitespace",
+                              param=where)
+        body["add_generation_prompt"], body["continue_final_message"] = False, True
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as e:

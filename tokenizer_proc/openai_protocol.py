@@ -138,12 +138,20 @@ class ChatCompletionRequest(ToolFields, ConstraintFields, SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # extensions
     add_generation_prompt: bool | None = True
+    # vLLM's: the reply continues the final (assistant) message instead of starting a new turn
+    # (Anthropic's prefill); needs add_generation_prompt false
+    continue_final_message: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: requires logprobs to be true")
+        if self.continue_final_message:
+            if self.add_generation_prompt is not False:
+                raise ValueError("continue_final_message: requires add_generation_prompt to be false")
+            if self.messages[-1].role != "assistant":
+                raise ValueError("continue_final_message: the last message must be an assistant message")
         return self
 
     def max_new_tokens(self) -> int | None:

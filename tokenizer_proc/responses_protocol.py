@@ -143,7 +143,8 @@ def _assistant(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return messages[-1]
 
 
-def _add_item(messages: list[dict[str, Any]], item: Any, where: str, pending_reasoning: list[str]) -> None:
+def _add_item(messages: list[dict[str, Any]], item: Any, where: str, pending_reasoning: list[str],
+              call_ids: set[str] | None) -> None:
     if not isinstance(item, dict):
         raise bad_request(f"{where}: expected an input item object", param=where)
     kind = item.get("type", "message")
@@ -162,6 +163,8 @@ def _add_item(messages: list[dict[str, Any]], item: Any, where: str, pending_rea
         call = {"id": _str_field(item, "call_id", where), "type": "function",
                 "function": {"name": _str_field(item, "name", where),
                              "arguments": _str_field(item, "arguments", where)}}
+        if call_ids is not None:
+            call_ids.add(call["id"])
         msg = _assistant(messages)
         msg.setdefault("tool_calls", []).append(call)
         if pending_reasoning:
@@ -169,8 +172,11 @@ def _add_item(messages: list[dict[str, Any]], item: Any, where: str, pending_rea
             pending_reasoning.clear()
     elif kind == "function_call_output":
         output = _content_text(item.get("output"), f"{where}.output", "\n")
-        messages.append({"role": "tool", "tool_call_id": _str_field(item, "call_id", where),
-                         "content": output})
+        call_id = _str_field(item, "call_id", where)
+        if call_ids is not None and call_id not in call_ids:  # OpenAI's 400 too
+            raise bad_request(f"{where}.call_id: no function_call with call_id {call_id!r} in the input "
+                              "or the previous response", param=f"{where}.call_id")
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
     elif kind == "reasoning":
         parts = item.get("content") or item.get("summary") or []
         pending_reasoning.append(_content_text(parts, f"{where}.content", "\n"))
@@ -179,18 +185,22 @@ def _add_item(messages: list[dict[str, Any]], item: Any, where: str, pending_rea
                           "function_call, function_call_output, reasoning)", param=f"{where}.type")
 
 
-def input_messages(input_: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`input` as chat messages (dicts of ToolChatMessage's fields).
+def input_messages(input_: str | list[dict[str, Any]],
+                   history: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """`input` as chat messages (dicts of ToolChatMessage's fields). With `history` (the chat messages
+    before this input: a previous response's turn, possibly []), every function_call_output must
+    answer a function_call of the history or of an earlier input item.
 
     Raises:
         APIError: 400 naming the item at fault, e.g. `input[2].call_id`.
     """
     if isinstance(input_, str):
         return [{"role": "user", "content": input_}]
+    call_ids = None if history is None else {c["id"] for m in history for c in m.get("tool_calls") or ()}
     messages: list[dict[str, Any]] = []
     pending: list[str] = []
     for i, item in enumerate(input_):
-        _add_item(messages, item, f"input[{i}]", pending)
+        _add_item(messages, item, f"input[{i}]", pending, call_ids)
     return messages
 
 

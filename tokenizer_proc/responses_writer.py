@@ -117,7 +117,10 @@ class ResponsesWriter:
     def body(self, choices: dict[int, Collected]) -> dict[str, Any]:
         c = choices[0]
         turn = read_whole(c.text, self.reasoning, self.tools)
-        body = self.response("completed", output_items(turn), self._usage(c, turn.reasoning), c.finish_reason)
+        items = output_items(turn)
+        if c.finish_reason == "length":  # the item max_output_tokens cut, as OpenAI marks it
+            items[-1]["status"] = "incomplete"
+        body = self.response("completed", items, self._usage(c, turn.reasoning), c.finish_reason)
         return self._complete(body)
 
     # ----- streaming -----
@@ -149,7 +152,7 @@ class ResponsesWriter:
         self.open = it
         return it
 
-    def _close_item(self, parts: list[bytes]) -> None:
+    def _close_item(self, parts: list[bytes], status: str = "completed") -> None:
         it, self.open = self.open, None
         if it is None:
             return
@@ -158,16 +161,16 @@ class ResponsesWriter:
         if it["kind"] == "call":
             call = it["call"]
             self._emit(parts, "response.function_call_arguments.done", **loc, name=call.name, arguments=text)
-            item = call_item(it["id"], call.id, call.name, text)
+            item = call_item(it["id"], call.id, call.name, text, status)
         elif it["kind"] == "reasoning":
             self._emit(parts, "response.reasoning_text.done", **loc, content_index=0, text=text)
             self._emit(parts, "response.content_part.done", **loc, content_index=0,
                        part={"type": "reasoning_text", "text": text})
-            item = reasoning_item(it["id"], text)
+            item = reasoning_item(it["id"], text, status)
         else:
             self._emit(parts, "response.output_text.done", **loc, content_index=0, text=text, logprobs=[])
             self._emit(parts, "response.content_part.done", **loc, content_index=0, part=_text_part(text))
-            item = message_item(it["id"], text)
+            item = message_item(it["id"], text, status)
         self._emit(parts, "response.output_item.done", output_index=index, item=item)
         self.items.append(item)
 
@@ -198,10 +201,11 @@ class ResponsesWriter:
         for p in pieces:
             self._piece(p, parts)
         if ev.finish_reason is not None:
-            self._close_item(parts)
+            cut = "incomplete" if ev.finish_reason == "length" else "completed"  # as OpenAI marks it
+            self._close_item(parts, cut)
             if not self.items:  # an empty answer is still one (empty) message
                 self._open_item(parts, "text")
-                self._close_item(parts)
+                self._close_item(parts, cut)
             thought = "".join(i["content"][0]["text"] for i in self.items if i["type"] == "reasoning")
             self.final = self._complete(self.response("completed", self.items, self._usage(ev, thought),
                                                       ev.finish_reason))

@@ -57,7 +57,8 @@ async def chat_prompt_ids(ctx: ServingContext, req: ChatCompletionRequest, plan:
     try:
         text = render_chat(ctx.tokenizer, req.messages, plan.render_tools or None,
                            add_generation_prompt=req.add_generation_prompt is not False,
-                           template_kwargs=kwargs, chat_template=template)
+                           template_kwargs=kwargs, chat_template=template,
+                           continue_final_message=bool(req.continue_final_message))
     except Exception as e:  # jinja2 TemplateError and friends: the messages do not fit the template
         raise bad_request(f"the chat template rejected the messages: {e}", param="messages") from None
     return await tokenize(ctx, text)

@@ -124,7 +124,7 @@ async def create_response(ctx: ServingContext, store: ResponseStore, request: Re
         raise err
     check_model(ctx, body.model)
     history = _history(store, body)
-    turn = input_messages(body.input)
+    turn = input_messages(body.input, history)
     rid = item_id("resp")
     meta = _meta(body, rid, ctx.served_model)
     reasoning = get_reasoning_parser(getattr(ctx.args, "reasoning_parser", None))

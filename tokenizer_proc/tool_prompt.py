@@ -128,10 +128,12 @@ def default_template_messages(messages: Sequence[ChatMessage],
 
 def render_chat(tokenizer: Any, messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition] | None,
                 *, add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None,
-                chat_template: str | None = None) -> str:
+                chat_template: str | None = None, continue_final_message: bool = False) -> str:
     """The prompt text for `messages` (pydantic ChatMessage or ToolChatMessage) and `tools`.
 
     `tokenizer` is a transformers tokenizer with a chat template; `chat_template` overrides it.
+    continue_final_message: the text ends inside the last message (no end-of-turn after it), so the
+    reply continues it (transformers' apply_chat_template option of that name).
     Raises: whatever the template raises (jinja2.TemplateError and friends: the handler turns it into
     a 400 on `messages`); ValueError when there is no chat template.
     """
@@ -139,6 +141,8 @@ def render_chat(tokenizer: Any, messages: Sequence[ChatMessage], tools: Sequence
     if not template:
         raise ValueError("this model has no chat template")
     kwargs = dict(template_kwargs or {})
+    if continue_final_message:
+        kwargs["continue_final_message"] = True
     if template_supports_tools(template):
         tool_dicts = [t.template_dict() for t in tools] if tools else None
         return tokenizer.apply_chat_template(

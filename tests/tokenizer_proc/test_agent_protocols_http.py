@@ -133,6 +133,12 @@ def test_responses_stream_function_call(fr: Front, front_scripts: Scripts) -> No
 def test_responses_incomplete_and_text_format(fr: Front) -> None:
     r = oai(fr).responses.create(model=fr.served_model, input="hi", max_output_tokens=3, store=False)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[-1].status == "incomplete"  # the item the limit cut (was "completed")
+    events = named_events(post(fr, "/v1/responses", {"model": fr.served_model, "input": "hi",
+                                                     "max_output_tokens": 3, "stream": True}).text)
+    done = [d["item"] for n, d in events if n == "response.output_item.done"]
+    assert events[-1][0] == "response.incomplete" and done[-1]["status"] == "incomplete"
+    assert events[-1][1]["response"]["output"][-1]["status"] == "incomplete"
     with pytest.raises(openai.NotFoundError):
         oai(fr).responses.retrieve(r.id)  # store=false
     fmt = {"type": "json_schema", "name": "city", "schema": PARAMS}
@@ -147,6 +153,11 @@ BAD_RESPONSES = [
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    # an output answering no function_call (break-it pass 2: was a 200), and one before its call
+    ({"input": [{"type": "function_call_output", "call_id": "never", "output": "42"}]}, "input[0].call_id"),
+    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "42"},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]},
+     "input[0].call_id"),
     ({"input": "hi", "previous_response_id": "resp_unknown"}, "previous_response_id"),
     ({"input": "hi", "background": True}, "background"),
     ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x",
@@ -230,10 +241,25 @@ BAD_MESSAGES = [
      "temperature"),
     ({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
       "tools": [{"type": "bash_20250124", "name": "bash"}]}, 400, "tools"),
+    # named as a server tool, not as a missing input_schema
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "only client tools"),
     ({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
       "tools": [{"name": "f", "input_schema": {"type": "object"}},
                 {"name": "g", "input_schema": {"type": "string"}}]}, 400, "tools.1.input_schema"),
     ({"max_tokens": 8, "model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+    # a tool_result answering no tool_use of the previous assistant turn (break-it pass 2: was a 200)
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "never", "content": "42"}]}]}, 400,
+     "messages.0.content.0.tool_use_id"),
+    # a non-text block inside a tool_result was dropped without a word (break-it pass 2, 2026-12-04)
+    ({"max_tokens": 8, "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1",
+             "content": [{"type": "text", "text": "ok"}, {"type": "image", "source": {}}]}]}]}, 400,
+     "messages.2.content.0.content.1.type"),
 ]
 
 
@@ -300,3 +326,35 @@ def test_reasoning_items_and_thinking_blocks(fr: Front, front_scripts: Scripts) 
     events = named_events(post(fr, "/v1/messages", body).text)
     kinds = [d["delta"]["type"] for n, d in events if n == "content_block_delta"]
     assert kinds[0] == "thinking_delta" and kinds[-1] == "text_delta"
+
+
+def test_messages_assistant_prefill_is_continued(fr: Front, tokenizer: Any) -> None:
+    """A final assistant turn is Anthropic's prefill: the prompt ends inside it (no end of turn, no new
+    generation prompt) and the reply is only the continuation (break-it pass 2, 2026-12-04: the turn
+    was closed and a new answer started). Trailing whitespace in the prefill is a 400, as Anthropic's."""
+    msgs = [{"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "The capital of France is"}]
+    m = ant(fr).messages.create(model=fr.served_model, max_tokens=64, messages=msgs)
+    assert m.content[0].text == "Hello there! 😀 世界, ok."  # the scripted continuation, nothing prepended
+    prompt = prompt_text(fr, tokenizer)
+    assert prompt.endswith("The capital of France is"), prompt
+    assert prompt.count("<|im_start|>assistant") == 1
+    r = post(fr, "/v1/messages", {"model": fr.served_model, "max_tokens": 8,
+                                  "messages": [msgs[0], {"role": "assistant", "content": "It is "}]})
+    assert r.status_code == 400 and "trailing whitespace" in r.json()["error"]["message"]
+    assert "messages.1.content" in r.json()["error"]["message"]
+
+
+def test_chat_continue_final_message(fr: Front, tokenizer: Any) -> None:
+    """vLLM's continue_final_message on chat completions: the prompt ends inside the last assistant
+    message; it needs add_generation_prompt false and a final assistant message (400 otherwise)."""
+    msgs = [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "My favourite is"}]
+    body = {"model": fr.served_model, "messages": msgs, "max_tokens": 4}
+    cont = {"continue_final_message": True, "add_generation_prompt": False}
+    r = post(fr, "/v1/chat/completions", {**body, **cont})
+    assert r.status_code == 200, r.text
+    assert prompt_text(fr, tokenizer).endswith("My favourite is")
+    for extra in ({"continue_final_message": True},
+                  {"continue_final_message": True, "add_generation_prompt": False, "messages": msgs[:1]}):
+        r = post(fr, "/v1/chat/completions", {**body, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
