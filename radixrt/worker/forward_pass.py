@@ -175,7 +175,8 @@ def upload_bitmask(blocks: list[np.ndarray], device: torch.device) -> torch.Tens
     """
     if device.type != "cuda":
         joined = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-        return torch.from_numpy(np.ascontiguousarray(joined))
+        # a read-only view (a received message's buffer) is copied: torch warns on one it cannot write
+        return torch.from_numpy(np.require(joined, requirements=["C", "W"]))
     staging = torch.empty((sum(len(b) for b in blocks), blocks[0].shape[1]), dtype=torch.int32,
                           pin_memory=True)
     host = staging.numpy()

@@ -142,3 +142,23 @@ def test_deferred_grammar_rows_on_bf16_logits() -> None:
         assert a.tolist() == b.tolist() and int(a[1]) in (3, 50)
         assert torch.equal(oa.logprobs, ob.logprobs)
 
+
+
+def test_cpu_bitmask_upload_of_a_read_only_block_is_a_writable_copy() -> None:
+    """A mask block that views a received message's (read-only) buffer is copied on the CPU, so torch
+    does not warn ("The given NumPy array is not writable", seen at server start); a writable one is
+    used as it is."""
+    import warnings
+
+    import numpy as np
+
+    from radixrt.worker.forward_pass import upload_bitmask
+
+    ro = np.frombuffer(np.arange(8, dtype=np.int32).tobytes(), dtype=np.int32).reshape(2, 4)
+    assert not ro.flags.writeable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = upload_bitmask([ro], torch.device("cpu"))
+    assert out.tolist() == ro.tolist() and out.data_ptr() != ro.ctypes.data  # a copy
+    rw = np.ones((2, 4), dtype=np.int32)
+    assert upload_bitmask([rw], torch.device("cpu")).data_ptr() == rw.ctypes.data
