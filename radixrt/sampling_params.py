@@ -43,8 +43,8 @@ class SamplingParams:
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
             ("repetition_penalty", 0.0 < self.repetition_penalty <= 2.0, "must be in (0, 2]"),
-            # vLLM's range (2^63 and up were accepted and aliased 0 and up). The sampler keeps the low
-            # 31 bits (scheduler.py), so seeds equal there (0 and 2^31) still draw the same tokens
+            # vLLM's range (2^63 and up were accepted and aliased 0 and up); `sampler_seed` maps it
+            # onto the sampler's 31 bits
             ("seed", self.seed is None or -(1 << 63) <= self.seed < (1 << 63),
              "must be in [-2^63, 2^63 - 1]"),
         ]
@@ -70,3 +70,22 @@ class SamplingParams:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
+_MASK64 = (1 << 64) - 1
+
+
+def sampler_seed(seed: int) -> int:
+    """The 31-bit seed the sampler draws with (worker/sampler.py counter_uniform; Req.seed is int32):
+    seeds in [0, 2^31) as they are, any other int64 mixed down (splitmix64's finalizer, Steele et al.
+    2014) instead of masked, so that 2^31 or -1 do not draw the tokens of 0 or 2^31 - 1."""
+    if 0 <= seed < 1 << 31:
+        return seed
+    x = seed & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) & 0x7FFFFFFF
+
+
+def offset_seed(seed: int, j: int) -> int:
+    """seed + j wrapped into int64 (choice j of n > 1 samples with it; tokenizer_proc/submission.py)."""
+    return ((seed + j + (1 << 63)) & _MASK64) - (1 << 63)

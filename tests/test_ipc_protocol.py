@@ -120,3 +120,19 @@ def test_sampling_params_to_dict_is_asdict_with_copied_containers() -> None:
     d["logit_bias"]["4"] = 1.0
     assert sp.stop == ["\n"] and sp.logit_bias == {"3": -1.0}
     assert SamplingParams.from_dict({**d, "unknown": 1}).stop == ["\n", "x"]
+
+
+def test_sampler_seeds_keep_small_seeds_and_mix_the_rest() -> None:
+    """sampler_seed: seeds in [0, 2^31) unchanged (their streams stay what they were); 2^31, 2^32,
+    2^63 - 1 and negatives are mixed into 31 bits instead of masked, so they no longer draw exactly
+    the tokens of 0, 0, 2^31 - 1 and 2^31 - 1 (the masked values); always in [0, 2^31).
+    offset_seed (n > 1 choices) wraps within int64."""
+    from radixrt.sampling_params import offset_seed, sampler_seed
+
+    for s in (0, 1, 12345, (1 << 31) - 1):
+        assert sampler_seed(s) == s
+    mixed = {s: sampler_seed(s) for s in (1 << 31, 1 << 32, (1 << 63) - 1, -1, -(1 << 63))}
+    assert all(0 <= v < 1 << 31 for v in mixed.values())
+    assert mixed[1 << 31] != 0 and mixed[1 << 32] != 0 and mixed[-1] != (1 << 31) - 1
+    assert len(set(mixed.values())) == len(mixed)
+    assert offset_seed(5, 2) == 7 and offset_seed((1 << 63) - 1, 1) == -(1 << 63)

@@ -13,6 +13,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from radixrt.sampling_params import offset_seed
+
 from .errors import APIError
 from .openai_protocol import SamplingFields
 from .request_checks import check_prompts
@@ -78,7 +80,7 @@ def make_specs(prompts: list[list[int]], n: int, sampling: dict[str, Any], stop:
     def sampling_of(j: int) -> dict[str, Any]:
         sp = dict(sampling)
         if sp.get("seed") is not None and n > 1:
-            sp["seed"] = (int(sp["seed"]) + j) & 0x7FFFFFFF
+            sp["seed"] = offset_seed(int(sp["seed"]), j)
         return sp
 
     return [SampleSpec(index=p * n + j, input_ids=ids, sampling=sampling_of(j), stop=stop,

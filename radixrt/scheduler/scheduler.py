@@ -24,7 +24,7 @@ import numpy as np
 
 from radixrt.memory.kv_manager import KVManager
 from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
-from radixrt.sampling_params import SamplingParams
+from radixrt.sampling_params import SamplingParams, sampler_seed
 from radixrt.scheduler import chunking
 from radixrt.scheduler.batch import ScheduledBatch, ScheduledItem
 from radixrt.scheduler.cascade import find_cascade_groups
@@ -114,7 +114,7 @@ class Scheduler:
         max_new = budget if sp.max_new_tokens is None else min(sp.max_new_tokens, budget)
         seed = sp.seed if sp.seed is not None else self.rng.randrange(1 << 31)
         req = Req(rid=msg.rid, prompt_ids=prompt, sampling=sp, max_new_tokens=max(max_new, 0),
-                  seed=seed & 0x7FFFFFFF, return_logprob=msg.return_logprob,
+                  seed=sampler_seed(seed), return_logprob=msg.return_logprob,
                   top_logprobs_num=msg.top_logprobs_num, internal=internal,
                   prefix=self.kv.prefix_handle(ids, msg.cache_salt))
         if error is None and len(self.waiting) >= self.max_queued:
