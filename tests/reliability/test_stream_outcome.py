@@ -63,6 +63,14 @@ def _chunk(rid: str, ids: list[int], finish: str | None) -> TokenChunk:
                       error=None)
 
 
+class _LeavingRequest:
+    """A request whose client disconnects 10 ms after respond starts waiting."""
+
+    async def receive(self) -> dict[str, Any]:
+        await asyncio.sleep(0.01)
+        return {"type": "http.disconnect"}
+
+
 class _StayingRequest:
     """A request whose client stays connected while respond waits for the first output."""
 
@@ -178,15 +186,10 @@ def test_a_non_streamed_request_whose_client_leaves_is_aborted_once() -> None:
     handle = RequestHandle(manager, _Tokenizer(), [spec], stream=False,  # type: ignore[arg-type]
                            on_done=lambda h, outcome: outcomes.append(outcome))
 
-    class _Request:
-        async def receive(self) -> dict[str, Any]:
-            await asyncio.sleep(0.01)
-            return {"type": "http.disconnect"}
-
     async def run() -> BaseException | None:
         handle.queue.put_nowait(_chunk(handle.id, [7], None))  # some output, never the end
         try:
-            await asyncio.wait_for(respond(_Request(), handle, _Writer()), 10)  # type: ignore[arg-type]
+            await asyncio.wait_for(respond(_LeavingRequest(), handle, _Writer()), 10)  # type: ignore[arg-type]
         except BaseException as e:
             return e
         return None
@@ -207,16 +210,11 @@ def test_a_stream_whose_client_leaves_before_the_first_token_is_aborted_at_once(
     handle = RequestHandle(manager, _Tokenizer(), [spec], stream=True,  # type: ignore[arg-type]
                            on_done=lambda h, outcome: outcomes.append(outcome))
 
-    class _Request:
-        async def receive(self) -> dict[str, Any]:
-            await asyncio.sleep(0.01)
-            return {"type": "http.disconnect"}
-
     async def run() -> tuple[BaseException | None, float]:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:  # no output ever arrives: before the fix this waited for the first token (here: 10 s)
-            await asyncio.wait_for(respond(_Request(), handle, _Writer()), 10)  # type: ignore[arg-type]
+            await asyncio.wait_for(respond(_LeavingRequest(), handle, _Writer()), 10)  # type: ignore[arg-type]
         except BaseException as e:
             return e, loop.time() - t0
         return None, loop.time() - t0

@@ -283,7 +283,7 @@ class Fp8Linear(Linear):
         return norm_fusable(rows, n, k, device.type) is not None
 
     def forward_then_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
-                          ) -> tuple[NormedAct | torch.Tensor, torch.Tensor]:
+                          ) -> tuple[NormedAct, torch.Tensor]:
         """This linear, the residual add and `norm` (an RMSNorm: `weight` [N], `eps`) in one kernel, the
         normalization left to the next Fp8Linear: (NormedAct of rms_norm(y + residual) * norm.weight,
         the new residual y + residual [M, N]), x [M, K] and residual [M, N] in the model dtype. Where
