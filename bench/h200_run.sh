@@ -308,6 +308,24 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
     fused-norm) stage fused-norm-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/kernels/test_fp8_gpu.py tests/worker/test_gpu_model.py -k "fused_norm"
       stage fused-norm 330 python3 bench/lab/fp8_fused_norm.py --rounds 4 --out "$OUT/fused-norm.json" ;;
+    # issue 19 (FP8 batch-1): o / qkv with one chunk of every row's K (block_k4 1,024 >= K / 4), i.e. all of
+    # a program's weight words loaded before the PDL wait, in the engine (the chain after attention)
+    fp8-preload) stage fp8-preload 420 env OUT="$OUT" python3 bench/lab/fp8_int_retune.py --rounds 4 \
+        --configs o=8x1024 --configs o=8x1024w8 --configs o=4x1024 --configs o=8x1024,qkv=8x1024 \
+        --configs o=16x1024w8,qkv=16x1024w8 ;;
+    # the same for down / gate_up: more bytes per loop step (down reads at ~67% of DRAM peak)
+    fp8-preload-mlp) stage fp8-preload-mlp 420 env OUT="$OUT" python3 bench/lab/fp8_int_retune.py --rounds 4 \
+        --configs down=4x1024 --configs down=4x1024w8 --configs down=2x1024 --configs down=8x1024w8 \
+        --configs gate_up=8x256 --configs gate_up=16x256w8 ;;
+    # issue 19 (decode against cuDNN, FP8-KV / bf16): pages in random order against pages in order, and the
+    # head-major pool in order (cuDNN's memory), bf16 and FP8 pools (~1 min)
+    decode-page-order) stage decode-page-order 200 python3 bench/lab/decode_page_order.py --rounds 3 \
+        --out "$OUT/decode-page-order.json" ;;
+    # issue 19 (FP8 batch-1): the step without rotary / the K/V store / the merge (bounds of fusions; ~2 min)
+    step-without) stage step-without 300 python3 bench/lab/fp8_step_without.py --rounds 4 \
+        --out "$OUT/fp8-step-without.json" ;;
+    # issue 19 (extend 8K causal against cuDNN): scores one block ahead (S_AHEAD) against the default loop
+    extend-sahead) stage extend-sahead 300 python3 bench/lab/extend_sahead.py --rounds 2 --out "$OUT/extend-sahead.json" ;;
     l2-prefetch) stage l2-prefetch 150 python3 bench/lab/l2_prefetch_lab.py --out "$OUT/l2-prefetch.json" ;;
     # issue 19 (batch-1 step): the model's L2 weight prefetch (RADIXRT_L2_PREFETCH; off by default; H200
     # 2026-12-03 at 24 MB: bf16 step 2.1% slower, FP8 unchanged): its GPU test, then the batch-1 step of

@@ -72,22 +72,35 @@ def part1(deadline: float) -> dict[str, tuple[int, int]]:
     return best_cfg
 
 
-def part2(best: dict[str, tuple[int, int]], rounds: int) -> dict:
+def part2(best: dict[str, tuple[int, ...]] | list[dict[str, tuple[int, ...]]], rounds: int) -> dict:
+    """Engines bf16, fp8 (FP8_INT_TUNED as it is) and one "fp8 retuned" engine per table in `best`
+    (a dict, or a list of dicts for several: "fp8 retuned 1", "fp8 retuned 2", ...), each mapping a
+    shape name to (block_n, block_k4[, split_k[, prefetch[, num_warps]]])."""
     from bench.fp8_bench import model_dir
     from bench.gpu_engine import decode_step_ms
     from radixrt.engine import Engine
 
     path = model_dir("qwen2.5-7b")
     saved = dict(G8.FP8_INT_TUNED)
-    retuned = {(1, *SHAPES[name]): G8.Fp8IntConfig(*cfg[:2], split_k=cfg[2] if len(cfg) > 2 else 1,
-                                                   prefetch=bool(cfg[3]) if len(cfg) > 3 else False)
-               for name, cfg in best.items()}
+    tables = best if isinstance(best, list) else [best]
+
+    def config(cfg: tuple[int, ...]) -> G8.Fp8IntConfig:
+        return G8.Fp8IntConfig(*cfg[:2], split_k=cfg[2] if len(cfg) > 2 else 1,
+                               prefetch=bool(cfg[3]) if len(cfg) > 3 else False,
+                               num_warps=cfg[4] if len(cfg) > 4 else 4)
+
+    def label(v: G8.Fp8IntConfig) -> str:
+        return f"{v.block_n}x{v.block_k4}k{v.split_k}{'p' if v.prefetch else ''}w{v.num_warps}"
+
+    retuned = [{(1, *SHAPES[name]): config(cfg) for name, cfg in t.items()} for t in tables]
+    names = ["fp8 retuned"] if len(retuned) == 1 else [f"fp8 retuned {i + 1}" for i in range(len(retuned))]
     engines = {}
-    out: dict = {"retuned": {str(kk): f"{v.block_n}x{v.block_k4}k{v.split_k}{'p' if v.prefetch else ''}"
-                             for kk, v in retuned.items()}}
+    out: dict = {"retuned": {n: {str(kk): label(v) for kk, v in r.items()} for n, r in zip(names, retuned,
+                                                                                             strict=True)}}
     prompt = [[1000 + i for i in range(128)]]
-    for name, kw, table in (("bf16", {}, saved), ("fp8", {"quantization": "fp8"}, saved),
-                            ("fp8 retuned", {"quantization": "fp8"}, {**saved, **retuned})):
+    variants = [("bf16", {}, saved), ("fp8", {"quantization": "fp8"}, saved)]
+    variants += [(n, {"quantization": "fp8"}, {**saved, **r}) for n, r in zip(names, retuned, strict=True)]
+    for name, kw, table in variants:
         G8.FP8_INT_TUNED.clear()
         G8.FP8_INT_TUNED.update(table)
         t = time.perf_counter()
@@ -108,26 +121,30 @@ def part2(best: dict[str, tuple[int, int]], rounds: int) -> dict:
     for name in engines:
         out[name]["median_ms"] = statistics.median(out[name]["steps_ms"])
         out[name]["over_bf16"] = out[name]["median_ms"] / bf
-    out["fp8 retuned"]["tokens_equal_fp8"] = out["fp8 retuned"]["tokens"] == out["fp8"]["tokens"]
+    f8 = out["fp8"]
+    lab.log(f"batch-1 step: bf16 {bf:.3f} ms, fp8 {f8['median_ms']:.3f} ({f8['over_bf16']:.3f}x)")
+    for name in names:
+        rt = out[name]
+        rt["tokens_equal_fp8"] = rt["tokens"] == f8["tokens"]
+        lab.log(f"  {name} {out['retuned'][name]}: {rt['median_ms']:.3f} ({rt['over_bf16']:.3f}x; "
+                f"/ fp8 {rt['median_ms'] / f8['median_ms']:.3f}); greedy tokens equal "
+                f"{rt['tokens_equal_fp8']}")
     for name in engines:
         out[name].pop("tokens")
-    rt = out["fp8 retuned"]
-    f8 = out["fp8"]
-    lab.log(f"batch-1 step: bf16 {bf:.3f} ms, fp8 {f8['median_ms']:.3f} ({f8['over_bf16']:.3f}x), "
-            f"fp8 retuned {rt['median_ms']:.3f} ({rt['over_bf16']:.3f}x); greedy tokens equal "
-            f"{rt['tokens_equal_fp8']}")
     del engines
     gc.collect()
     torch.cuda.empty_cache()
     return out
 
 
-def parse_config(text: str) -> tuple[int, int, int, int]:
-    """(block_n, block_k4, split, prefetch) of "8x512", "4x512k2", "8x128p" or "4x256k2p"."""
+def parse_config(text: str) -> tuple[int, int, int, int, int]:
+    """(block_n, block_k4, split, prefetch, num_warps) of "8x512", "4x512k2", "8x128p", "4x256k2p" or
+    any of them with "w8" (8 warps; 4 without) appended."""
+    text, _, warps = text.partition("w")
     prefetch = text.endswith("p")
     bn, rest = text.rstrip("p").split("x")
     bk4, _, split = rest.partition("k")
-    return int(bn), int(bk4), int(split or 1), int(prefetch)
+    return int(bn), int(bk4), int(split or 1), int(prefetch), int(warps or 4)
 
 
 def grid_winners(report: dict) -> dict[str, tuple[int, int, int, int]]:
@@ -154,8 +171,9 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=200)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-engines", action="store_true")
-    p.add_argument("--configs", default="", help='skip part 1: e.g. "o=8x512,down=4x512k1p"'
-                   ' (block_n x block_k4, k: split-K, p: prefetch)')
+    p.add_argument("--configs", action="append", default=[],
+                   help='skip part 1: e.g. "o=8x512,down=4x512k1p" (block_n x block_k4, k: split-K, '
+                        'p: prefetch, w: warps); repeat it for one engine per table')
     p.add_argument("--from-grid", default="", help="skip part 1: the winners of bench/lab/fp8_m1_lab.py "
                    "--int-grid's JSON, where one beats the tuned config by >= 2%%")
     ns = p.parse_args()
@@ -163,8 +181,8 @@ def main() -> int:
         best = grid_winners(json.loads(Path(ns.from_grid).read_text()))
         lab.log(f"from the grid: {best}")
     elif ns.configs:
-        best = {kv.split("=")[0]: parse_config(kv.split("=")[1])
-                for kv in ns.configs.split(",") if kv.strip()}
+        best = [{kv.split("=")[0]: parse_config(kv.split("=")[1]) for kv in c.split(",") if kv.strip()}
+                for c in ns.configs]
     else:
         best = part1(time.time() + ns.budget_s)
     if not ns.no_engines:
