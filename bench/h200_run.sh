@@ -324,8 +324,6 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
     # issue 19 (FP8 batch-1): the step without rotary / the K/V store / the merge (bounds of fusions; ~2 min)
     step-without) stage step-without 300 python3 bench/lab/fp8_step_without.py --rounds 4 \
         --out "$OUT/fp8-step-without.json" ;;
-    # issue 19 (extend 8K causal against cuDNN): scores one block ahead (S_AHEAD) against the default loop
-    extend-sahead) stage extend-sahead 300 python3 bench/lab/extend_sahead.py --rounds 2 --out "$OUT/extend-sahead.json" ;;
     l2-prefetch) stage l2-prefetch 150 python3 bench/lab/l2_prefetch_lab.py --out "$OUT/l2-prefetch.json" ;;
     # issue 19 (batch-1 step): the model's L2 weight prefetch (RADIXRT_L2_PREFETCH; off by default; H200
     # 2026-12-03 at 24 MB: bf16 step 2.1% slower, FP8 unchanged): its GPU test, then the batch-1 step of

@@ -142,11 +142,11 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     # M_MAJOR (H200, 2026-12-03, bench/lab/kv_layout.py): 8,192 new causal 1,036 against 1,075 us,
     # 4,096 new over 4,096 cached 895 against 950 us; d64 / d256 follow (reasoned: the same tail)
     "extend": {"d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": False,
-                       "M_MAJOR": True, "S_AHEAD": False},
+                       "M_MAJOR": True},
                "d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False,
-                        "M_MAJOR": True, "S_AHEAD": False},
+                        "M_MAJOR": True},
                "d256": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "USE_TMA": False,
-                        "M_MAJOR": True, "S_AHEAD": False}},
+                        "M_MAJOR": True}},
     # short prompts over short or no prefixes (16 x 512 new tokens: 154 against 176 us); only d128
     # has a short form (short_max 0 disables it)
     "extend_short": {"d64": {"short_max": 0}, "d256": {"short_max": 0},

@@ -25,51 +25,6 @@ from .paged_loop import online_softmax_step_scaled, paged_attn_loop
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
-def _new_block(x_new, x_desc, tok0, n0, kvh, offs_n, offs_d, mask_d, stride_t, stride_h,
-               HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr):
-    """The [BLOCK_N, BLOCK_D] block of new-token keys (or values) n0 + [0, BLOCK_N) of KV head kvh,
-    every row inside the request: through the TMA descriptor x_desc, or pointer loads from x_new."""
-    if USE_TMA:
-        return x_desc.load([(tok0 + n0).to(tl.int32), kvh * HEAD_DIM])
-    tok = tok0 + n0 + offs_n
-    return tl.load(x_new + tok[:, None] * stride_t + kvh * stride_h + offs_d[None, :], mask=mask_d[None, :],
-                   other=0.0)
-
-
-@triton.jit
-def _new_tokens_scores_ahead(qb, k_new, v_new, k_desc, v_desc, tok0, kvh, n_end, qk_scale, m_i, l_i, acc,
-                             offs_n, offs_d, mask_d, stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h,
-                             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                             USE_TMA: tl.constexpr):
-    """The new-token blocks [0, n_end) (n_end > 0, a multiple of BLOCK_N, every key visible to every
-    row) folded into (m_i, l_i, acc) with each block's scores issued one step ahead: step j adds
-    P[j-1] V[j-1] (its wait also completes the scores of block j), issues the scores of block j + 1,
-    then runs block j's softmax while that product is in flight (FlashAttention-3's intra-warpgroup
-    overlap, Shah et al. 2024, in the form Triton's Hopper pipeliner keeps asynchronous: a dot whose
-    result only feeds the next step, after the step's first synchronous dot). Step 0 adds a zero P
-    (exact); the last step's look-ahead recomputes the last block's scores, unused."""
-    last = n_end - BLOCK_N
-    kb = _new_block(k_new, k_desc, tok0, 0, kvh, offs_n, offs_d, mask_d, stride_kn_t, stride_kn_h, HEAD_DIM,
-                    USE_TMA)
-    s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION)
-    p_prev = tl.zeros([qb.shape[0], BLOCK_N], dtype=kb.dtype)
-    for n0 in range(0, n_end, BLOCK_N):
-        vb = _new_block(v_new, v_desc, tok0, tl.maximum(n0 - BLOCK_N, 0), kvh, offs_n, offs_d, mask_d,
-                        stride_vn_t, stride_vn_h, HEAD_DIM, USE_TMA)
-        acc = tl.dot(p_prev, vb, acc, input_precision=DOT_PRECISION)
-        kb = _new_block(k_new, k_desc, tok0, tl.minimum(n0 + BLOCK_N, last), kvh, offs_n, offs_d, mask_d,
-                        stride_kn_t, stride_kn_h, HEAD_DIM, USE_TMA)
-        s_next = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION)
-        p, m_i, l_i, acc = online_softmax_step_scaled(s, qk_scale, m_i, l_i, acc)
-        p_prev = p.to(kb.dtype)
-        s = s_next
-    vb = _new_block(v_new, v_desc, tok0, last, kvh, offs_n, offs_d, mask_d, stride_vn_t, stride_vn_h,
-                    HEAD_DIM, USE_TMA)
-    acc = tl.dot(p_prev, vb, acc, input_precision=DOT_PRECISION)
-    return m_i, l_i, acc
-
-
 # The page table's width varies from pass to pass; specialised (== 1, divisible by 16) it would compile
 # new variants mid-serving, seconds each (warmup_extend in the attention backend compiles the rest).
 @triton.jit(do_not_specialize=["stride_pt_b"])
@@ -81,7 +36,7 @@ def _extend_attn_kernel(
     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_o_t, stride_o_h, stride_pt_b,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PACK_GQA: tl.constexpr,
-    USE_TMA: tl.constexpr, M_MAJOR: tl.constexpr = False, S_AHEAD: tl.constexpr = False,
+    USE_TMA: tl.constexpr, M_MAJOR: tl.constexpr = False,
 ):
     # USE_TMA: the new tokens' K/V blocks come through the host tensor descriptors k_desc / v_desc
     # (2-D views [T, Hkv * D], blocks [BLOCK_N, D] at column kvh * D: TMA copies on sm_90, fewer
@@ -137,22 +92,21 @@ def _extend_attn_kernel(
     acc = acc * v_scale
 
     # 2) new tokens strictly before this query block: every key is visible to every query row
-    n_before = mb * BLOCK_M
-    if S_AHEAD:
-        if n_before > 0:
-            m_i, l_i, acc = _new_tokens_scores_ahead(qb, k_new, v_new, k_desc, v_desc, tok0, kvh, n_before,
-                                                     qk_scale, m_i, l_i, acc, offs_n, offs_d, mask_d,
-                                                     stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h,
-                                                     HEAD_DIM, BLOCK_N, DOT_PRECISION, USE_TMA)
-    else:
-        for n0 in range(0, n_before, BLOCK_N):
-            kb = _new_block(k_new, k_desc, tok0, n0, kvh, offs_n, offs_d, mask_d, stride_kn_t, stride_kn_h,
-                            HEAD_DIM, USE_TMA)
-            s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION)
-            p, m_i, l_i, acc = online_softmax_step_scaled(s, qk_scale, m_i, l_i, acc)
-            vb = _new_block(v_new, v_desc, tok0, n0, kvh, offs_n, offs_d, mask_d, stride_vn_t, stride_vn_h,
-                            HEAD_DIM, USE_TMA)
-            acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
+    for n0 in range(0, mb * BLOCK_M, BLOCK_N):
+        if USE_TMA:
+            kb = k_desc.load([(tok0 + n0).to(tl.int32), kvh * HEAD_DIM])
+        else:
+            tok = tok0 + n0 + offs_n
+            kb = tl.load(k_new + tok[:, None] * stride_kn_t + kvh * stride_kn_h + offs_d[None, :],
+                         mask=mask_d[None, :], other=0.0)
+        s = tl.dot(qb, tl.trans(kb), input_precision=DOT_PRECISION)
+        p, m_i, l_i, acc = online_softmax_step_scaled(s, qk_scale, m_i, l_i, acc)
+        if USE_TMA:
+            vb = v_desc.load([(tok0 + n0).to(tl.int32), kvh * HEAD_DIM])
+        else:
+            vb = tl.load(v_new + tok[:, None] * stride_vn_t + kvh * stride_vn_h + offs_d[None, :],
+                         mask=mask_d[None, :], other=0.0)
+        acc += tl.dot(p.to(vb.dtype), vb, input_precision=DOT_PRECISION)
 
     # 3) the diagonal: new tokens inside this query block, causal mask key <= query
     for n0 in range(mb * BLOCK_M, tl.minimum((mb + 1) * BLOCK_M, ext_len), BLOCK_N):
@@ -198,7 +152,7 @@ def _pick_config(head_dim: int, device: torch.device, max_extend_len: int = 1 <<
           f"BLOCK_N {c['BLOCK_N']}")
     return {"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"], "BLOCK_D": next_pow2(head_dim),
             "num_warps": c["num_warps"], "num_stages": c["num_stages"], "USE_TMA": bool(c.get("USE_TMA")),
-            "M_MAJOR": bool(c.get("M_MAJOR")), "S_AHEAD": bool(c.get("S_AHEAD"))}
+            "M_MAJOR": bool(c.get("M_MAJOR"))}
 
 
 def _new_kv_descriptors(k_new: torch.Tensor, v_new: torch.Tensor, block_n: int, block_d: int):
@@ -286,7 +240,7 @@ def extend_attention(
         GROUP=num_q_heads // num_kv_heads, PAGE_SIZE=page_size, HEAD_DIM=head_dim,
         BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         DOT_PRECISION=dot_precision(q.dtype), PACK_GQA=1 < num_q_heads // num_kv_heads <= cfg["BLOCK_M"],
-        USE_TMA=descs is not None, M_MAJOR=m_major, S_AHEAD=cfg["S_AHEAD"], num_warps=cfg["num_warps"],
+        USE_TMA=descs is not None, M_MAJOR=m_major, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
     return out

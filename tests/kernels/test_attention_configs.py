@@ -28,21 +28,17 @@ EXT = sys.modules["radixrt.kernels.extend_attention"]
 pytestmark = pytest.mark.usefixtures("no_attention_overrides")
 
 
-@pytest.mark.parametrize("block_m, block_n, use_tma, m_major, s_ahead, dtype", [
-    (16, 16, True, False, False, torch.float32), (32, 16, False, False, False, torch.float16),
-    (32, 16, True, True, False, torch.float16), (32, 32, True, False, False, torch.float32),
-    (64, 32, False, False, False, torch.float32), (16, 16, False, True, False, torch.float32),
-    (16, 16, False, True, True, torch.float32), (32, 16, True, True, True, torch.float16),
-    (16, 16, True, False, True, torch.float16)])
+@pytest.mark.parametrize("block_m, block_n, use_tma, m_major, dtype", [
+    (16, 16, True, False, torch.float32), (32, 16, False, False, torch.float16),
+    (32, 16, True, True, torch.float16), (32, 32, True, False, torch.float32),
+    (64, 32, False, False, torch.float32), (16, 16, False, True, torch.float32)])
 def test_every_extend_variant_matches_reference(paged_batch, close, monkeypatch, block_m, block_n, use_tma,
-                                                m_major, s_ahead, dtype):
-    """Tiles, the TMA path, the grid order (M_MAJOR) and scores one block ahead (S_AHEAD): prefixes
-    inside a page, a decoding row (GQA packing), requests whose diagonal block runs into the next
-    request's tokens and past the end of k_new; 1 to 4 blocks before the diagonal (S_AHEAD's one-step
-    and longer loops)."""
+                                                m_major, dtype):
+    """Tiles, the TMA path and the grid order (M_MAJOR): prefixes inside a page, a decoding row (GQA
+    packing), requests whose diagonal block runs into the next request's tokens and past the end of
+    k_new."""
     monkeypatch.setitem(ac.CPU, "extend", {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4,
-                                           "num_stages": 1, "USE_TMA": use_tma, "M_MAJOR": m_major,
-                                           "S_AHEAD": s_ahead})
+                                           "num_stages": 1, "USE_TMA": use_tma, "M_MAJOR": m_major})
     b = paged_batch([5, 0, 19], [37, 1, 23], 16, 8, 2, 64, dtype, seed=block_m + block_n)
     out = torch.full_like(b.q, float("nan"), memory_format=torch.contiguous_format)
     extend_attention(b.q, b.k, b.v, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens, b.extend_lens,
@@ -139,7 +135,7 @@ def test_overrides_merge_into_gpu_configs_only(tmp_path):
     ac.load_overrides(path)
     assert EXT._pick_config(128, GPU, 8192, 8192) == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_D": 128,
                                                        "num_warps": 8, "num_stages": 4, "USE_TMA": True,
-                                                       "M_MAJOR": True, "S_AHEAD": False}
+                                                       "M_MAJOR": True}
     assert EXT._pick_config(128, GPU, 512, 512)["BLOCK_M"] == 64  # the short form is its own entry
     assert EXT._pick_config(64, GPU)["BLOCK_N"] == 64  # other head-dim buckets keep their defaults
     assert ac.attention_config("decode", 128)["num_warps"] == 8
