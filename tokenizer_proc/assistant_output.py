@@ -66,12 +66,13 @@ class AssistantStream:
         parts = [d] if d is not None else []
         if final:
             parts.append(self.tools.finish())
-        for part in parts:
-            if part.content:
-                self._out.append(Piece("text", part.content))
-            for td in part.tool_calls:
-                self.num_calls += td.id is not None
-                self._out.append(Piece("call", call=td))
+        for part in parts:  # in output order, also when one delta holds text on both sides of a call
+            for piece in part.pieces:
+                if isinstance(piece, str):
+                    self._out.append(Piece("text", piece))
+                else:
+                    self.num_calls += piece.id is not None
+                    self._out.append(Piece("call", call=piece))
 
     def _take(self) -> list[Piece]:
         out, self._out = self._out, []

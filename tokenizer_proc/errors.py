@@ -115,30 +115,39 @@ def from_scheduler_error(message: str) -> APIError:
     return bad_request(message)
 
 
-def install_handlers(app: FastAPI, on_unread: Callable[[], None] | None = None) -> None:
-    """Route every error the app can raise to an OpenAI error body.
+def _openai_response(_path: str, err: APIError) -> Response:
+    return err.response(err.headers)
+
+
+def install_handlers(app: FastAPI, on_unread: Callable[[], None] | None = None,
+                     respond: Callable[[str, APIError], Response] = _openai_response) -> None:
+    """Route every error the app can raise to an error body: `respond(path, err)`, OpenAI's by default
+    (the server passes protocol_errors.error_response, which answers Anthropic's routes in Anthropic's
+    shape, a 404 or 405 under /v1/messages included).
 
     `on_unread` is called once per request whose client disconnected before the server had read its
     body (starlette's ClientDisconnect from http_io.read_json): no RequestHandle exists for it, so
     the front end's metrics record its outcome ("disconnected") here."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_req: Request, exc: APIError) -> Response:
-        return exc.response(exc.headers)
+    async def _api_error(req: Request, exc: APIError) -> Response:
+        return respond(req.scope["path"], exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_req: Request, exc: RequestValidationError) -> Response:
-        return from_validation_error(exc).response()
+    async def _validation(req: Request, exc: RequestValidationError) -> Response:
+        return respond(req.scope["path"], from_validation_error(exc))
 
     @app.exception_handler(ValidationError)
-    async def _pyd_validation(_req: Request, exc: ValidationError) -> Response:
-        return from_validation_error(exc).response()
+    async def _pyd_validation(req: Request, exc: ValidationError) -> Response:
+        return respond(req.scope["path"], from_validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> Response:
+    async def _http(req: Request, exc: StarletteHTTPException) -> Response:
         status = exc.status_code
         msg = str(exc.detail) if exc.detail else "error"
-        return APIError(status, msg, type_=_TYPES.get(status, "invalid_request_error")).response()
+        err = APIError(status, msg, type_=_TYPES.get(status, "invalid_request_error"))
+        err.headers = exc.headers  # a 405's Allow
+        return respond(req.scope["path"], err)
 
     @app.exception_handler(ClientGone)
     async def _gone(_req: Request, _exc: ClientGone) -> Response:
@@ -156,6 +165,6 @@ def install_handlers(app: FastAPI, on_unread: Callable[[], None] | None = None) 
         return Response(status_code=499)
 
     @app.exception_handler(Exception)
-    async def _internal(_req: Request, exc: Exception) -> Response:
+    async def _internal(req: Request, exc: Exception) -> Response:
         logger.exception("internal error: %r", exc)
-        return APIError(500, "internal server error").response()
+        return respond(req.scope["path"], APIError(500, "internal server error"))

@@ -1,7 +1,9 @@
 """The `message` objects of POST /v1/messages and their SSE event sequence (a ResponseWriter).
 
 Content blocks, in output order: `thinking` (with a --reasoning-parser), `text`, `tool_use` (one per
-call, `input` the parsed arguments). A stream, each event framed as `event: <type>` + `data: <json>`:
+call, `input` the parsed arguments; `{}` when they are not a JSON object, e.g. cut by max_tokens). A
+whole (non-streamed) message is built by the same steps from the whole output, so its blocks and their
+order are the stream's. A stream, each event framed as `event: <type>` + `data: <json>`:
 
     message_start (usage: input tokens and cache reads known, output_tokens 0)
     per block: content_block_start, content_block_delta... (thinking_delta / text_delta /
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .assistant_output import AssistantStream, AssistantTurn, Piece, read_whole
+from .assistant_output import AssistantStream, Piece
 from .errors import APIError
 from .protocol_errors import anthropic_error_body
 from .reasoning_parser import ReasoningParser
@@ -57,18 +59,6 @@ def _input_object(arguments: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
-def content_blocks(turn: AssistantTurn) -> list[dict[str, Any]]:
-    """A whole choice's blocks: thinking, text (unless the turn is only calls), tool_use."""
-    out: list[dict[str, Any]] = []
-    if turn.reasoning:
-        out.append({"type": "thinking", "thinking": turn.reasoning, "signature": ""})
-    if turn.content.strip() or not turn.tool_calls:
-        out.append({"type": "text", "text": turn.content})
-    out.extend({"type": "tool_use", "id": c.id, "name": c.name, "input": _input_object(c.arguments)}
-               for c in turn.tool_calls)
-    return out
-
-
 class MessagesWriter:
     """Messages bodies and events for one request (n = 1). `meta`: id and model; `stop`: the
     request's stop_sequences (to tell a stop sequence from EOS)."""
@@ -81,12 +71,17 @@ class MessagesWriter:
         self.started = False
         self.num_blocks = 0
         self.open: str | None = None  # kind of the block being streamed
+        self.blocks: list[dict[str, Any]] = []  # the blocks so far, as a whole message holds them
+        self.arguments: dict[int, str] = {}  # a tool_use block's index -> its input JSON text so far
 
     def body(self, choices: dict[int, Collected]) -> dict[str, Any]:
+        """The whole message: the blocks a stream of the same output builds (the same pieces through
+        the same steps, its events dropped), so the two agree on blocks and their order."""
         c = choices[0]
-        turn = read_whole(c.text, self.reasoning, self.tools)
-        reason, seq = stop_reason(c.finish_reason, c.matched_stop, len(turn.tool_calls), self.stop)
-        return {**self.meta, "content": content_blocks(turn), "stop_reason": reason, "stop_sequence": seq,
+        reason, seq = self._finish(self.stream.feed(c.text) + self.stream.finish(), c, [])
+        for i, text in self.arguments.items():
+            self.blocks[i]["input"] = _input_object(text)
+        return {**self.meta, "content": self.blocks, "stop_reason": reason, "stop_sequence": seq,
                 "usage": usage_object(c.prompt_tokens, c.completion_tokens, c.cached_tokens)}
 
     def head(self) -> list[bytes]:
@@ -103,6 +98,9 @@ class MessagesWriter:
     def _start(self, parts: list[bytes], kind: str, block: dict[str, Any]) -> None:
         self._close(parts)
         self._emit(parts, "content_block_start", index=self.num_blocks, content_block=block)
+        self.blocks.append(dict(block))
+        if kind == "tool_use":
+            self.arguments[self.num_blocks] = ""
         self.num_blocks += 1
         self.open = kind
 
@@ -121,6 +119,10 @@ class MessagesWriter:
             dtype, key = _DELTA[kind]
             self._emit(parts, "content_block_delta", index=self.num_blocks - 1,
                        delta={"type": dtype, key: delta})
+            if kind == "tool_use":
+                self.arguments[self.num_blocks - 1] += delta
+            else:
+                self.blocks[-1][key] += delta
 
     def event(self, ev: SampleEvent, parts: list[bytes]) -> None:
         if not self.started:
@@ -129,19 +131,24 @@ class MessagesWriter:
                      "usage": usage_object(ev.prompt_tokens, 0, ev.cached_tokens)}
             self._emit(parts, "message_start", message=start)
         pieces = self.stream.feed(ev.text) if ev.text else []
-        if ev.finish_reason is not None:
-            pieces += self.stream.finish()
-        for p in pieces:
-            self._piece(p, parts)
         if ev.finish_reason is None:
+            for p in pieces:
+                self._piece(p, parts)
             return
-        if self.num_blocks == 0:  # an empty answer is still one (empty) text block
-            self._start(parts, "text", {"type": "text", "text": ""})
-        self._close(parts)
-        reason, seq = stop_reason(ev.finish_reason, ev.matched_stop, self.stream.num_calls, self.stop)
+        reason, seq = self._finish(pieces + self.stream.finish(), ev, parts)
         self._emit(parts, "message_delta", delta={"stop_reason": reason, "stop_sequence": seq},
                    usage=usage_object(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens))
         self._emit(parts, "message_stop")
+
+    def _finish(self, pieces: list[Piece], c: Collected | SampleEvent,
+                parts: list[bytes]) -> tuple[str, str | None]:
+        """The last pieces of the output, the last block closed; returns (stop_reason, stop_sequence)."""
+        for p in pieces:
+            self._piece(p, parts)
+        if self.num_blocks == 0:  # an empty answer is still one (empty) text block
+            self._start(parts, "text", {"type": "text", "text": ""})
+        self._close(parts)
+        return stop_reason(c.finish_reason, c.matched_stop, self.stream.num_calls, self.stop)
 
     def tail(self, last: dict[int, SampleEvent]) -> list[bytes]:
         return []  # message_stop went out with the last event

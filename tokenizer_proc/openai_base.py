@@ -7,9 +7,9 @@ the tool fields into ChatCompletionRequest.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, field_validator
 
 
 class _Strict(BaseModel):
@@ -22,10 +22,29 @@ class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
+    @field_validator("type", mode="before")
+    @classmethod
+    def _text_only(cls, v: Any) -> Any:
+        if isinstance(v, str) and v != "text":
+            raise ValueError(f"non-text content parts (images, audio, files) are not supported, got {v!r}; "
+                             'send text parts {"type": "text", "text": ...}')
+        return v
+
+
+def _content_kind(v: Any) -> str:
+    return "list[part]" if isinstance(v, list) else "str"
+
+
+# A list is judged as a list of parts only, so that its error names the part at fault
+# (`messages[0].content[1].type`) rather than saying the content should have been a string. The tags
+# contain "[" or are "str": errors._loc_to_param drops them from the parameter's name.
+MessageContent = Annotated[Annotated[str, Tag("str")] | Annotated[list[TextPart], Tag("list[part]")],
+                           Discriminator(_content_kind)]
+
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: MessageContent | None = None
     name: str | None = None
     tool_call_id: str | None = None
 

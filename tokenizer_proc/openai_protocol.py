@@ -21,6 +21,32 @@ __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "Constra
 NonNegInt = Annotated[int, Field(ge=0)]
 CacheSalt = Annotated[str, Field(min_length=1, max_length=256)]  # tenant of the prefix cache (vLLM's name)
 TokenIds = Annotated[list[NonNegInt], Field(min_length=1)]
+MAX_STOP_STRINGS = 16
+
+
+def check_stop_strings(stop: list[str]) -> None:
+    """The rule for stop strings on every route (chat, completions, Messages, /generate).
+
+    Raises:
+        ValueError: an empty string, or more than MAX_STOP_STRINGS.
+    """
+    if any(s == "" for s in stop):
+        raise ValueError("stop strings must be non-empty")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are supported")
+
+
+def check_logit_bias_keys(bias: dict[str, float]) -> None:
+    """The rule for logit_bias keys on every route: token ids in ASCII decimal digits (leading zeros
+    allowed). int() alone would also take " 5", "+5" or "\u0665" (an Arabic-Indic five), and
+    str.isdigit() takes "\u00b2", which int() then refuses.
+
+    Raises:
+        ValueError: a key that is not `[0-9]+`.
+    """
+    for key in bias:
+        if not (key.isascii() and key.isdigit()):
+            raise ValueError(f"keys must be token ids (decimal digits 0-9), got {key!r}")
 
 
 class StreamOptions(_Strict):
@@ -98,11 +124,7 @@ class SamplingFields(_Strict):
     @field_validator("stop")
     @classmethod
     def _stop_nonempty(cls, v: str | list[str] | None) -> str | list[str] | None:
-        items = [v] if isinstance(v, str) else (v or [])
-        if any(s == "" for s in items):
-            raise ValueError("stop strings must be non-empty")
-        if len(items) > 16:
-            raise ValueError("at most 16 stop strings are supported")
+        check_stop_strings([v] if isinstance(v, str) else (v or []))
         return v
 
     @field_validator("top_k")
@@ -115,9 +137,7 @@ class SamplingFields(_Strict):
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        for key in v or {}:
-            if not key.isdigit():
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        check_logit_bias_keys(v or {})
         return v
 
     def stop_list(self) -> list[str]:
@@ -197,6 +217,18 @@ class GenerateRequest(_Strict):
     top_logprobs_num: int | None = Field(default=0, ge=0, le=20)
     rid: str | None = None
     cache_salt: CacheSalt | None = None
+    # SGLang's multimodal inputs: refused (a 400 naming the field), not ignored, as chat refuses images
+    image_data: None = None
+    audio_data: None = None
+    video_data: None = None
+
+    @field_validator("image_data", "audio_data", "video_data", mode="before")
+    @classmethod
+    def _text_only(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError("image, audio and video input are not supported (this server takes text or "
+                             "token ids only)")
+        return v
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:

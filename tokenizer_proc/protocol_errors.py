@@ -3,7 +3,9 @@
 A request translated onto the chat path (Responses, Messages) can fail in chat code, whose errors
 name chat parameters (`messages`, `max_tokens`, `response_format`); `renamed` puts the protocol's own
 names back. Anthropic clients read `{"type": "error", "error": {"type": ..., "message": ...}}`
-(`anthropic_error`), not OpenAI's `{"error": {...}}`; the status code is the same.
+(`anthropic_error`), not OpenAI's `{"error": {...}}`; the status code is the same. `error_response`
+picks the shape by the route's path, for the errors no handler of the route answers itself (401 of
+the API-key check, 404 / 405 of the router, 500).
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import orjson
 from fastapi.responses import Response
 
 from .errors import APIError
+
+# Paths whose errors take Anthropic's shape: /v1/messages and every path under it.
+ANTHROPIC_PATH_PREFIX = "/v1/messages"
 
 # Anthropic's error types by HTTP status (its API reference, "Errors").
 _ANTHROPIC_TYPES = {
@@ -55,3 +60,11 @@ def anthropic_error(err: APIError, headers: dict[str, str] | None = None) -> Res
         message = f"{err.param}: {message}"
     return Response(orjson.dumps(anthropic_error_body(err.status, message)), status_code=err.status,
                     media_type="application/json", headers=headers)
+
+
+def error_response(path: str, err: APIError) -> Response:
+    """`err` (with its `headers`) in the error shape of the route at `path`: Anthropic's under
+    ANTHROPIC_PATH_PREFIX, OpenAI's elsewhere."""
+    if path == ANTHROPIC_PATH_PREFIX or path.startswith(ANTHROPIC_PATH_PREFIX + "/"):
+        return anthropic_error(err, err.headers)
+    return err.response(err.headers)

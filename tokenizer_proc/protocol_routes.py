@@ -14,9 +14,6 @@ from .serving_context import ServingContext
 from .serving_messages import count_tokens, create_message
 from .serving_responses import ResponseStore, create_response, delete_response, get_response
 
-# Paths whose errors (the API-key check's 401 included) take Anthropic's shape.
-ANTHROPIC_PATH_PREFIX = "/v1/messages"
-
 
 def add_protocol_routes(app: FastAPI, ctx: ServingContext) -> None:
     """POST /v1/responses, GET / DELETE /v1/responses/{id}, POST /v1/messages, /v1/messages/count_tokens."""

@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError
 from .errors import APIError, bad_request, from_validation_error
 from .openai_base import _Strict
 from .openai_protocol import ChatCompletionRequest
-from .tool_protocol import FunctionDefinition
+from .tool_protocol import CHOICE_WORDS, FunctionDefinition
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 _ROLES = ("user", "assistant", "system", "developer")
@@ -205,7 +205,8 @@ def input_messages(input_: str | list[dict[str, Any]],
 
 
 def _tool_choice(choice: Any) -> Any:
-    if choice is None or isinstance(choice, str):
+    """Responses' tool_choice in chat's shape; a wrong one is refused here, in Responses' own terms."""
+    if choice is None or (isinstance(choice, str) and choice in CHOICE_WORDS):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}

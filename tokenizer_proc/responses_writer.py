@@ -13,7 +13,9 @@ part), `function_call` (one per call). A stream:
     response.output_item.done; then response.completed (or response.incomplete, response.failed)
 
 Every event carries `sequence_number` (0, 1, 2, ... within the stream) and is framed as
-`event: <type>` + `data: <json>` with no `[DONE]`, as OpenAI sends it.
+`event: <type>` + `data: <json>` with no `[DONE]`, as OpenAI sends it. A whole (non-streamed)
+response is built by the same steps from the whole output, so its items, their order and statuses
+are the stream's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .assistant_output import AssistantStream, AssistantTurn, Piece, read_whole
+from .assistant_output import AssistantStream, Piece
 from .errors import APIError
 from .openai_response import now_s
 from .reasoning_parser import ReasoningParser
@@ -61,17 +63,6 @@ def reasoning_item(iid: str, text: str, status: str = "completed") -> dict[str, 
 def call_item(iid: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
     return {"type": "function_call", "id": iid, "call_id": call_id, "name": name, "arguments": arguments,
             "status": status}
-
-
-def output_items(turn: AssistantTurn) -> list[dict[str, Any]]:
-    """A whole choice's output items: reasoning, the message (unless the turn is only calls), calls."""
-    out = []
-    if turn.reasoning:
-        out.append(reasoning_item(item_id("rs"), turn.reasoning))
-    if turn.content.strip() or not turn.tool_calls:
-        out.append(message_item(item_id("msg"), turn.content))
-    out.extend(call_item(item_id("fc"), c.id, c.name, c.arguments) for c in turn.tool_calls)
-    return out
 
 
 class ResponsesWriter:
@@ -115,13 +106,12 @@ class ResponsesWriter:
         return body
 
     def body(self, choices: dict[int, Collected]) -> dict[str, Any]:
+        """The whole response: the items a stream of the same output builds (the same pieces through
+        the same steps, its events dropped), so the two agree on items, order and statuses."""
         c = choices[0]
-        turn = read_whole(c.text, self.reasoning, self.tools)
-        items = output_items(turn)
-        if c.finish_reason == "length":  # the item max_output_tokens cut, as OpenAI marks it
-            items[-1]["status"] = "incomplete"
-        body = self.response("completed", items, self._usage(c, turn.reasoning), c.finish_reason)
-        return self._complete(body)
+        self._finish(self.stream.feed(c.text) + self.stream.finish(), c, [])
+        assert self.final is not None
+        return self.final
 
     # ----- streaming -----
     def _emit(self, parts: list[bytes], kind: str, **fields: Any) -> None:
@@ -196,19 +186,25 @@ class ResponsesWriter:
 
     def event(self, ev: SampleEvent, parts: list[bytes]) -> None:
         pieces = self.stream.feed(ev.text) if ev.text else []
-        if ev.finish_reason is not None:
-            pieces += self.stream.finish()
+        if ev.finish_reason is None:
+            for p in pieces:
+                self._piece(p, parts)
+            return
+        self._finish(pieces + self.stream.finish(), ev, parts)
+
+    def _finish(self, pieces: list[Piece], c: Collected | SampleEvent, parts: list[bytes]) -> None:
+        """The last pieces of the output, then the items closed (the one a "length" finish cut marked
+        incomplete, as OpenAI marks it) and the final response object in self.final."""
         for p in pieces:
             self._piece(p, parts)
-        if ev.finish_reason is not None:
-            cut = "incomplete" if ev.finish_reason == "length" else "completed"  # as OpenAI marks it
+        cut = "incomplete" if c.finish_reason == "length" else "completed"
+        self._close_item(parts, cut)
+        if not self.items:  # an empty answer is still one (empty) message
+            self._open_item(parts, "text")
             self._close_item(parts, cut)
-            if not self.items:  # an empty answer is still one (empty) message
-                self._open_item(parts, "text")
-                self._close_item(parts, cut)
-            thought = "".join(i["content"][0]["text"] for i in self.items if i["type"] == "reasoning")
-            self.final = self._complete(self.response("completed", self.items, self._usage(ev, thought),
-                                                      ev.finish_reason))
+        thought = "".join(i["content"][0]["text"] for i in self.items if i["type"] == "reasoning")
+        self.final = self._complete(self.response("completed", self.items, self._usage(c, thought),
+                                                  c.finish_reason))
 
     def tail(self, last: dict[int, SampleEvent]) -> list[bytes]:
         parts: list[bytes] = []

@@ -20,8 +20,8 @@ from .errors import APIError, install_handlers
 from .gateway_routes import add_gateway_routes
 from .http_io import json_response, post_route
 from .openapi_doc import install_openapi
-from .protocol_errors import anthropic_error
-from .protocol_routes import ANTHROPIC_PATH_PREFIX, add_protocol_routes
+from .protocol_errors import error_response
+from .protocol_routes import add_protocol_routes
 from .serving_chat import chat_completions
 from .serving_completions import completions
 from .serving_context import ServingContext
@@ -60,10 +60,8 @@ class ApiKeyMiddleware:
             return
         err = APIError(401, "invalid or missing API key (expected `Authorization: Bearer <key>` or "
                        "`x-api-key: <key>`)", code="invalid_api_key")
-        headers = {"WWW-Authenticate": "Bearer"}
-        anthropic = scope["path"].startswith(ANTHROPIC_PATH_PREFIX)
-        resp = anthropic_error(err, headers) if anthropic else err.response(headers=headers)
-        await resp(scope, receive, send)
+        err.headers = {"WWW-Authenticate": "Bearer"}
+        await error_response(scope["path"], err)(scope, receive, send)
 
 
 def _public_args(ctx: ServingContext) -> dict[str, Any]:
@@ -84,7 +82,8 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
     app = FastAPI(title="radixrt", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json", telemetry=_NO_TELEMETRY)
     on_done = ctx.on_done
-    install_handlers(app, on_unread=None if on_done is None else (lambda: on_done(None, "disconnected")))
+    install_handlers(app, on_unread=None if on_done is None else (lambda: on_done(None, "disconnected")),
+                     respond=error_response)
     install_openapi(app)
     created = int(time.time())
 

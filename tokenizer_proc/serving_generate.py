@@ -46,7 +46,7 @@ async def generate(ctx: ServingContext, request: Request) -> Response:
     else:
         body = parse_body(GenerateRequest, raw)
     params, grammar = generate_grammar(body.sampling_params)
-    sampling = generate_sampling(params)
+    sampling = generate_sampling(params, ctx.vocab_size)
     kind, text = grammar_fields(grammar)
     prompts, batch = await _prompts(ctx, body)
     check_prompts(ctx, prompts, "input_ids" if body.input_ids is not None else "text")

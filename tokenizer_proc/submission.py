@@ -94,15 +94,19 @@ def new_handle(ctx: ServingContext, specs: list[SampleSpec], *, stream: bool, re
     """A handle for `specs`.
 
     Raises:
-        APIError: 503 while shutting down; 400 when `specs` alone exceed what the server tracks at
-            once; 429 when the server already tracks too many samples.
+        APIError: 503 while shutting down; 400 when `specs` alone exceed what the server can ever
+            take at once; 429 when the server already tracks too many samples.
     """
     if ctx.manager.closing:
         raise APIError(503, "server is shutting down")
-    if len(specs) > ctx.manager.max_inflight:  # could never be admitted: not worth a retry
+    # A request's samples reach the scheduler together and all wait there first, so more than
+    # --max-queued-requests of them are refused there whatever runs: never admitted, not worth a retry
+    # (and more than running + queued are refused here)
+    most = min(ctx.manager.max_inflight, ctx.args.max_queued_requests)
+    if len(specs) > most:
         raise APIError(400, f"the request has {len(specs)} samples (prompts x n); this server takes at "
-                       f"most {ctx.manager.max_inflight} at once (--max-running-requests + "
-                       "--max-queued-requests)", param="n")
+                       f"most {most} at once (--max-queued-requests, and --max-running-requests + "
+                       "--max-queued-requests in flight)", param="n")
     if not ctx.manager.has_capacity(len(specs)):
         raise APIError(429, "too many requests in flight; retry later")
     return RequestHandle(ctx.manager, ctx.tokenizer, specs, stream=stream, return_logprob=return_logprob,

@@ -2,10 +2,13 @@
 
 A format is one incremental state machine (a `ToolCallStream`). Streaming feeds it text deltas; the
 full-text `ToolParser.parse` feeds the whole text as one delta through the same machine, so both paths
-reach identical calls by construction wherever the machine does not depend on where the text was split
-(tests check every split point). The one difference: `parse` sees the end of the text before deciding,
-so a call whose arguments never closed or are not a JSON object falls back to content there, while a
-stream has already sent that call's first deltas and cannot take them back.
+reach identical content and calls by construction wherever the machine does not depend on where the
+text was split (tests check every split point). A call counts from the moment its format's header
+(e.g. hermes' `{"name": ..., "arguments": `) is read, in both paths: a stream has sent that call's
+first deltas by then and cannot take them back, so `parse` keeps it too, with the arguments as written
+even when they never closed (output cut by max_tokens: finish_reason "length") or are not a JSON
+object. That is OpenAI's contract as well (arguments may be incomplete or invalid JSON; the client
+validates them).
 
 Machines never raise on model output: text that does not read as a call is content.
 """
@@ -69,11 +72,14 @@ class ParsedOutput:
 @dataclass(slots=True)
 class StreamDelta:
     """What one fed text delta released: content text and call deltas. When one delta holds text on
-    both sides of a call, all of its content is in `content` (send it first: it is mostly the text
-    before the call; text after the last call is rare and clients read the two apart anyway)."""
+    both sides of a call, all of its content is in `content` (a chat chunk sends it first: it is mostly
+    the text before the call; clients read the two apart anyway); `pieces` keeps the same text and
+    call deltas in output order (adjacent text joined), for protocols whose items are ordered
+    (Responses, Messages). `pieces` does not take part in equality."""
 
     content: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    pieces: list[str | ToolCallDelta] = field(default_factory=list, compare=False)
 
 
 @dataclass(slots=True)
@@ -84,13 +90,11 @@ class CallRecord:
     id: str
     name: str
     arguments: str = ""
-    source: str = ""     # the model's text of the whole call, to fall back to as content
-    closed: bool = False  # the arguments value ended
 
 
 @dataclass(slots=True)
 class _Dropped:
-    text: str  # whitespace dropped beside a call; restored by parse when that call falls back to content
+    text: str  # whitespace dropped beside a call (layout, not content)
 
 
 class Emitter:
@@ -107,34 +111,40 @@ class Emitter:
         if s:
             self.segments.append(s)
             self._delta.content += s
+            pieces = self._delta.pieces
+            if pieces and isinstance(pieces[-1], str):
+                pieces[-1] += s
+            else:
+                pieces.append(s)
 
     def dropped(self, s: str) -> None:
         """Whitespace beside a call that is not content (see _Dropped)."""
         if s:
             self.segments.append(_Dropped(s))
 
-    def start_call(self, name: str, source: str) -> CallRecord:
-        rec = CallRecord(self._num_calls, self._new_id(), name, source=source)
+    def start_call(self, name: str) -> CallRecord:
+        rec = CallRecord(self._num_calls, self._new_id(), name)
         self._num_calls += 1
         self.segments.append(rec)
-        self._delta.tool_calls.append(ToolCallDelta(rec.index, "", rec.id, name))
+        self._call_delta(ToolCallDelta(rec.index, "", rec.id, name))
         return rec
 
     def arguments(self, rec: CallRecord, s: str) -> None:
         if not s:
             return
         rec.arguments += s
-        rec.source += s
-        last = self._delta.tool_calls[-1] if self._delta.tool_calls else None
-        if last is not None and last.index == rec.index:
+        last = self._delta.pieces[-1] if self._delta.pieces else None
+        if isinstance(last, ToolCallDelta) and last.index == rec.index:
             last.arguments += s
         else:
-            self._delta.tool_calls.append(ToolCallDelta(rec.index, s))
+            self._call_delta(ToolCallDelta(rec.index, s))
 
-    def whole_call(self, name: str, arguments: str, source: str) -> None:
-        rec = self.start_call(name, "")
-        self.arguments(rec, arguments)
-        rec.source, rec.closed = source, True
+    def _call_delta(self, d: ToolCallDelta) -> None:
+        self._delta.tool_calls.append(d)
+        self._delta.pieces.append(d)
+
+    def whole_call(self, name: str, arguments: str) -> None:
+        self.arguments(self.start_call(name), arguments)
 
     def take(self) -> StreamDelta:
         d, self._delta = self._delta, StreamDelta()
@@ -191,32 +201,15 @@ class ToolParser(ABC):
         """A fresh incremental parser for one choice."""
 
     def parse(self, text: str) -> ParsedOutput:
-        """The whole output -> content and complete calls (see the module docstring for fallbacks)."""
+        """The whole output -> content and calls: what a stream of the same text sends, joined (see the
+        module docstring: a call's arguments may be cut short or not be a JSON object)."""
         s = self.stream()
         s.feed(text)
         s.finish()
-        segs = s.out.segments
-        failed = [isinstance(g, CallRecord) and not (g.closed and is_json_object(g.arguments)) for g in segs]
-        content: list[str] = []
-        calls: list[ToolCall] = []
-        for i, seg in enumerate(segs):
-            if isinstance(seg, str):
-                content.append(seg)
-            elif isinstance(seg, _Dropped):
-                if (i > 0 and failed[i - 1]) or (i + 1 < len(segs) and failed[i + 1]):
-                    content.append(seg.text)
-            elif failed[i]:
-                content.append(seg.source)
-            else:
-                calls.append(ToolCall(seg.id, seg.name, seg.arguments))
+        content = [seg for seg in s.out.segments if isinstance(seg, str)]
+        calls = [ToolCall(seg.id, seg.name, seg.arguments) for seg in s.out.segments
+                 if isinstance(seg, CallRecord)]
         return ParsedOutput("".join(content), calls)
-
-
-def is_json_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
 
 
 def call_from_json(obj: Any) -> tuple[str, str] | None:

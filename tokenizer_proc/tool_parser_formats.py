@@ -83,13 +83,13 @@ class _JsonCallStream(ToolCallStream):
         self.buf = self.buf[keep:]
         return False
 
-    def _streamed_call(self, header: re.Match[str], source_prefix: str) -> bool:
+    def _streamed_call(self, header: re.Match[str]) -> bool:
         """Start a call whose header matched, if its arguments open an object; True if started."""
         name = header_name(header.group(1))
         if self.buf[header.end()] != "{" or name is None:
             return False
         self.content.call_started()
-        self.call = self.out.start_call(name, source_prefix + self.buf[:header.end()])
+        self.call = self.out.start_call(name)
         self.buf, self.state, self.scan = self.buf[header.end():], "args", JsonValueScan()
         return True
 
@@ -103,7 +103,7 @@ class _JsonCallStream(ToolCallStream):
             self.content.emit(source, hold_tail=True)
             return False
         self.content.call_started()
-        self.out.whole_call(call[0], call[1], source)
+        self.out.whole_call(call[0], call[1])
         self.content.call_ended()
         return True
 
@@ -114,12 +114,11 @@ class _JsonCallStream(ToolCallStream):
         self.buf = self.buf[n:]
         if not self.scan.done:
             return False
-        self.call.closed, self.state = True, "tail"
+        self.state = "tail"
         return True
 
     def _end_call(self, taken: int, state: str) -> bool:
         assert self.call is not None
-        self.call.source += self.buf[:taken]
         self.buf, self.state = self.buf[taken:], state
         self.content.call_ended()
         return True
@@ -136,7 +135,7 @@ class _HermesStream(_JsonCallStream):
     def _header(self, final: bool) -> bool:
         m = CALL_HEADER.match(self.buf)
         if m and m.end() < len(self.buf):
-            if not self._streamed_call(m, self.TAG):
+            if not self._streamed_call(m):
                 self.state = "block"  # arguments as a JSON string, or not a call: decide on the block
             return True
         if self.END in self.buf or final:
@@ -204,7 +203,7 @@ class _Llama3Stream(_JsonCallStream):
 
     def _object(self, final: bool) -> bool:
         m = CALL_HEADER.match(self.buf)
-        if m and m.end() < len(self.buf) and self._streamed_call(m, ""):
+        if m and m.end() < len(self.buf) and self._streamed_call(m):
             return True
         if m and m.end() >= len(self.buf) and not final:
             return False  # the arguments value has not started yet
@@ -329,7 +328,7 @@ class _PythonicStream(ToolCallStream):
             self.state = "text"
             return True
         for name, args in calls:
-            self.out.whole_call(name, args, source if len(calls) == 1 else "")
+            self.out.whole_call(name, args)
         self.content.call_ended()
         self.state = "wrap_end"
         return True

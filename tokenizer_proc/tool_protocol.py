@@ -21,7 +21,7 @@ from .openai_base import ChatMessage, _Strict
 
 # OpenAI's rule for function names: letters, digits, underscores and dashes, at most 64 characters.
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_CHOICE_WORDS = ("none", "auto", "required")
+CHOICE_WORDS = ("none", "auto", "required")
 _CHOICE_HELP = 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
 
 
@@ -158,7 +158,7 @@ class ToolFields(_Strict):
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _choice_shape(cls, v: Any) -> Any:
-        if v is None or (isinstance(v, str) and v in _CHOICE_WORDS):
+        if v is None or (isinstance(v, str) and v in CHOICE_WORDS):
             return v
         if isinstance(v, dict):
             fn = v.get("function")

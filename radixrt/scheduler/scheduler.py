@@ -147,7 +147,8 @@ class Scheduler:
     def _validate_logit_bias(self, bias: dict[str, float]) -> str | None:
         """Keys must be token ids of the vocabulary and values in [-100, 100] (batch.py relies on it)."""
         for key, value in bias.items():
-            if not (isinstance(key, str) and key.isdigit() and int(key) < self.vocab_size):
+            # ASCII digits only: str.isdigit() also takes "²" or "٥", which int() refuses or reads as 5
+            if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < self.vocab_size):
                 return f"logit_bias: key {key!r} is not a token id in [0, {self.vocab_size})"
             if not (isinstance(value, int | float) and -100.0 <= value <= 100.0):
                 return f"logit_bias: value for {key} must be a number in [-100, 100]"

@@ -121,6 +121,7 @@ def test_batches_without_penalties_carry_no_penalty_arrays() -> None:
 
 def test_out_of_vocabulary_logit_bias_is_rejected() -> None:
     sched, _ = make(16, num_pages=65, chunk=64)
-    for rid, bias in (("oov", {str(VOCAB): 1.0}), ("key", {"x": 1.0}), ("val", {"5": 101.0})):
+    for rid, bias in (("oov", {str(VOCAB): 1.0}), ("key", {"x": 1.0}), ("val", {"5": 101.0}),
+                      ("sup", {"\u00b2": 1.0}), ("arabic", {"\u0665": 1.0})):  # digits int() refuses / reads
         req = sched.add_request(gen(rid, [1, 2, 3], 4, logit_bias=bias))
         assert req.finish_reason == "abort" and req.error and "logit_bias" in req.error

@@ -163,6 +163,8 @@ BAD_RESPONSES = [
     ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x",
                                          "schema": {"type": "array", "uniqueItems": True}}}}, "text.format"),
     ({"input": "hi", "tool_choice": {"type": "function", "name": "nope"}, "tools": [R_TOOL]}, "tool_choice"),
+    ({"input": "hi", "tool_choice": "bogus", "tools": [R_TOOL]}, "tool_choice"),
+    ({"input": "hi", "tool_choice": {"type": "function"}, "tools": [R_TOOL]}, "tool_choice"),
 ]
 
 
@@ -172,6 +174,8 @@ def test_responses_bad_bodies_are_openai_400s(fr: Front, extra: dict[str, Any], 
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"]
+    if param == "tool_choice":  # Responses' named shape, not chat's {"function": {"name"}} (break-it pass 3)
+        assert '"function": {' not in err["message"], err
 
 
 # ----- Messages -----
@@ -285,6 +289,25 @@ def test_api_key_as_x_api_key_and_anthropic_401(fr: Front) -> None:
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     not_json = post(fr, "/v1/messages", b"{not json")
     assert not_json.status_code == 400 and not_json.json()["type"] == "error"
+
+
+@pytest.mark.parametrize("method,path,status", [
+    ("GET", "/v1/messages", 405), ("GET", "/v1/messages/count_tokens", 405),
+    ("POST", "/v1/messages/count_tokens/x", 404), ("POST", "/v1/messages/batches", 404),
+])
+def test_unknown_paths_and_methods_under_messages_get_anthropic_errors(fr: Front, method: str, path: str,
+                                                                       status: int) -> None:
+    """The router's 404 / 405 under /v1/messages are in Anthropic's shape (break-it pass 3: OpenAI's);
+    the status, and a 405's Allow header, stay."""
+    r = httpx.request(method, fr.base_url + path, json={}, headers={"x-api-key": KEY}, timeout=30)
+    assert r.status_code == status, r.text
+    assert r.json() == {"type": "error", "error": {
+        "type": "not_found_error" if status == 404 else "invalid_request_error",
+        "message": "Not Found" if status == 404 else "Method Not Allowed"}}
+    if status == 405:
+        assert r.headers["allow"] == "POST"
+    other = httpx.get(fr.base_url + "/v1/nothing", headers={"x-api-key": KEY}, timeout=30)
+    assert other.status_code == 404 and other.json()["error"]["type"] == "not_found_error"
 
 
 # ----- reasoning (--reasoning-parser qwen3) -----

@@ -128,9 +128,47 @@ def test_generate_stream_and_errors(fr: Front) -> None:
                          "sampling_params.temperature"),
                         ({"text": "x", "sampling_params": {"max_new_tokens": "5"}},
                          "sampling_params.max_new_tokens"),
+                        # was named sampling_params.max_tokens, chat's name (break-it pass 3)
+                        ({"text": "x", "sampling_params": {"max_new_tokens": -1}},
+                         "sampling_params.max_new_tokens"),
                         ({"text": "x", "sampling_params": {"bogus": 1}}, "sampling_params.bogus")]:
         r = httpx.post(fr.base_url + "/generate", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+
+
+# (chat field, value, chat param): /generate's sampling_params take the same value and must give the same
+# answer, a 400 naming sampling_params.<field> (break-it pass 3: /generate took all of these with a 200)
+SAME_AS_CHAT = [
+    ("stop_token_ids", [-1], "stop_token_ids[0]"), ("stop_token_ids", [1 << 63], "stop_token_ids"),
+    ("stop_token_ids", [10 ** 6], "stop_token_ids"), ("stop", "", "stop"), ("stop", ["a", ""], "stop"),
+    ("stop", [str(i) for i in range(17)], "stop"), ("logit_bias", {"\u0665": 1}, "logit_bias"),
+    ("logit_bias", {"abc": 1}, "logit_bias"), ("logit_bias", {"\u00b2": 1}, "logit_bias"),
+    ("logit_bias", {"1000000": 1}, "logit_bias"),
+]
+
+
+@pytest.mark.parametrize("field, value, chat_param", SAME_AS_CHAT)
+def test_generate_refuses_what_chat_refuses(fr: Front, field: str, value: Any, chat_param: str) -> None:
+    chat = {"model": fr.served_model, "messages": MSGS, "max_tokens": 2, field: value}
+    r = httpx.post(fr.base_url + "/v1/chat/completions", json=chat)
+    assert r.status_code == 400 and r.json()["error"]["param"] == chat_param, r.text
+    gen = {"text": "x", "sampling_params": {"max_new_tokens": 2, field: value}}
+    r = httpx.post(fr.base_url + "/generate", json=gen)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == f"sampling_params.{field}" and err["message"].startswith(err["param"]), err
+    assert not fr.sched.received
+
+
+def test_generate_refuses_image_data(fr: Front) -> None:
+    """image_data is a 400 naming it, as chat refuses image parts (break-it pass 3: silently ignored);
+    null is no image."""
+    body = {"text": "x", "image_data": "data:image/png;base64,AAAA", "sampling_params": {"max_new_tokens": 2}}
+    r = httpx.post(fr.base_url + "/generate", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "image_data", r.text
+    assert "not supported" in r.json()["error"]["message"] and not fr.sched.received
+    body["image_data"] = None
+    assert httpx.post(fr.base_url + "/generate", json=body).status_code == 200
 
 
 def test_metrics(fr: Front) -> None:

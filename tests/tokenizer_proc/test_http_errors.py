@@ -53,6 +53,9 @@ def test_missing_and_empty_messages(fr: Front) -> None:
     ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("n", 0), ("top_logprobs", 50),
     ("stop", ""), ("stop", [1, 2]), ("stream", "yes"), ("presence_penalty", 3.0), ("top_k", 0),
     ("logit_bias", {"abc": 1}), ("seed", 1.5),
+    # int() reads these as 5 (or fails: a 500); keys are ASCII digits only (break-it pass 3)
+    ("logit_bias", {"\u0665": 1}), ("logit_bias", {"\u00b2": 1}), ("logit_bias", {"+5": 1}),
+    ("logit_bias", {" 5": 1}),
 ])
 def test_bad_parameter_names_param(fr: Front, field: str, value: Any) -> None:
     err = _err(httpx.post(fr.base_url + CHAT, json=_chat(fr, **{field: value})), 400, param=field)
@@ -65,6 +68,26 @@ def test_bad_message_names_path(fr: Front) -> None:
     assert err["param"].startswith("messages[0]")
     r = httpx.post(fr.base_url + CHAT, json=_chat(fr, messages=[{"role": "wizard", "content": "x"}]))
     _err(r, 400, param="messages[0].role")
+
+
+def test_logit_bias_key_with_leading_zeros_is_the_token(fr: Front) -> None:
+    body = {"model": fr.served_model, "prompt": "hi", "max_tokens": 2, "logit_bias": {"05": 3}}
+    assert httpx.post(fr.base_url + "/v1/completions", json=body).status_code == 200
+    assert fr.sched.received[-1].sampling["logit_bias"] == {"05": 3}
+
+
+def test_image_part_is_named_as_unsupported(fr: Front) -> None:
+    """An image part is a 400 on the part saying images are not supported (break-it pass 3: "Input
+    should be a valid string", about the whole content)."""
+    content = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
+    r = httpx.post(fr.base_url + CHAT, json=_chat(fr, messages=[{"role": "user", "content": content}]))
+    err = _err(r, 400, param="messages[0].content[1].type")
+    assert "not supported" in err["message"] and "'image_url'" in err["message"], err
+    missing = [{"type": "text"}]
+    r = httpx.post(fr.base_url + CHAT, json=_chat(fr, messages=[{"role": "user", "content": missing}]))
+    _err(r, 400, param="messages[0].content[0].text")
+    r = httpx.post(fr.base_url + CHAT, json=_chat(fr, messages=[{"role": "user", "content": content[:1]}]))
+    assert r.status_code == 200, r.text
 
 
 def test_completions_bad_prompt(fr: Front) -> None:

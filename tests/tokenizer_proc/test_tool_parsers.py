@@ -118,22 +118,38 @@ def test_content_before_a_call_streams_and_its_trailing_space_is_held() -> None:
 
 
 @pytest.mark.parametrize("text", [
-    'hi <tool_call>{"name": "f", "arguments": {"a": }}</tool_call> bye',
-    '<tool_call>{"name": "f", "arguments": {"a": 1',
     "<tool_call>not json at all</tool_call>",
     '<tool_call>{"name": 3, "arguments": {}}</tool_call>',
     '<tool_call>{"name": "f", "arguments": [1, 2]}</tool_call>',
     '<tool_call>{"name": "f", "arguments": "unterminated',
 ])
-def test_hermes_malformed_call_falls_back_to_content(text: str) -> None:
+def test_hermes_text_that_never_starts_a_call_is_content(text: str) -> None:
     out = get_tool_parser("hermes").parse(text)
     assert out.tool_calls == [] and out.content == text
     for i in range(len(text) + 1):  # streaming never raises either, wherever the text is cut
-        _run_stream("hermes", [text[:i], text[i:]])
+        assert _run_stream("hermes", [text[:i], text[i:]])[:2] == (text, [])
+
+
+@pytest.mark.parametrize(("parser_name", "text", "content", "calls"), [
+    # cut by max_tokens inside the arguments: the call as written so far (the stream has sent it)
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city":',
+     "", [("get_weather", '{"city":')]),
+    ("hermes", 'hi <tool_call>{"name": "f", "arguments": {"a": }}</tool_call> bye',
+     "hibye", [("f", '{"a": }')]),  # whitespace beside a call is layout, as for any call
+    ("llama3_json", '{"name": "f", "parameters": {"a": ', "", [("f", '{"a": ')]),
+])
+def test_a_started_call_stays_a_call_when_cut_or_malformed(parser_name: str, text: str, content: str,
+                                                          calls: list[tuple[str, str]]) -> None:
+    """Once its header is read a call counts in both paths, its arguments as written (OpenAI's
+    contract too: they may be incomplete or invalid JSON): the whole-text parse equals the joined
+    stream at every split point."""
+    out = get_tool_parser(parser_name).parse(text)
+    assert (out.content, [(c.name, c.arguments) for c in out.tool_calls]) == (content, calls)
+    for i in range(len(text) + 1):
+        assert _run_stream(parser_name, [text[:i], text[i:]])[:2] == (content, calls), f"split at {i}"
 
 
 @pytest.mark.parametrize(("parser_name", "text"), [
-    ("llama3_json", '{"name": "f", "parameters": {"a": '),
     ("llama3_json", "{not json}"),
     ("pythonic", "[f(1, 2)]"),
     ("pythonic", "[f(a=open('x'))]"),
@@ -152,11 +168,11 @@ _TEXT = st.lists(st.sampled_from(_PIECES), max_size=30).map("".join)
 @settings(max_examples=150, deadline=None)
 @given(text=_TEXT, cut=st.integers(min_value=0), name=st.sampled_from(sorted(TOOL_PARSERS)))
 def test_any_text_never_raises(text: str, cut: int, name: str) -> None:
-    out = get_tool_parser(name).parse(text)
-    for c in out.tool_calls:  # what parse accepts as a call always has JSON-object arguments
-        assert isinstance(json.loads(c.arguments), dict)
+    out = get_tool_parser(name, _ids()).parse(text)
     cut %= len(text) + 1
-    _run_stream(name, [text[:cut], text[cut:]])
+    # the whole-text parse is the joined stream, wherever the text is cut
+    streamed = _run_stream(name, [text[:cut], text[cut:]])[:2]
+    assert (out.content, [(c.name, c.arguments) for c in out.tool_calls]) == streamed
 
 
 _ARGS = st.dictionaries(st.text(alphabet="xyz_<>/\"\\{}", min_size=1, max_size=4),
