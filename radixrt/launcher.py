@@ -24,6 +24,7 @@ Children run in their own session (the terminal's Ctrl-C reaches only the launch
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -229,9 +230,17 @@ def check_args_against_model(args: ServerArgs, model_dir: Path) -> None:
     """Flags that only the model or the machine can refute, checked before any process starts.
 
     Raises:
-        ValueError: --device cuda without a CUDA device (or fewer than --tp-size); --context-length
-            above the model's limit; a --tp-size that does not divide the model.
+        ValueError: --device cuda without a CUDA device (or fewer than --tp-size); the triton
+            attention backend without a CUDA device (unless TRITON_INTERPRET=1, the tests' Triton
+            interpreter); --kv-cache-dtype fp8_e4m3 on another backend; --context-length above the
+            model's limit; a --tp-size that does not divide the model.
     """
+    backend = args.resolved_attention_backend()
+    if backend == "triton" and args.resolved_device() != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("--attention-backend triton needs a CUDA device (the device here is cpu; use sdpa "
+                         "or torch)")
+    if args.kv_cache_dtype == "fp8_e4m3" and backend != "triton":
+        raise ValueError(f"--kv-cache-dtype fp8_e4m3 needs --attention-backend triton (here: {backend})")
     if args.device == "cuda":
         import torch
 

@@ -270,7 +270,8 @@ def _py_value(node: ast.expr) -> Any:
 
 def parse_pythonic(src: str) -> list[tuple[str, str]] | None:
     """`[f(a=1), g(b="x")]` -> [(name, arguments JSON text)]; None unless it is a list of keyword calls
-    whose values are literals."""
+    whose values are literals that JSON can hold (a non-finite float such as `1e999` or `float("nan")`
+    is not: json.dumps would write `Infinity`, which is not JSON)."""
     try:
         tree = ast.parse(src.strip(), mode="eval").body
         if not isinstance(tree, ast.List) or not tree.elts:
@@ -282,7 +283,7 @@ def parse_pythonic(src: str) -> list[tuple[str, str]] | None:
             kwargs = {kw.arg: _py_value(kw.value) for kw in node.keywords if kw.arg is not None}
             if len(kwargs) != len(node.keywords):
                 return None
-            calls.append((node.func.id, json.dumps(kwargs, ensure_ascii=False)))
+            calls.append((node.func.id, json.dumps(kwargs, ensure_ascii=False, allow_nan=False)))
         return calls
     except (SyntaxError, ValueError, TypeError, RecursionError):
         return None

@@ -154,6 +154,8 @@ def test_a_started_call_stays_a_call_when_cut_or_malformed(parser_name: str, tex
     ("pythonic", "[f(1, 2)]"),
     ("pythonic", "[f(a=open('x'))]"),
     ("pythonic", "[f(a=1"),
+    ("pythonic", "[get_weather(city=1e999)]"),  # Infinity is not JSON: no call (break-it pass 4)
+    ("pythonic", "[f(a=[1, -1e999])]"),
 ])
 def test_other_malformed_outputs_are_content(parser_name: str, text: str) -> None:
     out = get_tool_parser(parser_name).parse(text)

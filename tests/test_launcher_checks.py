@@ -1,0 +1,36 @@
+"""Flags the machine refutes are refused before any process starts (launcher.check_args_against_model),
+with one `radixrt: error:` line and exit 2, instead of a server that reports ready and then fails
+(break-it pass 4: the triton backend on a CPU-only machine crashed the worker at the first request; an
+FP8 KV cache on the sdpa backend failed in the worker's start-up with a traceback)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from radixrt.config import ServerArgs
+from radixrt.launcher import check_args_against_model
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_bytes(orjson.dumps({"max_position_embeddings": 8192}))
+    return tmp_path
+
+
+def test_triton_backend_without_cuda_is_refused(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="triton needs a CUDA device"):
+        check_args_against_model(ServerArgs(device="cpu", attention_backend="triton"), model_dir)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the tests' Triton interpreter runs it on the CPU
+    check_args_against_model(ServerArgs(device="cpu", attention_backend="triton"), model_dir)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "torch"])
+def test_fp8_kv_cache_needs_the_triton_backend(model_dir: Path, backend: str) -> None:
+    args = ServerArgs(device="cpu", attention_backend=backend, kv_cache_dtype="fp8_e4m3")
+    with pytest.raises(ValueError, match="fp8_e4m3 needs --attention-backend triton"):
+        check_args_against_model(args, model_dir)
+    check_args_against_model(ServerArgs(device="cpu", attention_backend=backend), model_dir)
