@@ -55,14 +55,25 @@ def _strip_ids(obj: Any) -> Any:
     return obj
 
 
-def _responses_writer() -> ResponsesWriter:
+# the other parsers' formats, whole and cut (the writers run the same machine whatever the parser)
+OTHER_OUTPUTS = [
+    ("pythonic", '[get_weather(city="Paris"), get_weather(city="Rome")]\nDone.', "stop"),
+    ("pythonic", '<|python_start|>[get_weather(city="Par', "length"),
+    ("pythonic", "Sure. [get_weather(city=1e999)]", "stop"),
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}', "stop"),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Os', "length"),
+    ("llama3_json", "No call here.", "stop"),
+]
+
+
+def _responses_writer(parser: str = "hermes") -> ResponsesWriter:
     return ResponsesWriter({"id": "resp_x", "model": "m"}, get_reasoning_parser("qwen3"),
-                           get_tool_parser("hermes"), count_tokens=len)
+                           get_tool_parser(parser), count_tokens=len)
 
 
-def _messages_writer() -> MessagesWriter:
+def _messages_writer(parser: str = "hermes") -> MessagesWriter:
     return MessagesWriter({"id": "msg_x", "model": "m"}, [], get_reasoning_parser("qwen3"),
-                          get_tool_parser("hermes"))
+                          get_tool_parser(parser))
 
 
 @pytest.mark.parametrize("text, finish", OUTPUTS)
@@ -151,3 +162,19 @@ def test_messages_order_follows_the_output_and_a_cut_call_is_tool_use() -> None:
     text, finish = OUTPUTS[3]
     body = _messages_writer().body(_collected(text, finish))
     assert [(b["type"], b["name"], b["input"]) for b in body["content"]] == [("tool_use", "get_weather", {})]
+
+
+@pytest.mark.parametrize("parser, text, finish", OTHER_OUTPUTS)
+@pytest.mark.parametrize("step", [1, 7, 1000])
+def test_other_parsers_whole_equals_stream(parser: str, text: str, finish: str, step: int) -> None:
+    w = _responses_writer(parser)
+    for ev in _events(text, finish, step):
+        w.event(ev, [])
+    assert _strip_ids(_responses_writer(parser).body(_collected(text, finish, step))) == _strip_ids(w.final)
+    m = _messages_writer(parser)
+    parts: list[bytes] = []
+    for ev in _events(text, finish, step):
+        m.event(ev, parts)
+    blocks, reason = _streamed_blocks(_sse(parts))
+    whole = _messages_writer(parser).body(_collected(text, finish, step))
+    assert (_strip_ids(whole["content"]), whole["stop_reason"]) == (_strip_ids(blocks), reason)
