@@ -92,17 +92,12 @@ class CallRecord:
     arguments: str = ""
 
 
-@dataclass(slots=True)
-class _Dropped:
-    text: str  # whitespace dropped beside a call (layout, not content)
-
-
 class Emitter:
     """Collects what a machine recognised: the ordered segments (content strings and calls) for `parse`,
     and the not-yet-taken StreamDelta for streaming. Owned by one machine."""
 
     def __init__(self, new_id: Callable[[], str]) -> None:
-        self.segments: list[str | CallRecord | _Dropped] = []
+        self.segments: list[str | CallRecord] = []
         self._new_id = new_id
         self._num_calls = 0
         self._delta = StreamDelta()
@@ -116,11 +111,6 @@ class Emitter:
                 pieces[-1] += s
             else:
                 pieces.append(s)
-
-    def dropped(self, s: str) -> None:
-        """Whitespace beside a call that is not content (see _Dropped)."""
-        if s:
-            self.segments.append(_Dropped(s))
 
     def start_call(self, name: str) -> CallRecord:
         rec = CallRecord(self._num_calls, self._new_id(), name)

@@ -28,7 +28,8 @@ from .tool_parser_base import (
 
 class _Content:
     """Content emission with the whitespace rule: trailing whitespace is held until it is known whether
-    a call follows (then dropped); leading whitespace right after a call is dropped."""
+    a call follows (then dropped: layout, not content); leading whitespace right after a call is
+    dropped."""
 
     def __init__(self, stream: ToolCallStream) -> None:
         self.stream = stream
@@ -41,7 +42,6 @@ class _Content:
         self.held_ws = ""
         if self.after_call:
             body = s.lstrip()
-            self.stream.out.dropped(s[:len(s) - len(body)])
             if not body:
                 return
             s, self.after_call = body, False
@@ -52,7 +52,6 @@ class _Content:
         self.stream.out.text(s)
 
     def call_started(self) -> None:
-        self.stream.out.dropped(self.held_ws)
         self.held_ws = ""
 
     def call_ended(self) -> None:

@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import run_header, write_json  # noqa: E402
+from bench.common import out_path, run_header, write_json  # noqa: E402
 from bench.kernels_import import import_kernels  # noqa: E402
 
 import_kernels()
@@ -79,7 +79,6 @@ def main() -> int:
     ns = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("fp8_step_without needs a CUDA device")
-    from bench.common import out_path
     from bench.fp8_bench import model_dir
     from bench.gpu_engine import decode_step_ms
     from radixrt.engine import Engine
