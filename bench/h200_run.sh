@@ -325,6 +325,14 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
     # issue 19 (FP8 batch-1): the step without rotary / the K/V store / the merge (bounds of fusions; ~2 min)
     step-without) stage step-without 300 python3 bench/lab/fp8_step_without.py --rounds 4 \
         --out "$OUT/fp8-step-without.json" ;;
+    # issue 19 (extend against cuDNN): the warp-specialized Gluon extend lab (bench/lab/gluon_extend.py),
+    # checked against SDPA, timed beside radixrt's Triton extend and cuDNN / flash SDPA (~1-2 min)
+    gluon-extend) stage gluon-extend-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/kernels/test_extend_ws_gpu.py
+      stage gluon-extend 240 python3 bench/lab/gluon_extend.py --out "$OUT" ${GLUON_ARGS:-} ;;
+    # the Engine's prefill with the Gluon extend kernel on / off, alternated processes (~3 min)
+    gluon-extend-engine) stage gluon-extend-engine 420 python3 bench/lab/extend_ws_engine.py --rounds 2 \
+        --out "$OUT/extend-ws-engine.json" ;;
     l2-prefetch) stage l2-prefetch 150 python3 bench/lab/l2_prefetch_lab.py --out "$OUT/l2-prefetch.json" ;;
     # issue 19 (batch-1 step): the model's L2 weight prefetch (RADIXRT_L2_PREFETCH; off by default; H200
     # 2026-12-03 at 24 MB: bf16 step 2.1% slower, FP8 unchanged): its GPU test, then the batch-1 step of

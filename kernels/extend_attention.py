@@ -13,6 +13,7 @@ page.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -155,6 +156,20 @@ def _pick_config(head_dim: int, device: torch.device, max_extend_len: int = 1 <<
             "M_MAJOR": bool(c.get("M_MAJOR"))}
 
 
+def _use_ws(q, k_new, v_new, k_buffer, v_buffer, page_table, page_size: int, out, max_extend_len: int,
+            min_extend_len: int | None) -> bool:
+    """Whether extend_attention routes to the Gluon kernel (see its docstring for the rule)."""
+    if not q.is_cuda or min_extend_len is None or os.environ.get("RADIXRT_EXTEND_WS", "1") == "0":
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1" or page_table.dtype != torch.int32:
+        return False
+    from . import extend_attention_ws as ws
+
+    return (q.shape[0] >= ws.MIN_TOKENS and max_extend_len >= ws.MIN_MAX_EXTEND
+            and min_extend_len >= ws.MIN_EXTEND
+            and ws.supported(q, k_new, v_new, k_buffer, v_buffer, page_size, out))
+
+
 def _new_kv_descriptors(k_new: torch.Tensor, v_new: torch.Tensor, block_n: int, block_d: int):
     """Host TMA descriptors of k_new / v_new as 2-D [T, Hkv * D] tensors with [block_n, D] blocks,
     or None when the layout does not allow it (head stride != D, D not a power of two, or a row
@@ -177,7 +192,7 @@ def extend_attention(
     prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_start_loc: torch.Tensor,
     page_size: int, scale: float | None, max_extend_len: int,
     out: torch.Tensor | None = None, max_seq_len: int | None = None,
-    k_scale: float = 1.0, v_scale: float = 1.0,
+    k_scale: float = 1.0, v_scale: float = 1.0, min_extend_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of B requests over their cached prefix plus themselves.
 
@@ -192,6 +207,11 @@ def extend_attention(
     max_seq_len       : optional host int >= max(prefix_lens + extend_lens); only picks the tile
     k_scale, v_scale  : per-layer scales of an FP8 (float8_e4m3fn) pool, which holds K / k_scale and
                         V / v_scale; they apply to the prefix read from the pool (1.0 otherwise)
+    min_extend_len    : optional host int <= min(extend_lens) (None: unknown). On a Hopper GPU with a
+                        bf16/fp16 pool, head dim 128, T >= 1,024, max_extend_len >= 256 and
+                        min_extend_len >= 64, the warp-specialized Gluon kernel runs
+                        (kernels/extend_attention_ws.py; RADIXRT_EXTEND_WS=0 keeps the Triton
+                        kernel), else the Triton kernel below.
     Returns o [T, Hq, D] in q's dtype. Tokens of a request with extend_len 0 produce nothing.
     Raises ValueError on bad shapes/dtypes/devices.
     """
@@ -222,6 +242,12 @@ def extend_attention(
     if num_tokens == 0 or max_extend_len <= 0:
         return out
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    if _use_ws(q, k_new, v_new, k_buffer, v_buffer, page_table, page_size, out, max_extend_len,
+               min_extend_len):
+        from .extend_attention_ws import extend_attention_ws
+
+        return extend_attention_ws(q, k_new, v_new, k_buffer, v_buffer, page_table, prefix_lens, extend_lens,
+                                   extend_start_loc, page_size, scale, max_extend_len, out)
 
     cfg = _pick_config(head_dim, q.device, max_extend_len, max_seq_len)
     descs = _new_kv_descriptors(k_new, v_new, cfg["BLOCK_N"], cfg["BLOCK_D"]) if cfg["USE_TMA"] else None

@@ -127,8 +127,10 @@ def extend_case(pool: Pool, prefix: int, new: int, check: bool) -> dict:
     out = torch.empty_like(q)
 
     def run():
+        # the hints the backend passes: max_seq_len picks the tile, min_extend_len the kernel (the
+        # warp-specialized Gluon kernel on sm_90, kernels/extend_attention_ws.py)
         K.extend_attention(q, k, v, pool.k, pool.v, table, *meta, PAGE, None, new, out=out,
-                           max_seq_len=prefix + new)  # the hint the backend passes (picks the tile)
+                           max_seq_len=prefix + new, min_extend_len=new)
 
     ms = bench_ms(run)
     pairs = prefix * new + new * (new + 1) // 2

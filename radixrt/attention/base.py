@@ -64,6 +64,8 @@ class ForwardMeta:
     out_cache_loc     [T]  int64 slot where each new token's K/V is stored
     positions         [T]  int64 position of each new token
     max_seq_len, max_extend_len : host ints (kernel grid sizes, no device sync needed)
+    min_extend_len    host int, the fewest new tokens of any request (0: unknown); picks the extend
+                      kernel (kernels.extend_attention)
     cascade           CascadeMeta when a DECODE batch has groups of requests sharing prefix pages
 
     The tensors stay alive and unchanged until the pass's last layer has run; a CUDA graph keeps
@@ -82,6 +84,7 @@ class ForwardMeta:
     max_seq_len: int
     max_extend_len: int
     cascade: CascadeMeta | None = None
+    min_extend_len: int = 0
 
     @property
     def batch_size(self) -> int:

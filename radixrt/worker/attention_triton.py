@@ -128,6 +128,16 @@ class TritonAttnBackend(AttentionBackend):
         for max_seq_len in (ps, None):  # short -> 64-row blocks; unknown/long -> 128-row blocks
             extend_attention(q, k, v, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0], *meta, ps, None,
                              2, max_seq_len=max_seq_len)
+        # the warp-specialized Gluon kernel, where extend_attention routes passes of >= 1,024 new
+        # tokens (Hopper, a bf16/fp16 pool): 1,024 new tokens over a one-token prefix in page 0
+        n = 1024
+        qkv = torch.zeros(n, (num_q_heads + 2 * hkv) * d, dtype=dtype, device=dev)
+        q, k, v = qkv.split([num_q_heads * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = q.view(n, num_q_heads, d), k.view(n, hkv, d), v.view(n, hkv, d)
+        meta = (torch.zeros(1, 1, **i32), torch.ones(1, **i32), torch.full((1,), n, **i32),
+                torch.zeros(1, **i32))
+        extend_attention(q, k, v, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0], *meta, ps, None, n,
+                         max_seq_len=n + 1, min_extend_len=n)
 
     @property
     def _kv_fp8(self) -> bool:
@@ -188,7 +198,8 @@ class TritonAttnBackend(AttentionBackend):
         if meta.mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
             return extend_attention(q, k, v, k_buffer, v_buffer, meta.page_table, meta.prefix_lens,
                                     meta.extend_lens, meta.extend_start_loc, meta.page_size, scale,
-                                    meta.max_extend_len, max_seq_len=meta.max_seq_len, **kv_scales)
+                                    meta.max_extend_len, max_seq_len=meta.max_seq_len,
+                                    min_extend_len=meta.min_extend_len, **kv_scales)
         return torch.empty_like(q)  # IDLE: nothing to attend
 
     def kv_pool_scale(self, layer_id: int, which: str) -> float:

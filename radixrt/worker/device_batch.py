@@ -75,6 +75,7 @@ class DeviceBatch:
     # ---- host facts (no device sync needed to use them)
     max_seq_len: int
     max_extend_len: int
+    min_extend_len: int
     use_min_p: bool  # sampler.SamplingPlan
     need_sort: bool
     cascade: CascadeShape | None  # set when the batch carries cascade groups
@@ -94,7 +95,7 @@ class DeviceBatch:
             seq_lens=self.seq_lens, extend_lens=self.extend_lens, prefix_lens=self.prefix_lens,
             extend_start_loc=self.extend_start_loc, out_cache_loc=self.out_cache_loc,
             positions=self.positions, max_seq_len=self.max_seq_len, max_extend_len=self.max_extend_len,
-            cascade=cascade)
+            cascade=cascade, min_extend_len=self.min_extend_len)
 
     def sampling_tensors(self) -> sampler.SamplingTensors:
         """The per-row sampling parameters with their host-side plan (sampling needs no sync)."""
@@ -154,4 +155,5 @@ def upload_batch(batch: protocol.ForwardBatch, device: torch.device, vocab_size:
     return DeviceBatch(
         mode=ForwardMode(batch.mode), **int64, **int32, **float32,
         max_seq_len=int(seq.max()) if len(seq) else 0, max_extend_len=int(ext.max()) if len(ext) else 0,
+        min_extend_len=int(ext.min()) if len(ext) else 0,
         use_min_p=use_min_p, need_sort=need_sort, cascade=cascade)

@@ -23,3 +23,12 @@ def test_attention_kernels_compile_for_sm90():
     assert any("rows recomputed" in line and "spills 0 B" in line for line in lines), proc.stdout
     assert "V widened before its dot" in proc.stdout
     assert "pipelined loops 3, want >= 3" in proc.stdout and "pipelined loops 1, want >= 1" in proc.stdout
+
+
+def test_gluon_extend_kernel_compiles_for_sm90():
+    """The warp-specialized Gluon extend kernel lowers for sm_90 at its configs: one CTA per SM's
+    shared memory, no spills, P V's wgmma with P from registers, the producer's registers lowered
+    (setmaxnreg) and TMA copies (bench/kernels/compile_sm90_ws.py checks the PTX)."""
+    proc = run_sm90_script("compile_sm90_ws.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("ok ") == 3, proc.stdout

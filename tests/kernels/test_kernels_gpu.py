@@ -229,7 +229,9 @@ def test_backend_start_compiles_every_extend_variant():
     """After TritonAttnBackend's start-up warm-ups, extends of any config and any page-table width
     (short prompts, long prompts, short extends over a prefix; widths 1, 16, 17, 80) compile
     no new extend-attention variant: a compile mid-serving stalls a pass for seconds. q/k/v are
-    views of one QKV row, as the model passes them."""
+    views of one QKV row, as the model passes them. The long ones pass min_extend_len as the backend
+    does, so on Hopper they take the Gluon kernel, also with metadata vectors at 4-byte offsets
+    (slices of one upload buffer, as worker/device_batch.py makes them)."""
     pytest.importorskip("orjson")  # radixrt.protocol needs it
     from triton import knobs
 
@@ -258,11 +260,12 @@ def test_backend_start_compiles_every_extend_variant():
                 qkv = torch.randn(new, (HQ + 2 * HKV) * D, device=dev, dtype=BF16)
                 q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=-1)
                 table = torch.arange(width, **i32).remainder(pages).view(1, width)
+                meta = torch.tensor([7, prefix, new, 0], **i32)[1:]  # slices at 4-byte offsets
                 extend_attention(q.view(new, HQ, D), k.view(new, HKV, D), v.view(new, HKV, D),
-                                 Pool.k_buffers[0], Pool.v_buffers[0], table, torch.tensor([prefix], **i32),
-                                 torch.tensor([new], **i32), torch.zeros(1, **i32), PAGE, None, new,
-                                 max_seq_len=hint)
+                                 Pool.k_buffers[0], Pool.v_buffers[0], table, meta[0:1], meta[1:2], meta[2:3],
+                                 PAGE, None, new, max_seq_len=hint, min_extend_len=new)
         torch.cuda.synchronize()
     finally:
         knobs.runtime.jit_cache_hook = previous
     assert "_extend_attn_kernel" not in compiled, compiled
+    assert "_extend_ws_kernel" not in compiled, compiled

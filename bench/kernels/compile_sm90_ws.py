@@ -1,0 +1,94 @@
+"""Compile the warp-specialized Gluon extend kernel (kernels/extend_attention_ws.py) for an H100/H200
+(sm_90) on a machine without a GPU, as compile_sm90.py does for the Triton kernels: Triton's wheel
+carries ptxas, so a GPUTarget lowers the kernel to PTX and a cubin without a driver. Reports shared
+memory, registers and spills per variant and checks the PTX for what the design needs: wgmma with
+the P V operand from registers, the producer's register budget lowered (setmaxnreg), TMA copies of
+both the pool's pages and the new tokens' blocks. Exit status 1 if a variant fails.
+
+    python3 bench/kernels/compile_sm90_ws.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("run without TRITON_INTERPRET=1 (the interpreter does not compile)")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+from triton.runtime.jit import mangle_type  # noqa: E402
+
+from bench.kernels.compile_sm90 import ptxas_usage  # noqa: E402
+from bench.kernels_import import import_kernels  # noqa: E402
+
+import_kernels()
+from radixrt.kernels import extend_attention_ws as WS  # noqa: E402
+
+
+def compile_ws(block_n: int, stages: int, page_size: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Lower _extend_ws_kernel for sm_90 at one config (Qwen2.5-7B heads: 28 query, 4 KV, D 128)."""
+    t, hq, hkv, d = 512, 28, 4, 128
+    q, kn, pool = (torch.empty(t, h, d, dtype=dtype) for h in (hq, hkv, hkv))
+    gdt = WS._gl_dtype(dtype)
+    lay = WS.gl.NVMMASharedLayout.get_default_for
+    desc = WS.TensorDescriptor.from_tensor
+    descs = {"q_desc": desc(WS._as_rows(q), [64, d], lay([64, d], gdt)),
+             "kn_desc": desc(WS._as_rows(kn), [block_n, d], lay([block_n, d], gdt)),
+             "kp_desc": desc(WS._as_rows(pool), [page_size, d], lay([page_size, d], gdt))}
+    descs["vn_desc"], descs["vp_desc"] = descs["kn_desc"], descs["kp_desc"]
+    fn = WS._extend_ws_kernel
+    ptr = "*bf16" if dtype == torch.bfloat16 else "*fp16"
+    sig = {n: mangle_type(v) for n, v in descs.items()}
+    sig.update(o_ptr=ptr, stride_o_t="i32", stride_o_h="i32", page_table="*i32", stride_pt_b="i32",
+               prefix_lens="*i32", extend_lens="*i32", extend_start_loc="*i32", qk_scale="fp32",
+               num_m_blocks="i32")
+    const = {"GROUP": hq // hkv, "BLOCK_N": block_n, "STAGES": stages, "PRODUCER_REGS": 40,
+             "CONSUMER_REGS": 232}
+    sig.update({n: "constexpr" for n in const})
+    sig = {n: sig[n] for n in fn.arg_names}
+    attrs = {(fn.arg_names.index("o_ptr"),): [["tt.divisibility", 16]]}  # the rest: not specialised
+    t0 = time.time()
+    ck = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 4})
+    ptx = ck.asm["ptx"]
+    return {"seconds": time.time() - t0, "shared": ck.metadata.shared, "ptx": ptx, **ptxas_usage(ptx)}
+
+
+def main() -> int:
+    failed = 0
+    for block_n, stages, page_size in ((128, 3, 16), (128, 2, 16), (128, 3, 64)):
+        name = f"extend ws {block_n} x {stages} stages, page {page_size}"
+        try:
+            r = compile_ws(block_n, stages, page_size)
+        except Exception as e:  # noqa: BLE001 - report every variant
+            failed += 1
+            print(f"FAIL  {name}: {type(e).__name__}: {str(e)[:600]}", flush=True)
+            continue
+        ptx = r["ptx"]
+        wgmma_reg_a = len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(?:bf16|f16)"
+                                     r"\.(?:bf16|f16)\s+\{[^}]*\},\s*\{", ptx))
+        checks = {"wgmma with A from registers": wgmma_reg_a > 0,
+                  "producer registers lowered": "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx
+                  or "setmaxnreg.dec.sync.aligned.u32 40" in ptx,
+                  "TMA copies": "cp.async.bulk.tensor.2d" in ptx,
+                  "fits one CTA per SM": r["shared"] <= 232448,
+                  "no spills": not r.get("spill_bytes")}
+        bad = [k for k, ok in checks.items() if not ok]
+        failed += bool(bad)
+        status = "ok   " if not bad else "FAIL "
+        print(f"{status} {name}: {r['seconds']:.1f} s, shared {r['shared'] / 1024:.1f} KiB, "
+              f"regs {r.get('regs')}, spills {r.get('spill_bytes')} B, wgmma (A in registers) {wgmma_reg_a}"
+              + (f"; failed: {', '.join(bad)}" if bad else ""), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
