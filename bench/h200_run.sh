@@ -330,6 +330,15 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
     gluon-extend) stage gluon-extend-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/kernels/test_extend_ws_gpu.py
       stage gluon-extend 240 python3 bench/lab/gluon_extend.py --out "$OUT" ${GLUON_ARGS:-} ;;
+    # cascade stage A in the Gluon kernel: its GPU tests, the kernel against Triton's (~1 min), then
+    # `shared-prefix` through the Engine with it on / off in two processes (~3 min)
+    cascade-ws) stage cascade-ws-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/kernels/test_cascade_ws_gpu.py tests/kernels/test_extend_ws_gpu.py
+      stage cascade-ws 200 python3 bench/lab/cascade_overlap.py --ws --out "$OUT/cascade-ws.json" ;;
+    cascade-ws-engine) stage sp-ws-on 250 env RADIXRT_CASCADE_WS=1 python3 bench/gpu_engine.py --only shared-prefix \
+        --out "$OUT/sp-ws-on.json"
+      stage sp-ws-off 250 env RADIXRT_CASCADE_WS=0 python3 bench/gpu_engine.py --only shared-prefix \
+        --out "$OUT/sp-ws-off.json" ;;
     # the Engine's prefill with the Gluon extend kernel on / off, alternated processes (~3 min)
     gluon-extend-engine) stage gluon-extend-engine 420 python3 bench/lab/extend_ws_engine.py --rounds 2 \
         --out "$OUT/extend-ws-engine.json" ;;

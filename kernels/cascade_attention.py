@@ -27,6 +27,7 @@ writes the output.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -204,6 +205,18 @@ def _check_groups(q: torch.Tensor, kv_start: torch.Tensor, group_members: torch.
           f"max_group_size must be an int >= 1 when there are groups, got {max_group_size!r}")
 
 
+def _use_ws(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
+            page_size: int) -> bool:
+    """Whether stage A takes the Gluon kernel (see run_prefix_stage)."""
+    if not q.is_cuda or os.environ.get("RADIXRT_CASCADE_WS", "0") != "1":
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1" or page_table.dtype != torch.int32:
+        return False
+    from . import cascade_prefix_ws
+
+    return cascade_prefix_ws.supported(q, k_buffer, v_buffer, page_size)
+
+
 def run_prefix_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
                      page_table: torch.Tensor, group_members: torch.Tensor, group_starts: torch.Tensor,
                      group_prefix_lens: torch.Tensor,
@@ -212,9 +225,19 @@ def run_prefix_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
                      tile: CascadeTile) -> None:
     """Stage A on checked arguments (cascade_decode_attention's): every group's prefix partials into
     mid slots num_kv_splits .. num_kv_splits + num_prefix_splits - 1 of its members' rows (qk_scale
-    already includes log2(e) and an FP8 pool's k_scale). Launches nothing without groups."""
+    already includes log2(e) and an FP8 pool's k_scale). Launches nothing without groups. With
+    RADIXRT_CASCADE_WS=1, on a Hopper GPU with a bf16 / fp16 pool (head dim 128), the
+    warp-specialized Gluon kernel runs instead (kernels/cascade_prefix_ws.py; opt-in: on an H200 it
+    was 0.92-1.13x the Triton kernel's time by shape, docs/benchmarks.md)."""
     num_groups = group_starts.shape[0] - 1
     if num_groups <= 0:
+        return
+    if _use_ws(q, k_buffer, v_buffer, page_table, page_size):
+        from .cascade_prefix_ws import run_prefix_stage_ws
+
+        run_prefix_stage_ws(q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens,
+                            page_size, qk_scale, num_prefix_splits, mid_o[:, :, num_kv_splits:],
+                            mid_lse[:, :, num_kv_splits:])
         return
     _, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]

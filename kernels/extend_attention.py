@@ -28,7 +28,13 @@ LOG2E = 1.4426950408889634
 
 # The page table's width varies from pass to pass; specialised (== 1, divisible by 16) it would compile
 # new variants mid-serving, seconds each (warmup_extend in the attention backend compiles the rest).
-@triton.jit(do_not_specialize=["stride_pt_b"])
+# Likewise the metadata vectors' addresses: the backend's are slices of one upload buffer
+# (worker/device_batch.py upload_group), 16-byte aligned or not by the batch size, so their
+# alignment is not specialised either (they are read as scalars; H200 2026-12-04: with fresh
+# tensors in the warm-up, two variants compiled at the first passes, found by
+# test_backend_start_compiles_every_extend_variant).
+@triton.jit(do_not_specialize=["stride_pt_b"],
+            do_not_specialize_on_alignment=["prefix_lens", "extend_lens", "extend_start_loc"])
 def _extend_attn_kernel(
     q, k_new, v_new, k_desc, v_desc, k_buf, v_buf, o,
     page_table, prefix_lens, extend_lens, extend_start_loc,

@@ -50,6 +50,21 @@ MIN_EXTEND = 64
 
 
 @gluon.jit
+def load_pages(kp_desc, vp_desc, k_dst, v_dst, k_bar, v_bar, page_row, first_page, last_page, kv_col):
+    """One K block and one V block of a paged prefix by TMA: page ids page_row[first_page ...] (one
+    [page_size, D] box each, clamped to last_page: a block past the prefix re-reads its last page,
+    finite data the caller masks) into k_dst / v_dst [BLOCK_N, D]; k_bar / v_bar count the bytes."""
+    PAGE: gl.constexpr = kp_desc.block_type.shape[0]
+    PAGES: gl.constexpr = k_dst.shape[0] // PAGE
+    mbarrier.expect(k_bar, PAGES * kp_desc.block_type.nbytes)
+    mbarrier.expect(v_bar, PAGES * vp_desc.block_type.nbytes)
+    for i in gl.static_range(PAGES):
+        page = gl.load(page_row + gl.minimum(first_page + i, last_page))
+        tma.async_copy_global_to_shared(kp_desc, [page * PAGE, kv_col], k_bar, k_dst.slice(i * PAGE, PAGE))
+        tma.async_copy_global_to_shared(vp_desc, [page * PAGE, kv_col], v_bar, v_dst.slice(i * PAGE, PAGE))
+
+
+@gluon.jit
 def _producer(q_desc, kn_desc, vn_desc, kp_desc, vp_desc, q_smem, k_smem, v_smem,
               q_bar, k_ready, v_ready, kv_empty, page_row, prefix_len, n_pre, n_new,
               q_row0, kn_row0, q_col, kv_col):
@@ -66,14 +81,8 @@ def _producer(q_desc, kn_desc, vn_desc, kp_desc, vp_desc, q_smem, k_smem, v_smem
         # a stage is free once both consumers arrived on it; the first round passes at once (the
         # parity before a fresh barrier's first phase counts as complete)
         mbarrier.wait(kv_empty.index(s), ((j // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(s), PAGES_PER_BLOCK * kp_desc.block_type.nbytes)
-        mbarrier.expect(v_ready.index(s), PAGES_PER_BLOCK * vp_desc.block_type.nbytes)
-        for i in gl.static_range(PAGES_PER_BLOCK):
-            page = gl.load(page_row + gl.minimum(j * PAGES_PER_BLOCK + i, last_page))
-            tma.async_copy_global_to_shared(kp_desc, [page * PAGE, kv_col], k_ready.index(s),
-                                            k_smem.index(s).slice(i * PAGE, PAGE))
-            tma.async_copy_global_to_shared(vp_desc, [page * PAGE, kv_col], v_ready.index(s),
-                                            v_smem.index(s).slice(i * PAGE, PAGE))
+        load_pages(kp_desc, vp_desc, k_smem.index(s), v_smem.index(s), k_ready.index(s), v_ready.index(s),
+                   page_row, j * PAGES_PER_BLOCK, last_page, kv_col)
     for jj in range(n_new):
         j = n_pre + jj
         s = j % STAGES
@@ -102,12 +111,30 @@ def _mask_block(s, j, n_pre, prefix_len, rows, my_pos0, BLOCK_N: gl.constexpr, c
 
 
 @gluon.jit
-def _consumer(which: gl.constexpr, o_ptr, stride_o_t, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-              kv_empty, out_row0, pos0, ext_len, o_col, prefix_len, n_pre, n_blocks, qk_scale):
-    ROWS: gl.constexpr = 64
-    HEAD: gl.constexpr = q_smem.shape[2]
+def idle_ring(k_ready, kv_empty, n_blocks):
+    """A consumer warpgroup with no rows to compute keeps the ring turning: it arrives on each stage
+    once that stage's block has landed (an early arrival would complete the stage's phase for the
+    other warpgroup)."""
+    STAGES: gl.constexpr = k_ready.shape[0]
+    for j in range(n_blocks):
+        mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
+        mbarrier.arrive(kv_empty.index(j % STAGES), count=1)
+
+
+@gluon.jit
+def attend_ring(q, k_smem, v_smem, k_ready, v_ready, kv_empty, n_pre, prefix_len, n_blocks, my_pos0,
+                qk_scale):
+    """One consumer warpgroup's pass over the ring's n_blocks >= 1 K / V blocks (the first n_pre of
+    them a prefix of prefix_len keys, the rest new tokens seen causally by rows at new-token
+    positions my_pos0 ..): q is the [64, D] shared Q tile. Each block j issues its Q K^T, then block
+    j-1's P V (P from registers); block j's softmax runs while that product is in flight, then O is
+    rescaled. Returns O [64, D] fp32 (unnormalised; NVMMA layout of the P V product), the rows'
+    running max m (log2 units, scale applied) and sum l (layout of S's rows)."""
+    ROWS: gl.constexpr = q.shape[0]
+    HEAD: gl.constexpr = k_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
+    dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -116,24 +143,10 @@ def _consumer(which: gl.constexpr, o_ptr, stride_o_t, q_smem, k_smem, v_smem, q_
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
-    dtype: gl.constexpr = q_smem.dtype
 
-    q = q_smem.index(which)
-    my_pos0 = pos0 + which * ROWS  # new-token position of this warpgroup's first row
-    if my_pos0 >= ext_len:
-        # no row of this warpgroup is a token of the request (its last query block is short): it
-        # only keeps the ring turning, arriving on each stage once the stage's block has landed (an
-        # early arrival would complete the stage's phase for the other warpgroup)
-        for j in range(n_blocks):
-            mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
-            mbarrier.arrive(kv_empty.index(j % STAGES), count=1)
-        return
     rows = my_pos0 + gl.arange(0, ROWS, layout=row_s)
     acc = gl.zeros([ROWS, HEAD], gl.float32, layout=o_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bar, 0)
-
     # block 0: scores and the softmax state
     mbarrier.wait(k_ready.index(0), 0)
     s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -143,7 +156,6 @@ def _consumer(which: gl.constexpr, o_ptr, stride_o_t, q_smem, k_smem, v_smem, q_
     p = gl.exp2(s * qk_scale - m_i[:, None])
     l_i = gl.sum(p, 1)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
-    # each block j: issue its scores, then block j-1's P V; softmax j while P V runs; rescale
     for j in range(1, n_blocks):
         p_prev = p_op
         st = j % STAGES
@@ -169,6 +181,27 @@ def _consumer(which: gl.constexpr, o_ptr, stride_o_t, q_smem, k_smem, v_smem, q_
     acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
     mbarrier.arrive(kv_empty.index(last), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _consumer(which: gl.constexpr, o_ptr, stride_o_t, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
+              kv_empty, out_row0, pos0, ext_len, o_col, prefix_len, n_pre, n_blocks, qk_scale):
+    ROWS: gl.constexpr = 64
+    HEAD: gl.constexpr = q_smem.shape[2]
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD, 16])
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    my_pos0 = pos0 + which * ROWS  # new-token position of this warpgroup's first row
+    if my_pos0 >= ext_len:  # no row of this warpgroup is a token of the request (a short last block)
+        idle_ring(k_ready, kv_empty, n_blocks)
+        return
+    mbarrier.wait(q_bar, 0)
+    acc, m_i, l_i = attend_ring(q_smem.index(which), k_smem, v_smem, k_ready, v_ready, kv_empty, n_pre,
+                                prefix_len, n_blocks, my_pos0, qk_scale)
 
     acc = acc / gl.convert_layout(l_i, row_o)[:, None]
     local = which * ROWS + gl.arange(0, ROWS, layout=row_o)

@@ -30,6 +30,7 @@ from bench.kernels.compile_sm90 import ptxas_usage  # noqa: E402
 from bench.kernels_import import import_kernels  # noqa: E402
 
 import_kernels()
+from radixrt.kernels import cascade_prefix_ws as CA  # noqa: E402
 from radixrt.kernels import extend_attention_ws as WS  # noqa: E402
 
 
@@ -55,6 +56,10 @@ def compile_ws(block_n: int, stages: int, page_size: int, dtype: torch.dtype = t
     sig.update({n: "constexpr" for n in const})
     sig = {n: sig[n] for n in fn.arg_names}
     attrs = {(fn.arg_names.index("o_ptr"),): [["tt.divisibility", 16]]}  # the rest: not specialised
+    return _compile(fn, sig, const, attrs)
+
+
+def _compile(fn, sig: dict, const: dict, attrs: dict) -> dict:
     t0 = time.time()
     ck = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": 4})
@@ -62,12 +67,32 @@ def compile_ws(block_n: int, stages: int, page_size: int, dtype: torch.dtype = t
     return {"seconds": time.time() - t0, "shared": ck.metadata.shared, "ptx": ptx, **ptxas_usage(ptx)}
 
 
+def compile_cascade_prefix(page_size: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Lower cascade stage A's Gluon kernel for sm_90 (28 query / 4 KV heads, D 128)."""
+    hkv, d = 4, 128
+    pool = torch.empty(1024, hkv, d, dtype=dtype)
+    layout = WS._smem_layout(page_size, d, dtype)
+    desc = WS.TensorDescriptor.from_tensor(WS._as_rows(pool), [page_size, d], layout)
+    fn = CA._cascade_prefix_ws_kernel
+    sig = {n: "i32" for n in fn.arg_names}
+    sig.update(q_ptr="*bf16" if dtype == torch.bfloat16 else "*fp16", kp_desc=mangle_type(desc),
+               vp_desc=mangle_type(desc), page_table="*i32", group_members="*i32", group_starts="*i32",
+               group_prefix_lens="*i32", mid_o="*fp32", mid_lse="*fp32", qk_scale="fp32")
+    const = {"GROUP": 7, "HEAD": d, "BLOCK": CA.BLOCK_N, "STAGES_": CA.STAGES, "PRODUCER_REGS": 40,
+             "CONSUMER_REGS": 232}
+    sig.update({n: "constexpr" for n in const})
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("q_ptr", "mid_o", "mid_lse")}
+    return _compile(fn, sig, const, attrs)
+
+
 def main() -> int:
     failed = 0
-    for block_n, stages, page_size in ((128, 3, 16), (128, 2, 16), (128, 3, 64)):
-        name = f"extend ws {block_n} x {stages} stages, page {page_size}"
+    variants = [(f"extend ws {n} x {s} stages, page {p}", lambda n=n, s=s, p=p: compile_ws(n, s, p))
+                for n, s, p in ((128, 3, 16), (128, 2, 16), (128, 3, 64))]
+    variants += [(f"cascade prefix ws, page {p}", lambda p=p: compile_cascade_prefix(p)) for p in (16, 64)]
+    for name, build in variants:
         try:
-            r = compile_ws(block_n, stages, page_size)
+            r = build()
         except Exception as e:  # noqa: BLE001 - report every variant
             failed += 1
             print(f"FAIL  {name}: {type(e).__name__}: {str(e)[:600]}", flush=True)

@@ -16,6 +16,9 @@ tokens, 128-192 own tokens per request, Qwen2.5-7B heads, page 16); us of CUDA-g
 L2 flushed before each call (its own time subtracted); every variant checked against the fp32
 reference first.
 
+--ws: stage A in the warp-specialized Gluon kernel (kernels/cascade_prefix_ws.py) against the Triton
+kernel, whole calls and stage A alone, at several prefix split counts.
+
 --walk: a decode graph pads the groups to 8 (7 empty), and stage A's grid bound then has 8 spare
 row blocks (programs that find no group and exit): the whole call for one group and for the graph's
 8, with the grid's row-block axis first (the default) or last (config "cascade" blocks_last, so the
@@ -105,13 +108,67 @@ def walk_part(batches: list[int]) -> list[dict]:
     return rows
 
 
+def ws_part(batches: list[int]) -> list[dict]:
+    """The whole cascade call (fused form, the graph's 8 groups and one) and stage A alone, with stage A
+    in the Gluon kernel (RADIXRT_CASCADE_WS=1, kernels/cascade_prefix_ws.py) and in the Triton kernel
+    (=0), at the launcher's prefix split count and others; the setting is read at each launch."""
+    import os
+
+    rows = []
+    for batch in batches:
+        a, ref = SA.cascade_batch(batch, SA.PREFIX_LEN, 128, 192)
+        ps0 = CA.choose_num_prefix_splits(1, batch, SA.HQ, SA.HKV, SA.PREFIX_LEN)
+        o = torch.empty_like(a["q"])
+        for groups in (8, 1):
+            args = a if groups == 1 else padded(a, groups)
+            for ps in sorted({ps0, 2, 4, 8, 16}):
+                for ws in ("1", "0"):
+                    os.environ["RADIXRT_CASCADE_WS"] = ws
+
+                    def run(args=args, ps=ps, batch=batch, o=o):
+                        K.cascade_decode_attention(**args, num_kv_splits=1, num_prefix_splits=ps,
+                                                   max_group_size=batch, out=o)
+                    o.fill_(float("nan"))
+                    run()
+                    torch.cuda.synchronize()
+                    err = bk.rel_err(o, ref)
+                    us = SA.graph_us(run) if err < 1e-2 else float("nan")
+                    row = {"batch": batch, "groups": groups, "prefix_splits": ps, "ws": ws == "1",
+                           "default_splits": ps == ps0, "us": us, "rel_err": err}
+                    if groups == 1:  # stage A alone
+                        f32 = {"device": o.device, "dtype": torch.float32}
+                        mid = torch.empty(batch, SA.HQ, 1 + ps, o.shape[2], **f32)
+                        lse = torch.empty(batch, SA.HQ, 1 + ps, **f32)
+                        tile = CA.default_tile(o.shape[2], o.device)
+                        qk = 1.0 / math.sqrt(o.shape[2]) * DA.LOG2E
+
+                        def run_a(a=a, ps=ps, mid=mid, lse=lse, tile=tile, qk=qk):
+                            CA.run_prefix_stage(a["q"], a["k_buffer"], a["v_buffer"], a["page_table"],
+                                                a["group_members"], a["group_starts"], a["group_prefix_lens"],
+                                                a["page_size"], qk, 1.0, 1, ps, mid, lse, tile)
+                        run_a()
+                        row["stage_a_us"] = SA.graph_us(run_a)
+                    rows.append(row)
+                    print(f"B={batch:3d} groups {groups} splits {ps:2d} ws {ws}: {us:6.1f} us"
+                          + (f" (stage A {row['stage_a_us']:6.1f})" if "stage_a_us" in row else "")
+                          + f"  err {err:.1e}", flush=True)
+    os.environ.pop("RADIXRT_CASCADE_WS", None)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="128,32,64,256")
     ap.add_argument("--walk", action="store_true", help="the padded-groups / grid-order A/B instead")
+    ap.add_argument("--ws", action="store_true", help="stage A in the Gluon kernel against Triton's instead")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     SA.L2_FLUSH.append(torch.empty(256 << 20, dtype=torch.uint8, device=SA.DEV))
+    if args.ws:
+        header = run_header()
+        rows = ws_part([int(b) for b in args.batches.split(",")])
+        write_json(out_path(args.out, "cascade-ws.json"), {"header": header, "rows": rows})
+        return 0
     if args.walk:
         header = run_header()
         rows = walk_part([int(b) for b in args.batches.split(",")])

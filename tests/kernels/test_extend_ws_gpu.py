@@ -14,7 +14,7 @@ import torch
 from radixrt.kernels import extend_attention
 from radixrt.kernels.reference import extend_attention_ref
 
-from .conftest import make_paged_batch
+from .conftest import check_attention, count_calls, make_paged_batch
 
 HQ, HKV, D = 28, 4, 128
 
@@ -28,16 +28,8 @@ def ws_calls(monkeypatch):
     """Counts the launches that reached the Gluon kernel."""
     from radixrt.kernels import extend_attention_ws as ws
 
-    calls = []
-    real = ws.extend_attention_ws
-
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ws, "extend_attention_ws", counted)
     monkeypatch.delenv("RADIXRT_EXTEND_WS", raising=False)
-    return calls
+    return count_calls(monkeypatch, ws, "extend_attention_ws")
 
 
 def _run(b, dtype, min_extend_len, k_buffer=None, v_buffer=None, **kw):
@@ -48,13 +40,6 @@ def _run(b, dtype, min_extend_len, k_buffer=None, v_buffer=None, **kw):
                      b.extend_start_loc, b.page_size, None, int(b.extend_lens.max()), out=out,
                      max_seq_len=int(b.seq_lens.max()), min_extend_len=min_extend_len, **kw)
     return out
-
-
-def _check(o, ref):
-    assert not torch.isnan(o).any()
-    rel = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
-    assert rel <= 1e-2, f"relative error {rel:.2e}"
-    torch.testing.assert_close(o.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -72,7 +57,7 @@ def test_ws_extend_matches_reference(ws_calls, prefix_lens, extend_lens, page_si
     assert ws_calls == [sum(extend_lens)], "extend_attention did not route to the Gluon kernel"
     ref = extend_attention_ref(b.q, b.k, b.v, b.k_buffer, b.v_buffer, b.page_table, b.prefix_lens,
                                b.extend_lens, b.extend_start_loc, page_size, None)
-    _check(o, ref)
+    check_attention(o, ref)
 
 
 @pytest.mark.parametrize("case", ["unknown min", "short request", "few tokens", "fp8 pool", "switched off"])
@@ -91,7 +76,7 @@ def test_ws_routing_keeps_triton_where_the_rule_says(ws_calls, monkeypatch, case
     assert ws_calls == []
     ref = extend_attention_ref(b.q, b.k, b.v, k_buffer, v_buffer, b.page_table, b.prefix_lens, b.extend_lens,
                                b.extend_start_loc, 16, None, **kw)
-    _check(o, ref)
+    check_attention(o, ref)
 
 
 def test_ws_extend_in_a_cuda_graph(ws_calls):
