@@ -206,13 +206,20 @@ def _check_groups(q: torch.Tensor, kv_start: torch.Tensor, group_members: torch.
 
 
 def _use_ws(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
-            page_size: int) -> bool:
-    """Whether stage A takes the Gluon kernel (see run_prefix_stage)."""
-    if not q.is_cuda or os.environ.get("RADIXRT_CASCADE_WS", "0") != "1":
+            group_members: torch.Tensor, group_starts: torch.Tensor, group_prefix_lens: torch.Tensor,
+            page_size: int, v_scale: float) -> bool:
+    """Whether stage A takes the Gluon kernel (see run_prefix_stage): opted in, int32 metadata, no
+    V scale (its pool is never FP8; k_scale is folded into qk_scale, 1.0 for such a pool)."""
+    if not q.is_cuda or os.environ.get("RADIXRT_CASCADE_WS", "0") != "1" or float(v_scale) != 1.0:
         return False
-    if os.environ.get("TRITON_INTERPRET") == "1" or page_table.dtype != torch.int32:
+    if os.environ.get("TRITON_INTERPRET") == "1":
         return False
-    from . import cascade_prefix_ws
+    if any(t.dtype != torch.int32 for t in (page_table, group_members, group_starts, group_prefix_lens)):
+        return False
+    try:  # Gluon's Hopper API (Triton >= 3.6); without it, the Triton kernel
+        from . import cascade_prefix_ws
+    except (ImportError, AttributeError):
+        return False
 
     return cascade_prefix_ws.supported(q, k_buffer, v_buffer, page_size)
 
@@ -232,7 +239,8 @@ def run_prefix_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
     num_groups = group_starts.shape[0] - 1
     if num_groups <= 0:
         return
-    if _use_ws(q, k_buffer, v_buffer, page_table, page_size):
+    if _use_ws(q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens, page_size,
+               v_scale):
         from .cascade_prefix_ws import run_prefix_stage_ws
 
         run_prefix_stage_ws(q, k_buffer, v_buffer, page_table, group_members, group_starts, group_prefix_lens,

@@ -128,7 +128,7 @@ def _consumer1(q_ptr, stride_q_b, stride_q_h, members, num_rows, row0, kvh, grou
 @gluon.jit(do_not_specialize=["num_groups", "num_prefix_splits", "stride_pt_b", "stride_ml_b", "stride_ml_h",
                               "stride_mo_b", "stride_mo_h"],
            do_not_specialize_on_alignment=["page_table", "group_members", "group_starts",
-                                           "group_prefix_lens"])
+                                           "group_prefix_lens", "mid_o", "mid_lse"])
 def _cascade_prefix_ws_kernel(q_ptr, kp_desc, vp_desc, page_table, group_members, group_starts,
                               group_prefix_lens, mid_o, mid_lse, qk_scale, num_groups, num_prefix_splits,
                               stride_q_b, stride_q_h, stride_pt_b, stride_mo_b, stride_mo_h, stride_mo_s,

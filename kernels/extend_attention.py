@@ -162,14 +162,21 @@ def _pick_config(head_dim: int, device: torch.device, max_extend_len: int = 1 <<
             "M_MAJOR": bool(c.get("M_MAJOR"))}
 
 
-def _use_ws(q, k_new, v_new, k_buffer, v_buffer, page_table, page_size: int, out, max_extend_len: int,
-            min_extend_len: int | None) -> bool:
-    """Whether extend_attention routes to the Gluon kernel (see its docstring for the rule)."""
-    if not q.is_cuda or min_extend_len is None or os.environ.get("RADIXRT_EXTEND_WS", "1") == "0":
+def _use_ws(q, k_new, v_new, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, extend_start_loc,
+            page_size: int, out, max_extend_len: int, min_extend_len: int | None, k_scale: float,
+            v_scale: float) -> bool:
+    """Whether extend_attention routes to the Gluon kernel (see its docstring for the rule). The
+    kernel takes int32 metadata and no K/V scales (its pool is never FP8)."""
+    if not q.is_cuda or not min_extend_len or os.environ.get("RADIXRT_EXTEND_WS", "1") == "0":
         return False
-    if os.environ.get("TRITON_INTERPRET") == "1" or page_table.dtype != torch.int32:
+    if os.environ.get("TRITON_INTERPRET") == "1" or float(k_scale) != 1.0 or float(v_scale) != 1.0:
         return False
-    from . import extend_attention_ws as ws
+    if any(t.dtype != torch.int32 for t in (page_table, prefix_lens, extend_lens, extend_start_loc)):
+        return False
+    try:  # Gluon's Hopper API (Triton >= 3.6); without it, the Triton kernel
+        from . import extend_attention_ws as ws
+    except (ImportError, AttributeError):
+        return False
 
     return (q.shape[0] >= ws.MIN_TOKENS and max_extend_len >= ws.MIN_MAX_EXTEND
             and min_extend_len >= ws.MIN_EXTEND
@@ -213,9 +220,10 @@ def extend_attention(
     max_seq_len       : optional host int >= max(prefix_lens + extend_lens); only picks the tile
     k_scale, v_scale  : per-layer scales of an FP8 (float8_e4m3fn) pool, which holds K / k_scale and
                         V / v_scale; they apply to the prefix read from the pool (1.0 otherwise)
-    min_extend_len    : optional host int <= min(extend_lens) (None: unknown). On a Hopper GPU with a
-                        bf16/fp16 pool, head dim 128, T >= 1,024, max_extend_len >= 256 and
-                        min_extend_len >= 64, the warp-specialized Gluon kernel runs
+    min_extend_len    : optional host int <= min(extend_lens) (None or 0: unknown). On a Hopper GPU with
+                        a bf16/fp16 pool, head dim 128, int32 metadata, T >= 1,024,
+                        max_extend_len >= 256 and min_extend_len >= 64, the warp-specialized Gluon
+                        kernel runs
                         (kernels/extend_attention_ws.py; RADIXRT_EXTEND_WS=0 keeps the Triton
                         kernel), else the Triton kernel below.
     Returns o [T, Hq, D] in q's dtype. Tokens of a request with extend_len 0 produce nothing.
@@ -248,8 +256,8 @@ def extend_attention(
     if num_tokens == 0 or max_extend_len <= 0:
         return out
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    if _use_ws(q, k_new, v_new, k_buffer, v_buffer, page_table, page_size, out, max_extend_len,
-               min_extend_len):
+    if _use_ws(q, k_new, v_new, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, extend_start_loc,
+               page_size, out, max_extend_len, min_extend_len, k_scale, v_scale):
         from .extend_attention_ws import extend_attention_ws
 
         return extend_attention_ws(q, k_new, v_new, k_buffer, v_buffer, page_table, prefix_lens, extend_lens,

@@ -321,8 +321,11 @@ def extend_attention_ws(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tenso
     of the contract first). Tensors as in kernels.extend_attention; prefix_lens / extend_lens /
     extend_start_loc int32; page_table int32 with contiguous rows. block_n x stages: 128 x 3 (H200,
     8,192 causal: 816 us against 894 at 128 x 2 and 942-945 at 64 x 3-4); shared memory
-    2 x 16 KiB of Q + 2 x stages x block_n x 256 B of K / V. Returns out."""
+    2 x 16 KiB of Q + 2 x stages x block_n x 256 B of K / V. Returns out. Raises ValueError when
+    block_n is not a multiple of page_size."""
     t, hq, d = q.shape
+    if block_n % page_size or block_n < page_size:
+        raise ValueError(f"block_n {block_n} must be a multiple of page_size {page_size}")
     q_layout = _smem_layout(64, d, q.dtype)
     kv_layout = _smem_layout(block_n, d, q.dtype)
     page_layout = _smem_layout(page_size, d, q.dtype)

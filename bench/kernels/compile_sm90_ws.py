@@ -1,9 +1,10 @@
-"""Compile the warp-specialized Gluon extend kernel (kernels/extend_attention_ws.py) for an H100/H200
-(sm_90) on a machine without a GPU, as compile_sm90.py does for the Triton kernels: Triton's wheel
-carries ptxas, so a GPUTarget lowers the kernel to PTX and a cubin without a driver. Reports shared
-memory, registers and spills per variant and checks the PTX for what the design needs: wgmma with
-the P V operand from registers, the producer's register budget lowered (setmaxnreg), TMA copies of
-both the pool's pages and the new tokens' blocks. Exit status 1 if a variant fails.
+"""Compile the warp-specialized Gluon kernels (kernels/extend_attention_ws.py, the extend attention;
+kernels/cascade_prefix_ws.py, cascade's prefix stage) for an H100/H200 (sm_90) on a machine without a
+GPU, as compile_sm90.py does for the Triton kernels: Triton's wheel carries ptxas, so a GPUTarget
+lowers a kernel to PTX and a cubin without a driver. Reports shared memory, registers and spills per
+variant and checks the PTX for what the design needs: wgmma with the P V operand from registers, the
+producer's register budget lowered (setmaxnreg), TMA copies, no spills. Exit status 1 if a variant
+fails.
 
     python3 bench/kernels/compile_sm90_ws.py
 """
@@ -81,7 +82,7 @@ def compile_cascade_prefix(page_size: int, dtype: torch.dtype = torch.bfloat16) 
     const = {"GROUP": 7, "HEAD": d, "BLOCK": CA.BLOCK_N, "STAGES_": CA.STAGES, "PRODUCER_REGS": 40,
              "CONSUMER_REGS": 232}
     sig.update({n: "constexpr" for n in const})
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("q_ptr", "mid_o", "mid_lse")}
+    attrs = {(fn.arg_names.index("q_ptr"),): [["tt.divisibility", 16]]}  # mid_o / mid_lse: not specialised
     return _compile(fn, sig, const, attrs)
 
 

@@ -64,7 +64,7 @@ class ForwardMeta:
     out_cache_loc     [T]  int64 slot where each new token's K/V is stored
     positions         [T]  int64 position of each new token
     max_seq_len, max_extend_len : host ints (kernel grid sizes, no device sync needed)
-    min_extend_len    host int, the fewest new tokens of any request (0: unknown); picks the extend
+    min_extend_len    host int, the fewest new tokens of any request (0: unknown or none); picks the extend
                       kernel (kernels.extend_attention)
     cascade           CascadeMeta when a DECODE batch has groups of requests sharing prefix pages
 

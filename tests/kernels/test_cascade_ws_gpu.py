@@ -58,12 +58,14 @@ def test_cascade_ws_matches_reference(ws_calls, groups, loners, page, splits, pr
     check_attention(o, cascade_decode_attention_ref(*c.args(page)))
 
 
-@pytest.mark.parametrize("case", ["not opted in", "fp8 pool"])
+@pytest.mark.parametrize("case", ["not opted in", "fp8 pool", "int64 members"])
 def test_cascade_ws_routing_keeps_triton(ws_calls, monkeypatch, case):
     c = make_cascade_batch([(1000, [30] * 12)], [200], 16, HQ, HKV, D, torch.bfloat16, seed=6)
     args, kw = list(c.args(16)), {}
     if case == "not opted in":
         monkeypatch.delenv("RADIXRT_CASCADE_WS")
+    elif case == "int64 members":  # eager passes upload them as int64; the kernel takes int32
+        args[6] = c.group_members.long()
     else:
         args[1] = (c.k_buffer / 0.05).to(torch.float8_e4m3fn)
         args[2] = (c.v_buffer / 0.05).to(torch.float8_e4m3fn)

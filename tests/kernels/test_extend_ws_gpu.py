@@ -8,6 +8,8 @@ as tests/kernels/test_kernels_gpu.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -60,7 +62,8 @@ def test_ws_extend_matches_reference(ws_calls, prefix_lens, extend_lens, page_si
     check_attention(o, ref)
 
 
-@pytest.mark.parametrize("case", ["unknown min", "short request", "few tokens", "fp8 pool", "switched off"])
+@pytest.mark.parametrize("case", ["unknown min", "short request", "few tokens", "fp8 pool", "switched off",
+                                  "int64 metadata", "scaled bf16 pool"])
 def test_ws_routing_keeps_triton_where_the_rule_says(ws_calls, monkeypatch, case):
     extend_lens = {"short request": [40, 1100], "few tokens": [300, 600]}.get(case, [300, 800])
     b = make_paged_batch([100] * len(extend_lens), extend_lens, 16, HQ, HKV, D, torch.bfloat16,
@@ -72,6 +75,11 @@ def test_ws_routing_keeps_triton_where_the_rule_says(ws_calls, monkeypatch, case
         kw = {"k_scale": 0.05, "v_scale": 0.05}
     if case == "switched off":
         monkeypatch.setenv("RADIXRT_EXTEND_WS", "0")
+    if case == "int64 metadata":  # the kernel takes int32 (its block counters index the ring)
+        b = dataclasses.replace(b, prefix_lens=b.prefix_lens.long(), extend_lens=b.extend_lens.long(),
+                                extend_start_loc=b.extend_start_loc.long())
+    if case == "scaled bf16 pool":  # scales apply to the prefix read from any pool; the kernel has none
+        kw = {"k_scale": 0.5, "v_scale": 2.0}
     o = _run(b, torch.bfloat16, None if case == "unknown min" else min(extend_lens), k_buffer, v_buffer, **kw)
     assert ws_calls == []
     ref = extend_attention_ref(b.q, b.k, b.v, k_buffer, v_buffer, b.page_table, b.prefix_lens, b.extend_lens,

@@ -244,7 +244,18 @@ def test_backend_start_compiles_every_extend_variant():
         k_buffers = [torch.zeros(pages * PAGE, HKV, D, device=dev, dtype=BF16)]
         v_buffers = [torch.zeros(pages * PAGE, HKV, D, device=dev, dtype=BF16)]
 
-    TritonAttnBackend(Pool(), num_q_heads=HQ, max_batch_size=8)
+    # earlier tests in this process may have compiled the same variants: start from empty in-memory
+    # caches (the hook below fires only on a miss), so what the warm-up compiles is all there is
+    from radixrt.kernels import extend_attention as ea
+
+    kernels = [ea._extend_attn_kernel]
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    if hopper:
+        from radixrt.kernels import extend_attention_ws as ws
+
+        kernels.append(ws._extend_ws_kernel)
+    for kernel in kernels:
+        kernel.device_caches.clear()
     compiled: list[str] = []
 
     def hook(*, fn, **_):
@@ -252,6 +263,10 @@ def test_backend_start_compiles_every_extend_variant():
 
     previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hook
     try:
+        TritonAttnBackend(Pool(), num_q_heads=HQ, max_batch_size=8)
+        assert "_extend_attn_kernel" in compiled, compiled
+        assert "_extend_ws_kernel" in compiled or not hopper, compiled  # the warm-up reached it
+        compiled.clear()
         i32 = {"dtype": torch.int32, "device": dev}
         for width in (1, 16, 17, 80):  # 80 pages: a 1,264-token prefix, past the short-prompt bound
             cases = ((0, 8, 8), (0, 2000, 2000), (width * PAGE - 16, 16, width * PAGE), (4, 4, None))
