@@ -339,6 +339,8 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
         --out "$OUT/sp-ws-on.json"
       stage sp-ws-off 250 env RADIXRT_CASCADE_WS=0 python3 bench/gpu_engine.py --only shared-prefix \
         --out "$OUT/sp-ws-off.json" ;;
+    # the warp-specialized Gluon decode lab (bf16 pool) against the Triton decode kernel (~1 min; first run)
+    gluon-decode) stage gluon-decode 150 python3 bench/lab/gluon_decode.py --out "$OUT" ;;
     # the Engine's prefill with the Gluon extend kernel on / off, alternated processes (~3 min)
     gluon-extend-engine) stage gluon-extend-engine 420 python3 bench/lab/extend_ws_engine.py --rounds 2 \
         --out "$OUT/extend-ws-engine.json" ;;
