@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 # The FP8 format of quantized weights, activations and KV pools (e4m3, no infinities) and its
@@ -45,3 +47,14 @@ def check_page_size(page_size: int) -> None:
 def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot input precision: exact fp32 products for fp32 inputs (not tf32); native for fp16/bf16."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def gluon_route_open(q: torch.Tensor, switched_on: bool, int32: tuple[torch.Tensor, ...],
+                     scales: tuple[float, ...]) -> bool:
+    """The conditions every route to a Gluon kernel shares (extend_attention_ws, cascade_prefix_ws):
+    the caller's switch on, CUDA tensors, not Triton's interpreter, int32 metadata (the kernels
+    index their rings with it) and scales of 1.0 (their pools are never FP8). The caller adds its
+    kernel's own checks."""
+    if not switched_on or not q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return all(t.dtype == torch.int32 for t in int32) and all(float(s) == 1.0 for s in scales)

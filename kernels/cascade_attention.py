@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check, dot_precision, next_pow2
+from ._checks import check, dot_precision, gluon_route_open, next_pow2
 from .attention_configs import attention_config
 from .decode_attention import (
     H200_NUM_SMS,
@@ -210,11 +210,8 @@ def _use_ws(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, pag
             page_size: int, v_scale: float) -> bool:
     """Whether stage A takes the Gluon kernel (see run_prefix_stage): opted in, int32 metadata, no
     V scale (its pool is never FP8; k_scale is folded into qk_scale, 1.0 for such a pool)."""
-    if not q.is_cuda or os.environ.get("RADIXRT_CASCADE_WS", "0") != "1" or float(v_scale) != 1.0:
-        return False
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    if any(t.dtype != torch.int32 for t in (page_table, group_members, group_starts, group_prefix_lens)):
+    metadata = (page_table, group_members, group_starts, group_prefix_lens)
+    if not gluon_route_open(q, os.environ.get("RADIXRT_CASCADE_WS", "0") == "1", metadata, (v_scale,)):
         return False
     try:  # Gluon's Hopper API (Triton >= 3.6); without it, the Triton kernel
         from . import cascade_prefix_ws
@@ -234,8 +231,9 @@ def run_prefix_stage(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
     mid slots num_kv_splits .. num_kv_splits + num_prefix_splits - 1 of its members' rows (qk_scale
     already includes log2(e) and an FP8 pool's k_scale). Launches nothing without groups. With
     RADIXRT_CASCADE_WS=1, on a Hopper GPU with a bf16 / fp16 pool (head dim 128), the
-    warp-specialized Gluon kernel runs instead (kernels/cascade_prefix_ws.py; opt-in: on an H200 it
-    was 0.92-1.13x the Triton kernel's time by shape, docs/benchmarks.md)."""
+    warp-specialized Gluon kernel runs instead (kernels/cascade_prefix_ws.py; opt-in: on an H200,
+    at the launcher's split counts, stage A alone took 0.86-1.17x the Triton kernel's time,
+    docs/benchmarks.md)."""
     num_groups = group_starts.shape[0] - 1
     if num_groups <= 0:
         return

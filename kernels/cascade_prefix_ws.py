@@ -12,10 +12,11 @@ overlap one block's softmax with the other's product. Here the queries are gathe
 b, head h), gathered by each consumer into its shared Q tile, and no causal mask applies: only keys past the
 split's end are masked. Grid (KV head, split, row block of 128 rows), the row blocks numbered group
 after group as in the Triton kernel, so a CUDA graph padded with empty groups costs only the real
-groups' blocks. Opt-in (RADIXRT_CASCADE_WS=1): on an H200 it ran stage A in 0.92-1.13x the Triton
-kernel's time depending on the batch and the split count (docs/benchmarks.md, "Cascade's prefix
-stage as a Gluon kernel"): each program covers only 2-8 blocks of 128 keys, so the ring's fill and
-the fp32 partials' stores weigh as much as the steady state FlashAttention-3's structure speeds up.
+groups' blocks. Opt-in (RADIXRT_CASCADE_WS=1): on an H200, at the launcher's split counts, it ran
+stage A in 0.86-1.17x the Triton kernel's time (0.77-1.40x over all split counts tried;
+docs/benchmarks.md, "Cascade's prefix stage as a Gluon kernel"): with many splits a program covers
+only 1-2 blocks of 128 keys, so the ring's fill and the fp32 partials' stores weigh as much as the
+steady state FlashAttention-3's structure speeds up.
 """
 
 from __future__ import annotations

@@ -19,7 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
+from ._checks import (
+    FP8_DTYPE,
+    check,
+    check_int_vector,
+    check_page_size,
+    check_pool,
+    dot_precision,
+    gluon_route_open,
+    next_pow2,
+)
 from .attention_configs import attention_config
 from .paged_loop import online_softmax_step_scaled, paged_attn_loop
 
@@ -167,11 +176,9 @@ def _use_ws(q, k_new, v_new, k_buffer, v_buffer, page_table, prefix_lens, extend
             v_scale: float) -> bool:
     """Whether extend_attention routes to the Gluon kernel (see its docstring for the rule). The
     kernel takes int32 metadata and no K/V scales (its pool is never FP8)."""
-    if not q.is_cuda or not min_extend_len or os.environ.get("RADIXRT_EXTEND_WS", "1") == "0":
-        return False
-    if os.environ.get("TRITON_INTERPRET") == "1" or float(k_scale) != 1.0 or float(v_scale) != 1.0:
-        return False
-    if any(t.dtype != torch.int32 for t in (page_table, prefix_lens, extend_lens, extend_start_loc)):
+    switched_on = bool(min_extend_len) and os.environ.get("RADIXRT_EXTEND_WS", "1") != "0"
+    metadata = (page_table, prefix_lens, extend_lens, extend_start_loc)
+    if not gluon_route_open(q, switched_on, metadata, (k_scale, v_scale)):
         return False
     try:  # Gluon's Hopper API (Triton >= 3.6); without it, the Triton kernel
         from . import extend_attention_ws as ws
@@ -223,9 +230,8 @@ def extend_attention(
     min_extend_len    : optional host int <= min(extend_lens) (None or 0: unknown). On a Hopper GPU with
                         a bf16/fp16 pool, head dim 128, int32 metadata, T >= 1,024,
                         max_extend_len >= 256 and min_extend_len >= 64, the warp-specialized Gluon
-                        kernel runs
-                        (kernels/extend_attention_ws.py; RADIXRT_EXTEND_WS=0 keeps the Triton
-                        kernel), else the Triton kernel below.
+                        kernel runs (kernels/extend_attention_ws.py; RADIXRT_EXTEND_WS=0 keeps the
+                        Triton kernel), else the Triton kernel below.
     Returns o [T, Hq, D] in q's dtype. Tokens of a request with extend_len 0 produce nothing.
     Raises ValueError on bad shapes/dtypes/devices.
     """

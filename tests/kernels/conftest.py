@@ -131,6 +131,11 @@ def run_sm90_script(script: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+# the Gluon kernels' GPU tests (wgmma, TMA, setmaxnreg: compute capability 9.x)
+_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+requires_hopper = [pytest.mark.gpu, pytest.mark.skipif(not _HOPPER, reason="needs a Hopper GPU")]
+
+
 def count_calls(monkeypatch, module, name: str) -> list[int]:
     """Patch module.<name> with a wrapper that records each call's first argument's length; returns
     the record (a routing test asserts on it)."""

@@ -14,14 +14,12 @@ import torch
 from radixrt.kernels import cascade_decode_attention
 from radixrt.kernels.reference import cascade_decode_attention_ref
 
-from .conftest import check_attention, count_calls
+from .conftest import check_attention, count_calls, requires_hopper
 from .test_cascade_attention import make_cascade_batch
 
 HQ, HKV, D = 28, 4, 128
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available()
-                                 or torch.cuda.get_device_capability()[0] != 9, reason="needs a Hopper GPU")]
+pytestmark = requires_hopper
 
 
 @pytest.fixture

@@ -16,13 +16,11 @@ import torch
 from radixrt.kernels import extend_attention
 from radixrt.kernels.reference import extend_attention_ref
 
-from .conftest import check_attention, count_calls, make_paged_batch
+from .conftest import check_attention, count_calls, make_paged_batch, requires_hopper
 
 HQ, HKV, D = 28, 4, 128
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available()
-                                 or torch.cuda.get_device_capability()[0] != 9, reason="needs a Hopper GPU")]
+pytestmark = requires_hopper
 
 
 @pytest.fixture
