@@ -41,6 +41,8 @@ for s in "$@"; do
         --out "$OUT/engine-verify.json"
       python3 bench/compare_results.py "$OUT/engine-verify.json" ;;
     gpu-tests) stage gpu-tests 340 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    # chosen GPU tests: PYTEST_ARGS (paths, -k ...)
+    pytest) stage pytest 200 python3 -m pytest -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-tests/kernels} ;;
     # verify's second half alone: the engine figures and the table against bench/results/engine.md
     engine-verify) stage engine-verify 250 python3 bench/gpu_engine.py --only profile,random,shared-prefix \
         --out "$OUT/engine-verify.json"
@@ -340,7 +342,14 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
       stage sp-ws-off 250 env RADIXRT_CASCADE_WS=0 python3 bench/gpu_engine.py --only shared-prefix \
         --out "$OUT/sp-ws-off.json" ;;
     # the warp-specialized Gluon decode lab (bf16 pool) against the Triton decode kernel (~1 min; first run)
-    gluon-decode) stage gluon-decode 150 python3 bench/lab/gluon_decode.py --out "$OUT" ;;
+    # (GLUON_CONFIGS: SUBxSTAGES[xWARPS[xMAXNREG]], each in its own process under 45 s: one that hangs
+    # costs only itself; GLUON_ARGS e.g. --fp8)
+    gluon-decode) stage gluon-decode-base 120 python3 bench/lab/gluon_decode.py --out "$OUT" --configs "" \
+        ${GLUON_ARGS:-}
+      for c in $(echo "${GLUON_CONFIGS:-16x2,16x4,32x2}" | tr , ' '); do
+        stage "gluon-decode-$c" 45 python3 bench/lab/gluon_decode.py --out "$OUT" --no-baseline --configs "$c" \
+          ${GLUON_ARGS:-}
+      done ;;
     # the Engine's prefill with the Gluon extend kernel on / off, alternated processes (~3 min)
     gluon-extend-engine) stage gluon-extend-engine 420 python3 bench/lab/extend_ws_engine.py --rounds 2 \
         --out "$OUT/extend-ws-engine.json" ;;

@@ -51,10 +51,11 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 def gluon_route_open(q: torch.Tensor, switched_on: bool, int32: tuple[torch.Tensor, ...],
                      scales: tuple[float, ...]) -> bool:
-    """The conditions every route to a Gluon kernel shares (extend_attention_ws, cascade_prefix_ws):
-    the caller's switch on, CUDA tensors, not Triton's interpreter, int32 metadata (the kernels
-    index their rings with it) and scales of 1.0 (their pools are never FP8). The caller adds its
-    kernel's own checks."""
+    """The conditions every route to a Gluon kernel shares (extend_attention_ws, cascade_prefix_ws,
+    decode_attention_ws): the caller's switch on, CUDA tensors, not Triton's interpreter, int32
+    metadata (the kernels index their rings with it) and the given scales 1.0 (the extend and cascade
+    kernels' pools are never FP8; the decode kernel passes none, it applies them). The caller adds
+    its kernel's own checks."""
     if not switched_on or not q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return all(t.dtype == torch.int32 for t in int32) and all(float(s) == 1.0 for s in scales)

@@ -21,12 +21,22 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ._checks import FP8_DTYPE, check, check_int_vector, check_page_size, check_pool, dot_precision, next_pow2
+from ._checks import (
+    FP8_DTYPE,
+    check,
+    check_int_vector,
+    check_page_size,
+    check_pool,
+    dot_precision,
+    gluon_route_open,
+    next_pow2,
+)
 from .attention_configs import F16_KV_DOTS, attention_config, warp_split_error
 from .paged_loop import paged_attn_loop, paged_attn_loop_ws
 from .paged_loop_fp8 import paged_attn_fp8_operands
@@ -259,12 +269,16 @@ def launch_config(cfg: dict, programs: int, num_sms: int, split_tokens: int | No
 def decode_launch_variant(batch_size: int, num_kv_heads: int, head_dim: int, num_kv_splits: int,
                           max_seq_len: int | None, kv_fp8: bool, device: torch.device) -> str:
     """The launch_variant ("", "many" or "long") a plain decode_attention call of this shape
-    (max_seq_len passed as given) launches its split stage with (the GQA group does not enter): part
-    of what a CUDA graph bakes in besides the split count (worker/attention_triton.py's
-    decode_graph_key). Never raises on a validated config table."""
+    (max_seq_len passed as given) launches its split stage with (the GQA group does not enter),
+    with "+ws" appended where the shape routes to the Gluon kernel (_ws_shape_rule): part of what a
+    CUDA graph bakes in besides the split count (worker/attention_triton.py's decode_graph_key), so
+    a graph captured at a long length class is not replayed for a shorter one that takes the other
+    kernel. Never raises on a validated config table."""
     cfg = _pick_config(head_dim, 1, device, False, kv_fp8)
     tokens = None if max_seq_len is None else triton.cdiv(max_seq_len, num_kv_splits)
-    return launch_variant(cfg, num_kv_splits * num_kv_heads * batch_size, _num_sms(device), tokens)
+    variant = launch_variant(cfg, num_kv_splits * num_kv_heads * batch_size, _num_sms(device), tokens)
+    routed = _ws_shape_rule(head_dim, num_kv_splits, max_seq_len, kv_fp8, device)
+    return variant + "+ws" if routed else variant
 
 
 @functools.cache
@@ -397,6 +411,51 @@ def run_merge_stage(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tenso
     )
 
 
+# decode over an FP8 pool takes the Gluon kernel (decode_attention_ws) from this length (class) on: on
+# an H200 it took 0.91-0.94x the Triton FP8 kernel's time at 64 x 4,096 and 1.03-1.05x at 128 x 2,048
+# (its per-program set-up paid over half the keys; both take one split there)
+DECODE_WS_MIN_SEQ = 4096
+
+
+@functools.cache
+def _gluon_decode_device(device: torch.device) -> bool:
+    """A Hopper GPU, with Gluon's Hopper API in this Triton (>= 3.6)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.get_device_capability(index)[0] != 9:
+        return False
+    try:
+        from . import decode_attention_ws  # noqa: F401
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def _ws_shape_rule(head_dim: int, num_kv_splits: int, max_seq_len: int | None, kv_fp8: bool,
+                   device: torch.device) -> bool:
+    """The part of the Gluon decode route that follows from the launch shape alone, so that a CUDA
+    graph's key can carry it (decode_launch_variant): one split over an FP8 pool, head dim 128, a
+    known max_seq_len >= DECODE_WS_MIN_SEQ, RADIXRT_DECODE_WS not "0", a Hopper GPU."""
+    return (kv_fp8 and num_kv_splits == 1 and head_dim == 128 and max_seq_len is not None
+            and max_seq_len >= DECODE_WS_MIN_SEQ and os.environ.get("RADIXRT_DECODE_WS", "1") != "0"
+            and _gluon_decode_device(device))
+
+
+def _use_ws(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
+            seq_lens: torch.Tensor, page_size: int, out: torch.Tensor, max_seq_len: int | None) -> bool:
+    """Whether a one-split decode without kv_start routes to the Gluon kernel of
+    decode_attention_ws: _ws_shape_rule, int32 page table and seq_lens, not Triton's interpreter,
+    and the tensors that kernel's `supported` accepts."""
+    if not _ws_shape_rule(q.shape[-1], 1, max_seq_len, k_buffer.dtype == FP8_DTYPE, q.device):
+        return False
+    if not gluon_route_open(q, True, (page_table, seq_lens), ()):
+        return False
+    from . import decode_attention_ws as ws
+
+    return ws.supported(q, k_buffer, v_buffer, page_size, out)
+
+
 def check_decode_args(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
                       page_table: torch.Tensor, seq_lens: torch.Tensor, kv_start: torch.Tensor | None,
                       page_size: int, num_kv_splits: int) -> None:
@@ -464,6 +523,10 @@ def decode_attention(
                         ones (None: neither is picked; a bf16 pool's warp switch needs no length and
                         applies either way)
     Returns o [B, Hq, D] in q's dtype. Raises ValueError on bad shapes/dtypes/devices.
+
+    On Hopper, one split over an FP8 pool without kv_start, with int32 metadata and max_seq_len >=
+    DECODE_WS_MIN_SEQ (4,096), runs the warp-specialized Gluon kernel of decode_attention_ws instead
+    of the split kernel (same result within rounding; RADIXRT_DECODE_WS=0 keeps the split kernel).
     """
     check_decode_args(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, num_kv_splits)
     batch_size, num_q_heads, head_dim = q.shape
@@ -473,6 +536,12 @@ def decode_attention(
         return out
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     qk_scale = scale * LOG2E * float(k_scale)
+    if num_kv_splits == 1 and kv_start is None and _use_ws(q, k_buffer, v_buffer, page_table, seq_lens,
+                                                          page_size, out, max_seq_len):
+        from . import decode_attention_ws as ws
+
+        return ws.decode_attention_ws(q, k_buffer, v_buffer, page_table, seq_lens, page_size, qk_scale,
+                                      float(v_scale), out)
     if num_kv_splits == 1:  # one split covers everything: it writes the output, no merge stage
         run_split_stage(q, k_buffer, v_buffer, page_table, seq_lens, kv_start, page_size, qk_scale,
                         1, mid_o, mid_lse, out=out, v_scale=v_scale, max_seq_len=max_seq_len)

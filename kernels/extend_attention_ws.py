@@ -271,7 +271,8 @@ def _extend_ws_kernel(q_desc, kn_desc, vn_desc, kp_desc, vp_desc, o_ptr, stride_
 
 
 def _gl_dtype(dtype: torch.dtype):
-    return gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    """Gluon's type for a pool / query dtype (bf16, fp16 or float8_e4m3fn). Raises KeyError otherwise."""
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}[dtype]
 
 
 @functools.lru_cache(maxsize=32)

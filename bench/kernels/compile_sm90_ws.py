@@ -1,10 +1,11 @@
 """Compile the warp-specialized Gluon kernels (kernels/extend_attention_ws.py, the extend attention;
-kernels/cascade_prefix_ws.py, cascade's prefix stage) for an H100/H200 (sm_90) on a machine without a
-GPU, as compile_sm90.py does for the Triton kernels: Triton's wheel carries ptxas, so a GPUTarget
-lowers a kernel to PTX and a cubin without a driver. Reports shared memory, registers and spills per
-variant and checks the PTX for what the design needs: wgmma with the P V operand from registers, the
-producer's register budget lowered (setmaxnreg), TMA copies, no spills. Exit status 1 if a variant
-fails.
+kernels/cascade_prefix_ws.py, cascade's prefix stage; kernels/decode_attention_ws.py, decode over an
+FP8 pool) for an H100/H200 (sm_90) on a machine without a GPU, as compile_sm90.py does for the Triton
+kernels: Triton's wheel carries ptxas, so a GPUTarget lowers a kernel to PTX and a cubin without a
+driver. Reports shared memory, registers and spills per variant and checks the PTX for what the
+design needs: wgmma with the P V operand from registers (extend, cascade) or mma.sync with K / V
+widened by packed e4m3 -> fp16 cvts (decode), the producer's register budget lowered (setmaxnreg),
+TMA copies, no spills. Exit status 1 if a variant fails.
 
     python3 bench/kernels/compile_sm90_ws.py
 """
@@ -32,6 +33,7 @@ from bench.kernels_import import import_kernels  # noqa: E402
 
 import_kernels()
 from radixrt.kernels import cascade_prefix_ws as CA  # noqa: E402
+from radixrt.kernels import decode_attention_ws as DW  # noqa: E402
 from radixrt.kernels import extend_attention_ws as WS  # noqa: E402
 
 
@@ -60,10 +62,10 @@ def compile_ws(block_n: int, stages: int, page_size: int, dtype: torch.dtype = t
     return _compile(fn, sig, const, attrs)
 
 
-def _compile(fn, sig: dict, const: dict, attrs: dict) -> dict:
+def _compile(fn, sig: dict, const: dict, attrs: dict, **options) -> dict:
     t0 = time.time()
     ck = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": 4})
+                        options={"num_warps": 4, **options})
     ptx = ck.asm["ptx"]
     return {"seconds": time.time() - t0, "shared": ck.metadata.shared, "ptx": ptx, **ptxas_usage(ptx)}
 
@@ -86,11 +88,27 @@ def compile_cascade_prefix(page_size: int, dtype: torch.dtype = torch.bfloat16) 
     return _compile(fn, sig, const, attrs)
 
 
+def compile_decode(page_size: int, group: int = 7) -> dict:
+    """Lower the FP8-pool decode kernel for sm_90 at its launch config (bf16 q, 4 KV heads, D 128)."""
+    pool = torch.empty(1024, 4, DW.HEAD_DIM, dtype=torch.bfloat16).to(DW.FP8)
+    layout = WS._smem_layout(page_size, DW.HEAD_DIM, DW.FP8)
+    desc = WS.TensorDescriptor.from_tensor(WS._as_rows(pool), [page_size, DW.HEAD_DIM], layout)
+    fn = DW._decode_ws_kernel
+    sig = {"q_ptr": "*bf16", "o_ptr": "*bf16", "stride_q_b": "i32", "stride_o_b": "i32",
+           "kp_desc": mangle_type(desc), "vp_desc": mangle_type(desc), "page_table": "*i32",
+           "stride_pt_b": "i32", "seq_lens": "*i32", "qk_scale": "fp32", "v_scale": "fp32"}
+    const = {"GROUP": group, "SUB_KEYS": DW.SUB, "NUM_STAGES": DW.STAGES}
+    sig.update({n: "constexpr" for n in const})
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("q_ptr", "o_ptr")}
+    return _compile(fn, sig, const, attrs, num_warps=DW.WARPS, maxnreg=DW.MAXNREG)
+
+
 def main() -> int:
     failed = 0
     variants = [(f"extend ws {n} x {s} stages, page {p}", lambda n=n, s=s, p=p: compile_ws(n, s, p))
                 for n, s, p in ((128, 3, 16), (128, 2, 16), (128, 3, 64))]
     variants += [(f"cascade prefix ws, page {p}", lambda p=p: compile_cascade_prefix(p)) for p in (16, 64)]
+    variants += [(f"decode ws (FP8 pool), page {p}", lambda p=p: compile_decode(p)) for p in (8, 16, 32)]
     for name, build in variants:
         try:
             r = build()
@@ -101,9 +119,13 @@ def main() -> int:
         ptx = r["ptx"]
         wgmma_reg_a = len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(?:bf16|f16)"
                                      r"\.(?:bf16|f16)\s+\{[^}]*\},\s*\{", ptx))
-        checks = {"wgmma with A from registers": wgmma_reg_a > 0,
-                  "producer registers lowered": "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx
-                  or "setmaxnreg.dec.sync.aligned.u32 40" in ptx,
+        decode = name.startswith("decode")
+        dec_regs = re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)
+        widen = ptx.count("cvt.rn.f16x2.e4m3x2")
+        checks = {("e4m3 -> fp16 packed cvts, mma.sync" if decode else "wgmma with A from registers"):
+                  (widen > 0 and "mma.sync" in ptx) if decode else wgmma_reg_a > 0,
+                  # to the 40 asked for (the decode kernel's maxnreg of 128 leaves 24 for the producer)
+                  "producer registers lowered": any(int(n) <= 40 for n in dec_regs),
                   "TMA copies": "cp.async.bulk.tensor.2d" in ptx,
                   "fits one CTA per SM": r["shared"] <= 232448,
                   "no spills": not r.get("spill_bytes")}
@@ -111,7 +133,8 @@ def main() -> int:
         failed += bool(bad)
         status = "ok   " if not bad else "FAIL "
         print(f"{status} {name}: {r['seconds']:.1f} s, shared {r['shared'] / 1024:.1f} KiB, "
-              f"regs {r.get('regs')}, spills {r.get('spill_bytes')} B, wgmma (A in registers) {wgmma_reg_a}"
+              f"regs {r.get('regs')}, spills {r.get('spill_bytes')} B, wgmma (A in registers) {wgmma_reg_a}, "
+              f"e4m3x2 cvts {widen}"
               + (f"; failed: {', '.join(bad)}" if bad else ""), flush=True)
     return 1 if failed else 0
 

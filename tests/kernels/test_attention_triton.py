@@ -339,3 +339,31 @@ def test_decode_graph_key_carries_the_launch_variant(monkeypatch):
     assert decode_launch_variant(256, 4, 128, 1, 1024, False, cuda) == "many"
     assert decode_launch_variant(256, 4, 128, 1, 32768, False, cuda) == "many"
     assert decode_launch_variant(64, 4, 128, 1, 1024, False, cuda) == ""
+
+
+def test_decode_graph_key_carries_the_gluon_route(monkeypatch):
+    """On a Hopper GPU (stood in for here) one split over an FP8 pool with a length class of >= 4,096
+    takes decode_attention_ws's kernel: the key says so ("+ws"), so a graph captured at a long class
+    is not replayed for a shorter one, which takes the Triton kernel (host-side only)."""
+    import sys
+
+    from radixrt.kernels.decode_attention import DECODE_WS_MIN_SEQ, decode_launch_variant
+
+    dec_mod = sys.modules["radixrt.kernels.decode_attention"]
+    monkeypatch.setattr(dec_mod, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(dec_mod, "_gluon_decode_device", lambda device: True)
+    monkeypatch.delenv("RADIXRT_DECODE_WS", raising=False)
+    cuda = torch.device("cuda")
+    assert decode_launch_variant(64, 4, 128, 1, DECODE_WS_MIN_SEQ, True, cuda) == "long+ws"
+    assert decode_launch_variant(64, 4, 128, 1, 32768, True, cuda) == "long+ws"
+    assert decode_launch_variant(64, 4, 128, 1, DECODE_WS_MIN_SEQ - 1, True, cuda) == "long"
+    assert decode_launch_variant(128, 4, 128, 1, 2048, True, cuda) == "long"
+    assert decode_launch_variant(16, 4, 128, 4, 8192, True, cuda) == "long"  # several splits
+    assert decode_launch_variant(64, 4, 128, 1, 4096, False, cuda) == ""  # a bf16 pool
+    assert decode_launch_variant(64, 4, 64, 1, 4096, True, cuda) in ("", "many", "long")  # head dim 64
+    assert decode_launch_variant(64, 4, 128, 1, None, True, cuda) == ""  # length unknown
+    monkeypatch.setenv("RADIXRT_DECODE_WS", "0")
+    assert decode_launch_variant(64, 4, 128, 1, 4096, True, cuda) == "long"
+    monkeypatch.setattr(dec_mod, "_gluon_decode_device", lambda device: False)  # not Hopper
+    monkeypatch.delenv("RADIXRT_DECODE_WS")
+    assert decode_launch_variant(64, 4, 128, 1, 4096, True, cuda) == "long"

@@ -26,9 +26,13 @@ def test_attention_kernels_compile_for_sm90():
 
 
 def test_gluon_kernels_compile_for_sm90():
-    """The warp-specialized Gluon kernels (extend, cascade stage A) lower for sm_90 at their configs:
-    one CTA per SM's shared memory, no spills, P V's wgmma with P from registers, the producer's
-    registers lowered (setmaxnreg) and TMA copies (bench/kernels/compile_sm90_ws.py checks the PTX)."""
+    """The warp-specialized Gluon kernels (extend, cascade stage A, decode over an FP8 pool) lower for
+    sm_90 at their configs: one CTA per SM's shared memory, no spills, P V's wgmma with P from
+    registers (extend, cascade) or mma.sync over K / V widened by packed e4m3 -> fp16 cvts (decode),
+    the producer's registers lowered (setmaxnreg) and TMA copies (bench/kernels/compile_sm90_ws.py
+    checks the PTX)."""
     proc = run_sm90_script("compile_sm90_ws.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok ") == 5, proc.stdout  # 3 extend configs, 2 cascade prefix pages
+    # 3 extend configs, 2 cascade prefix pages, 3 decode pages
+    assert proc.stdout.count("ok ") == 8, proc.stdout
+    assert proc.stdout.count("decode ws (FP8 pool)") == 3, proc.stdout

@@ -80,6 +80,8 @@ def test_ws_routing_keeps_triton_where_the_rule_says(ws_calls, monkeypatch, case
         kw = {"k_scale": 0.5, "v_scale": 2.0}
     o = _run(b, torch.bfloat16, None if case == "unknown min" else min(extend_lens), k_buffer, v_buffer, **kw)
     assert ws_calls == []
+    if case == "scaled bf16 pool":  # the reference dequantizes only an FP8 pool: give it the scaled values
+        k_buffer, v_buffer, kw = k_buffer.float() * 0.5, v_buffer.float() * 2.0, {}
     ref = extend_attention_ref(b.q, b.k, b.v, k_buffer, v_buffer, b.page_table, b.prefix_lens, b.extend_lens,
                                b.extend_start_loc, 16, None, **kw)
     check_attention(o, ref)
