@@ -66,6 +66,24 @@ def _producer(kp_desc, vp_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, page
 @gluon.jit
 def _consumers(q_ptr, o_ptr, q_base, o_base, head0, k_smem, v_smem, k_ready, v_ready, kv_empty,
                seq_len, group, qk_scale, v_scale):
+    _consume(q_ptr, o_ptr, q_base, o_base, head0, k_smem, v_smem, k_ready, v_ready, kv_empty,
+             seq_len, group, qk_scale, v_scale, False)
+
+
+@gluon.jit
+def _consumers_v_wide(q_ptr, o_ptr, q_base, o_base, head0, k_smem, v_smem, k_ready, v_ready, kv_empty,
+                      seq_len, group, qk_scale, v_scale):
+    _consume(q_ptr, o_ptr, q_base, o_base, head0, k_smem, v_smem, k_ready, v_ready, kv_empty,
+             seq_len, group, qk_scale, v_scale, True)
+
+
+@gluon.jit
+def _consume(q_ptr, o_ptr, q_base, o_base, head0, k_smem, v_smem, k_ready, v_ready, kv_empty,
+             seq_len, group, qk_scale, v_scale, V_WIDE: gl.constexpr):
+    """The consumer partition. V_WIDE (an experiment, not the default): read an FP8 V stage with
+    16-byte loads along D and widen it before its dot (the layout change to the MMA operand goes
+    through shared memory as fp16), instead of the MMA operand's own loads, which take single bytes:
+    the operand pairs two keys' values, which lie in different rows."""
     NW: gl.constexpr = gl.num_warps()
     NSTAGE: gl.constexpr = k_smem.shape[0]
     SUBK: gl.constexpr = k_smem.shape[1] // NW
@@ -113,7 +131,11 @@ def _consumers(q_ptr, o_ptr, q_base, o_base, head0, k_smem, v_smem, k_ready, v_r
         l_i = l_i * alpha + gl.sum(p, 2)
         m_i = m_new
         mbarrier.wait(v_ready.index(s), ph)
-        v = v_smem.index(s).reshape([NW, SUBK, HEAD]).load(b_layout).to(dtype)  # [NW, SUB, D]
+        if V_WIDE:
+            v_rows: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 4, 8], [NW, 1, 1], [2, 1, 0])
+            v = gl.convert_layout(v_smem.index(s).reshape([NW, SUBK, HEAD]).load(v_rows).to(dtype), b_layout)
+        else:
+            v = v_smem.index(s).reshape([NW, SUBK, HEAD]).load(b_layout).to(dtype)  # [NW, SUB, D]
         acc = mma_v2(gl.convert_layout(p.to(dtype), a_layout), v, acc * alpha[:, :, None])
         mbarrier.arrive(kv_empty.index(s), count=1)
     # merge the warps' states (Flash-Decoding's split merge, inside the program); no keys: zeros
@@ -136,7 +158,7 @@ def _consumers(q_ptr, o_ptr, q_base, o_base, head0, k_smem, v_smem, k_ready, v_r
            do_not_specialize_on_alignment=["page_table", "seq_lens"])
 def _decode_ws_kernel(q_ptr, o_ptr, stride_q_b, stride_o_b, kp_desc, vp_desc, page_table, stride_pt_b,
                       seq_lens, qk_scale, v_scale, GROUP: gl.constexpr, SUB_KEYS: gl.constexpr,
-                      NUM_STAGES: gl.constexpr):
+                      NUM_STAGES: gl.constexpr, V_WIDE: gl.constexpr = False):
     HEAD: gl.constexpr = kp_desc.block_type.shape[1]
     NW: gl.constexpr = gl.num_warps()
     req = gl.program_id(0)
@@ -157,7 +179,10 @@ def _decode_ws_kernel(q_ptr, o_ptr, stride_q_b, stride_o_b, kp_desc, vp_desc, pa
               k_smem, v_smem, k_ready, v_ready, kv_empty, seq_len, GROUP, qk_scale, v_scale)
     p_args = (kp_desc, vp_desc, k_smem, v_smem, k_ready, v_ready, kv_empty,
               page_table + req.to(gl.int64) * stride_pt_b, seq_len, kvh * HEAD)
-    gl.warp_specialize([(_consumers, c_args), (_producer, p_args)], [1], [40])
+    if V_WIDE:
+        gl.warp_specialize([(_consumers_v_wide, c_args), (_producer, p_args)], [1], [40])
+    else:
+        gl.warp_specialize([(_consumers, c_args), (_producer, p_args)], [1], [40])
 
 
 def supported(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_size: int,
@@ -183,12 +208,13 @@ def supported(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, p
 
 def decode_attention_ws(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
                         page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, qk_scale: float,
-                        v_scale: float, out: torch.Tensor) -> torch.Tensor:
+                        v_scale: float, out: torch.Tensor, v_wide: bool = False) -> torch.Tensor:
     """The Gluon kernel over inputs `supported` accepted (kernels.decode_attention checks the rest of
     the contract first): q / out [B, Hq, 128], pool [S, Hkv, 128] float8_e4m3fn holding K / k_scale
     and V / v_scale, page_table [B, P] int32 with contiguous rows, seq_lens [B] int32. qk_scale
     already includes log2(e) and k_scale. Shared memory: 2 x STAGES x 4 x SUB x 128 B of K / V ring
-    plus the merge's 32 KiB. Returns out."""
+    plus the merge's 32 KiB. v_wide: the V_WIDE experiment (see _consume; compiled for sm_90, not yet
+    timed). Returns out."""
     b, hq, d = q.shape
     hkv = k_buffer.shape[1]
     layout = _smem_layout(page_size, d, k_buffer.dtype)
@@ -196,5 +222,5 @@ def decode_attention_ws(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch
     vp = TensorDescriptor.from_tensor(_as_rows(v_buffer), [page_size, d], layout)
     _decode_ws_kernel[(b, hkv)](q, out, q.stride(0), out.stride(0), kp, vp, page_table, page_table.stride(0),
                                 seq_lens, qk_scale, float(v_scale), GROUP=hq // hkv, SUB_KEYS=SUB,
-                                NUM_STAGES=STAGES, num_warps=WARPS, maxnreg=MAXNREG)
+                                NUM_STAGES=STAGES, V_WIDE=v_wide, num_warps=WARPS, maxnreg=MAXNREG)
     return out
