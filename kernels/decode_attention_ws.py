@@ -64,6 +64,36 @@ def _producer(kp_desc, vp_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, page
 
 
 @gluon.jit
+def _producer_ids_ahead(kp_desc, vp_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, page_row, seq_len,
+                        kv_col):
+    """_producer with the page ids of block j + 1 loaded (one vector load) before the wait for block
+    j's stage, so their L2 round trip is off the path from a stage's release to its copies (the
+    PREFETCH_IDS experiment, not the default)."""
+    NSTAGE: gl.constexpr = k_smem.shape[0]
+    BLOCK: gl.constexpr = k_smem.shape[1]
+    PAGE: gl.constexpr = kp_desc.block_type.shape[0]
+    PAGES: gl.constexpr = BLOCK // PAGE
+    ids_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    n_blocks = gl.cdiv(seq_len, BLOCK)
+    last_page = (seq_len - 1) // PAGE
+    offs = gl.arange(0, PAGES, layout=ids_layout)
+    ids = gl.load(page_row + gl.minimum(offs, last_page), mask=(offs >= 0) & (last_page >= 0), other=0)
+    for j in range(n_blocks):
+        s = j % NSTAGE
+        ids_next = gl.load(page_row + gl.minimum((j + 1) * PAGES + offs, last_page))
+        mbarrier.wait(kv_empty.index(s), ((j // NSTAGE) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(s), PAGES * kp_desc.block_type.nbytes)
+        mbarrier.expect(v_ready.index(s), PAGES * vp_desc.block_type.nbytes)
+        for i in gl.static_range(PAGES):
+            page = gl.sum(gl.where(offs == i, ids, 0), axis=0)  # element i, as a scalar
+            tma.async_copy_global_to_shared(kp_desc, [page * PAGE, kv_col], k_ready.index(s),
+                                            k_smem.index(s).slice(i * PAGE, PAGE))
+            tma.async_copy_global_to_shared(vp_desc, [page * PAGE, kv_col], v_ready.index(s),
+                                            v_smem.index(s).slice(i * PAGE, PAGE))
+        ids = ids_next
+
+
+@gluon.jit
 def _consumers(q_ptr, o_ptr, q_base, o_base, head0, k_smem, v_smem, k_ready, v_ready, kv_empty,
                seq_len, group, qk_scale, v_scale):
     _consume(q_ptr, o_ptr, q_base, o_base, head0, k_smem, v_smem, k_ready, v_ready, kv_empty,
@@ -158,7 +188,8 @@ def _consume(q_ptr, o_ptr, q_base, o_base, head0, k_smem, v_smem, k_ready, v_rea
            do_not_specialize_on_alignment=["page_table", "seq_lens"])
 def _decode_ws_kernel(q_ptr, o_ptr, stride_q_b, stride_o_b, kp_desc, vp_desc, page_table, stride_pt_b,
                       seq_lens, qk_scale, v_scale, GROUP: gl.constexpr, SUB_KEYS: gl.constexpr,
-                      NUM_STAGES: gl.constexpr, V_WIDE: gl.constexpr = False):
+                      NUM_STAGES: gl.constexpr, V_WIDE: gl.constexpr = False,
+                      PREFETCH_IDS: gl.constexpr = False):
     HEAD: gl.constexpr = kp_desc.block_type.shape[1]
     NW: gl.constexpr = gl.num_warps()
     req = gl.program_id(0)
@@ -180,9 +211,15 @@ def _decode_ws_kernel(q_ptr, o_ptr, stride_q_b, stride_o_b, kp_desc, vp_desc, pa
     p_args = (kp_desc, vp_desc, k_smem, v_smem, k_ready, v_ready, kv_empty,
               page_table + req.to(gl.int64) * stride_pt_b, seq_len, kvh * HEAD)
     if V_WIDE:
-        gl.warp_specialize([(_consumers_v_wide, c_args), (_producer, p_args)], [1], [40])
+        if PREFETCH_IDS:
+            gl.warp_specialize([(_consumers_v_wide, c_args), (_producer_ids_ahead, p_args)], [1], [40])
+        else:
+            gl.warp_specialize([(_consumers_v_wide, c_args), (_producer, p_args)], [1], [40])
     else:
-        gl.warp_specialize([(_consumers, c_args), (_producer, p_args)], [1], [40])
+        if PREFETCH_IDS:
+            gl.warp_specialize([(_consumers, c_args), (_producer_ids_ahead, p_args)], [1], [40])
+        else:
+            gl.warp_specialize([(_consumers, c_args), (_producer, p_args)], [1], [40])
 
 
 def supported(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_size: int,
@@ -208,13 +245,14 @@ def supported(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, p
 
 def decode_attention_ws(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
                         page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, qk_scale: float,
-                        v_scale: float, out: torch.Tensor, v_wide: bool = False) -> torch.Tensor:
+                        v_scale: float, out: torch.Tensor, v_wide: bool = False,
+                        prefetch_ids: bool = False) -> torch.Tensor:
     """The Gluon kernel over inputs `supported` accepted (kernels.decode_attention checks the rest of
     the contract first): q / out [B, Hq, 128], pool [S, Hkv, 128] float8_e4m3fn holding K / k_scale
     and V / v_scale, page_table [B, P] int32 with contiguous rows, seq_lens [B] int32. qk_scale
     already includes log2(e) and k_scale. Shared memory: 2 x STAGES x 4 x SUB x 128 B of K / V ring
-    plus the merge's 32 KiB. v_wide: the V_WIDE experiment (see _consume; compiled for sm_90, not yet
-    timed). Returns out."""
+    plus the merge's 32 KiB. v_wide / prefetch_ids: the V_WIDE and PREFETCH_IDS experiments (see
+    _consume, _producer_ids_ahead; compiled for sm_90, not yet timed). Returns out."""
     b, hq, d = q.shape
     hkv = k_buffer.shape[1]
     layout = _smem_layout(page_size, d, k_buffer.dtype)
@@ -222,5 +260,6 @@ def decode_attention_ws(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch
     vp = TensorDescriptor.from_tensor(_as_rows(v_buffer), [page_size, d], layout)
     _decode_ws_kernel[(b, hkv)](q, out, q.stride(0), out.stride(0), kp, vp, page_table, page_table.stride(0),
                                 seq_lens, qk_scale, float(v_scale), GROUP=hq // hkv, SUB_KEYS=SUB,
-                                NUM_STAGES=STAGES, V_WIDE=v_wide, num_warps=WARPS, maxnreg=MAXNREG)
+                                NUM_STAGES=STAGES, V_WIDE=v_wide, PREFETCH_IDS=prefetch_ids, num_warps=WARPS,
+                                maxnreg=MAXNREG)
     return out

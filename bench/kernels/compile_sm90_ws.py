@@ -88,9 +88,9 @@ def compile_cascade_prefix(page_size: int, dtype: torch.dtype = torch.bfloat16) 
     return _compile(fn, sig, const, attrs)
 
 
-def compile_decode(page_size: int, group: int = 7, v_wide: bool = False) -> dict:
+def compile_decode(page_size: int, group: int = 7, v_wide: bool = False, prefetch_ids: bool = False) -> dict:
     """Lower the FP8-pool decode kernel for sm_90 at its launch config (bf16 q, 4 KV heads, D 128);
-    v_wide: its V_WIDE experiment."""
+    v_wide / prefetch_ids: its V_WIDE and PREFETCH_IDS experiments."""
     pool = torch.empty(1024, 4, DW.HEAD_DIM, dtype=torch.bfloat16).to(DW.FP8)
     layout = WS._smem_layout(page_size, DW.HEAD_DIM, DW.FP8)
     desc = WS.TensorDescriptor.from_tensor(WS._as_rows(pool), [page_size, DW.HEAD_DIM], layout)
@@ -98,7 +98,8 @@ def compile_decode(page_size: int, group: int = 7, v_wide: bool = False) -> dict
     sig = {"q_ptr": "*bf16", "o_ptr": "*bf16", "stride_q_b": "i32", "stride_o_b": "i32",
            "kp_desc": mangle_type(desc), "vp_desc": mangle_type(desc), "page_table": "*i32",
            "stride_pt_b": "i32", "seq_lens": "*i32", "qk_scale": "fp32", "v_scale": "fp32"}
-    const = {"GROUP": group, "SUB_KEYS": DW.SUB, "NUM_STAGES": DW.STAGES, "V_WIDE": v_wide}
+    const = {"GROUP": group, "SUB_KEYS": DW.SUB, "NUM_STAGES": DW.STAGES, "V_WIDE": v_wide,
+             "PREFETCH_IDS": prefetch_ids}
     sig.update({n: "constexpr" for n in const})
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("q_ptr", "o_ptr")}
     return _compile(fn, sig, const, attrs, num_warps=DW.WARPS, maxnreg=DW.MAXNREG)
@@ -110,7 +111,9 @@ def main() -> int:
                 for n, s, p in ((128, 3, 16), (128, 2, 16), (128, 3, 64))]
     variants += [(f"cascade prefix ws, page {p}", lambda p=p: compile_cascade_prefix(p)) for p in (16, 64)]
     variants += [(f"decode ws (FP8 pool), page {p}", lambda p=p: compile_decode(p)) for p in (8, 16, 32)]
-    variants += [("decode ws (FP8 pool), V widened, page 16", lambda: compile_decode(16, v_wide=True))]
+    variants += [("decode ws (FP8 pool), V widened, page 16", lambda: compile_decode(16, v_wide=True)),
+                 ("decode ws (FP8 pool), V widened, page ids ahead, page 16",
+                  lambda: compile_decode(16, v_wide=True, prefetch_ids=True))]
     for name, build in variants:
         try:
             r = build()

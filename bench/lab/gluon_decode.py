@@ -55,18 +55,20 @@ W = 4  # consumer warps (one partition)
 
 
 def parse_config(text: str) -> dict:
-    """"SUBxSTAGES[xWARPS[xMAXNREG]][v]" (e.g. 16x4, 16x2x8, 32x2x4x128v) as gluon_decode's
-    keywords; a trailing "v": V_WIDE (an FP8 V stage read in 16-byte rows, widened before its dot)."""
-    v_wide = text.endswith("v")
-    parts = [int(x) for x in text.rstrip("v").split("x")]
+    """"SUBxSTAGES[xWARPS[xMAXNREG]][v][p]" (e.g. 16x4, 16x2x8, 32x2x4x128vp) as gluon_decode's
+    keywords; suffix "v": V_WIDE (an FP8 V stage read in 16-byte rows, widened before its dot), "p":
+    PREFETCH_IDS (the producer loads the next block's page ids before waiting for a stage)."""
+    flags = text.lstrip("0123456789x")
+    parts = [int(x) for x in text[:len(text) - len(flags)].split("x")]
     names = ("sub", "stages", "warps", "maxnreg")
-    return {**dict(zip(names[:len(parts)], parts, strict=True)), "v_wide": v_wide}
+    return {**dict(zip(names[:len(parts)], parts, strict=True)), "v_wide": "v" in flags,
+            "prefetch_ids": "p" in flags}
 
 
 def gluon_decode(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
                  seq_lens: torch.Tensor, page_size: int, out: torch.Tensor, sub: int = 16, stages: int = 4,
                  warps: int = 4, maxnreg: int | None = None, k_scale: float = 1.0,
-                 v_scale: float = 1.0, v_wide: bool = False) -> torch.Tensor:
+                 v_scale: float = 1.0, v_wide: bool = False, prefetch_ids: bool = False) -> torch.Tensor:
     """kernels/decode_attention_ws.py's kernel at any config and over a bf16 pool too (its dots then
     in bf16): q / out [B, Hq, 128] bf16, pool [slots, Hkv, 128] bf16 or float8_e4m3fn (holding
     K / k_scale, V / v_scale), page_table [B, P] int32, seq_lens [B] int32; sub a multiple of
@@ -80,12 +82,12 @@ def gluon_decode(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor
     DW._decode_ws_kernel[(b, hkv)](q, out, q.stride(0), out.stride(0), kp, vp, page_table,
                                    page_table.stride(0), seq_lens, LOG2E / math.sqrt(d) * k_scale, v_scale,
                                    GROUP=hq // hkv, SUB_KEYS=sub, NUM_STAGES=stages, V_WIDE=v_wide,
-                                   num_warps=warps, **opts)
+                                   PREFETCH_IDS=prefetch_ids, num_warps=warps, **opts)
     return out
 
 
 def compile_sm90(sub: int, stages: int, warps: int = 4, maxnreg: int | None = None, page: int = 16,
-                 fp8: bool = False, v_wide: bool = False) -> dict:
+                 fp8: bool = False, v_wide: bool = False, prefetch_ids: bool = False) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -99,7 +101,8 @@ def compile_sm90(sub: int, stages: int, warps: int = 4, maxnreg: int | None = No
     sig = {"q_ptr": "*bf16", "o_ptr": "*bf16", "stride_q_b": "i32", "stride_o_b": "i32",
            "kp_desc": mangle_type(desc), "vp_desc": mangle_type(desc), "page_table": "*i32",
            "stride_pt_b": "i32", "seq_lens": "*i32", "qk_scale": "fp32", "v_scale": "fp32"}
-    const = {"GROUP": 7, "SUB_KEYS": sub, "NUM_STAGES": stages, "V_WIDE": v_wide}
+    const = {"GROUP": 7, "SUB_KEYS": sub, "NUM_STAGES": stages, "V_WIDE": v_wide,
+             "PREFETCH_IDS": prefetch_ids}
     sig.update({n: "constexpr" for n in const})
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("q_ptr", "o_ptr")}
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
@@ -108,6 +111,7 @@ def compile_sm90(sub: int, stages: int, warps: int = 4, maxnreg: int | None = No
                         options=options)
     ptx = ck.asm["ptx"]
     return {"sub": sub, "stages": stages, "warps": warps, "maxnreg": maxnreg, "fp8": fp8, "v_wide": v_wide,
+            "prefetch_ids": prefetch_ids,
             "ld_shared_b8": ptx.count("ld.shared.b8"), "ldmatrix": ptx.count("ldmatrix"),
             "seconds": round(time.time() - t0, 1), "shared": ck.metadata.shared,
             "mma_sync": ptx.count("mma.sync"), "tma": ptx.count("cp.async.bulk.tensor"), **ptxas_usage(ptx)}

@@ -151,14 +151,18 @@ def test_ws_decode_in_a_cuda_graph(ws_calls):
         check_attention(out, _ref(b))
 
 
-def test_v_wide_variant_matches_reference():
-    """The V_WIDE experiment (V read in 16-byte rows and widened before its dot; not routed): the
-    same answers, called directly."""
+@pytest.mark.parametrize("v_wide, prefetch_ids", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("page_size", [8, 16])
+def test_experiment_variants_match_reference(v_wide, prefetch_ids, page_size):
+    """The V_WIDE (V read in 16-byte rows, widened before its dot) and PREFETCH_IDS (the next block's
+    page ids loaded before the wait for a stage) experiments, not routed: the same answers, called
+    directly."""
     from radixrt.kernels import decode_attention_ws as ws
 
-    b = make_fp8_decode([4096, 4170, 33, 0, 4200], 16, 28, 4, torch.bfloat16, seed=4)
+    b = make_fp8_decode([4096, 4170, 33, 0, 4200, 1], page_size, 28, 4, torch.bfloat16, seed=4)
     out = torch.full_like(b["q"], float("nan"))
     qk_scale = 1.4426950408889634 / D ** 0.5 * b["k_scale"]
-    ws.decode_attention_ws(b["q"], b["k_buffer"], b["v_buffer"], b["page_table"], b["seq_lens"], 16, qk_scale,
-                           b["v_scale"], out, v_wide=True)
+    ws.decode_attention_ws(b["q"], b["k_buffer"], b["v_buffer"], b["page_table"], b["seq_lens"], page_size,
+                           qk_scale, b["v_scale"], out, v_wide=v_wide, prefetch_ids=prefetch_ids)
     check_attention(out, _ref(b))
+    assert torch.count_nonzero(out[3]) == 0
