@@ -77,7 +77,7 @@ def _producer_ids_ahead(kp_desc, vp_desc, k_smem, v_smem, k_ready, v_ready, kv_e
     n_blocks = gl.cdiv(seq_len, BLOCK)
     last_page = (seq_len - 1) // PAGE
     offs = gl.arange(0, PAGES, layout=ids_layout)
-    ids = gl.load(page_row + gl.minimum(offs, last_page), mask=(offs >= 0) & (last_page >= 0), other=0)
+    ids = gl.load(page_row + gl.minimum(offs, last_page), mask=(offs >= 0) & (seq_len > 0), other=0)
     for j in range(n_blocks):
         s = j % NSTAGE
         ids_next = gl.load(page_row + gl.minimum((j + 1) * PAGES + offs, last_page))

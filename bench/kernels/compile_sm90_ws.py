@@ -112,6 +112,8 @@ def main() -> int:
     variants += [(f"cascade prefix ws, page {p}", lambda p=p: compile_cascade_prefix(p)) for p in (16, 64)]
     variants += [(f"decode ws (FP8 pool), page {p}", lambda p=p: compile_decode(p)) for p in (8, 16, 32)]
     variants += [("decode ws (FP8 pool), V widened, page 16", lambda: compile_decode(16, v_wide=True)),
+                 ("decode ws (FP8 pool), page ids ahead, page 32",
+                  lambda: compile_decode(32, prefetch_ids=True)),
                  ("decode ws (FP8 pool), V widened, page ids ahead, page 16",
                   lambda: compile_decode(16, v_wide=True, prefetch_ids=True))]
     for name, build in variants:

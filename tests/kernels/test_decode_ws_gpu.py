@@ -152,7 +152,7 @@ def test_ws_decode_in_a_cuda_graph(ws_calls):
 
 
 @pytest.mark.parametrize("v_wide, prefetch_ids", [(True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("page_size", [8, 16])
+@pytest.mark.parametrize("page_size", [8, 16, 32])
 def test_experiment_variants_match_reference(v_wide, prefetch_ids, page_size):
     """The V_WIDE (V read in 16-byte rows, widened before its dot) and PREFETCH_IDS (the next block's
     page ids loaded before the wait for a stage) experiments, not routed: the same answers, called

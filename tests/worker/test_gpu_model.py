@@ -256,3 +256,49 @@ def test_fp8_fused_norms_in_the_decode_graph(tiny_dir: Path, monkeypatch: pytest
             torch.testing.assert_close(logits[on], eager, atol=1e-2, rtol=0)
     assert torch.isfinite(logits[True]).all()
     torch.testing.assert_close(logits[True], logits[False], atol=5e-2, rtol=0)
+
+
+def test_fp8_kv_decode_graph_takes_the_gluon_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hopper, bf16 weights, an FP8 KV pool, head dim 128, 64 requests (one KV split): the decode
+    graphs of the length classes >= 4,096 carry the Gluon route in their keys ("+ws") and were
+    captured through decode_attention_ws; the shorter classes' keys do not. A decode step over
+    4,100-token sequences, replayed from the graph, gives the logits of the same step run eagerly
+    with RADIXRT_DECODE_WS=0 (the Triton split kernel)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper GPU")
+    from radixrt.kernels import decode_attention_ws as ws
+
+    calls: list[int] = []
+    real = ws.decode_attention_ws
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ws, "decode_attention_ws", counted)
+    monkeypatch.delenv("RADIXRT_DECODE_WS", raising=False)
+    save_tiny_model("llama", tmp_path, hidden_size=1024, num_attention_heads=8, num_key_value_heads=4,
+                    intermediate_size=256, max_position_embeddings=8192)
+    bs, prompt_len = 64, 4100
+    runner = ModelRunner(_args(dtype="bfloat16", kv_cache_dtype="fp8_e4m3", max_total_tokens=bs * 4160 + 1024,
+                               max_running_requests=bs, cuda_graph_max_bs=bs, disable_cascade_attention=True),
+                         tmp_path)
+    g = runner.graphs
+    assert g is not None and g.len_classes[-1] == 8192
+    keys = {n: g.graph_key(bs, n) for n in g.len_classes}
+    assert [str(k[1]).endswith("+ws") for k in keys.values()] == [n >= 4096 for n in keys], keys
+    assert str(g.graph_key(bs, prompt_len + 1)[1]).endswith("+ws")  # the graph the step below replays
+    assert bs in calls, "no graph of size 64 was captured through the Gluon kernel"
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 300, (prompt_len,), generator=gen).tolist() for _ in range(bs)]
+    driver = GreedyDriver(runner, chunk=2048)
+    first = driver.generate(prompts, 1)  # the prefill passes and each request's first token
+    step = driver._batch(list(range(bs)), [[o[0]] for o in first], [prompt_len] * bs, [], 16, 0.0, None,
+                         [1] * bs)
+    graph_logits = runner.forward_logits(step)  # (a new float32 tensor)
+    assert runner.last_path == "graph"
+    monkeypatch.setenv("RADIXRT_DECODE_WS", "0")
+    graphs, runner.graphs = runner.graphs, None
+    eager_logits = runner.forward_logits(step)
+    runner.graphs = graphs
+    torch.testing.assert_close(graph_logits, eager_logits, atol=2e-2, rtol=2e-2)
