@@ -283,6 +283,19 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
       stage sp-last 200 env RADIXRT_ATTN_CONFIG=/tmp/last.json python3 bench/gpu_engine.py --only shared-prefix \
         --out "$OUT/sp-last.json"
       stage sp-first 200 python3 bench/gpu_engine.py --only shared-prefix --out "$OUT/sp-first.json" ;;
+    # issue 19 parts 2 / 4: the Gluon decode-batch GEMM (kernels/gemm_ws.py): its GPU tests, then the lab
+    # against F.linear at the 7B decode linears (GEMM_M rows, GEMM_BUDGET s of sweeping; ~4 min)
+    gemm-ws) stage gemm-ws-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemm_ws_gpu.py
+      stage gemm-ws 230 python3 bench/lab/gemm_ws.py --m "${GEMM_M:-128,64,100}" --budget-s "${GEMM_BUDGET:-190}" \
+        --out "$OUT/gemm-ws.json" ;;
+    # the Engine's shared-prefix and random with every decode-graph linear of 17..128 rows on the Gluon GEMM
+    # (RADIXRT_GEMM_WS=all) and on cuBLAS (=0), one process each, twice alternated (~6 min)
+    gemm-ws-engine) for r in 1 2; do
+        stage "gemm-ws-engine-all-$r" 200 env RADIXRT_GEMM_WS=all python3 bench/gpu_engine.py \
+          --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-all-$r.json"
+        stage "gemm-ws-engine-off-$r" 200 env RADIXRT_GEMM_WS=0 python3 bench/gpu_engine.py \
+          --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-off-$r.json"
+      done ;;
     # issue 19 part 4: the shared-prefix batch-128 decode pass kernel by kernel, cascade on and off (~3 min)
     sp-pass) stage sp-pass 300 python3 bench/lab/shared_prefix_pass.py --out "$OUT/sp-pass.json" ;;
     fp8-m1) stage fp8-m1 300 python3 bench/lab/fp8_m1_lab.py --budget-s 230 --out "$OUT/fp8-m1.json" ;;

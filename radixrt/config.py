@@ -263,6 +263,10 @@ class Env:
     # RADIXRT_L2_PREFETCH_MB: its budget per layer (positive int, default 24)
     l2_prefetch: bool = False
     l2_prefetch_mb: int = 24
+    # RADIXRT_GEMM_WS: decode-graph linears of 17..128 rows on Hopper through the Gluon GEMM
+    # (kernels/gemm_ws.py): "auto" for the shapes its TUNED table lists, "all" for every shape it
+    # supports (the lab), "0" never (models/linear.py)
+    gemm_ws: str = "auto"
 
     @classmethod
     def read(cls) -> Env:
@@ -284,6 +288,8 @@ class Env:
             kv_prefault=os.environ.get("RADIXRT_KV_PREFAULT", "1") not in ("0", "false"),
             l2_prefetch=os.environ.get("RADIXRT_L2_PREFETCH", "0") not in ("", "0", "false"),
             l2_prefetch_mb=_positive_int_or_none("RADIXRT_L2_PREFETCH_MB") or 24,
+            gemm_ws={"0": "0", "false": "0", "all": "all"}.get(
+                os.environ.get("RADIXRT_GEMM_WS", "auto").strip().lower(), "auto"),
         )
 
 

@@ -35,6 +35,7 @@ import_kernels()
 from radixrt.kernels import cascade_prefix_ws as CA  # noqa: E402
 from radixrt.kernels import decode_attention_ws as DW  # noqa: E402
 from radixrt.kernels import extend_attention_ws as WS  # noqa: E402
+from radixrt.kernels import gemm_ws as GW  # noqa: E402
 
 
 def compile_ws(block_n: int, stages: int, page_size: int, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -105,6 +106,27 @@ def compile_decode(page_size: int, group: int = 7, v_wide: bool = False, prefetc
     return _compile(fn, sig, const, attrs, num_warps=DW.WARPS, maxnreg=DW.MAXNREG)
 
 
+def compile_gemm(m: int, n: int, k: int, cfg, has_bias: bool = False) -> dict:
+    """Lower the decode-batch GEMM for sm_90 at M rows of an [N, K] bf16 weight and config cfg
+    (kernels/gemm_ws.GemmWsConfig)."""
+    mp = GW.rows_padded(m)
+    w, x = torch.empty(n, k, dtype=torch.bfloat16), torch.empty(m, k, dtype=torch.bfloat16)
+    w_desc = WS.TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k],
+                                             WS._smem_layout(cfg.block_n, cfg.block_k, torch.bfloat16))
+    x_desc = WS.TensorDescriptor.from_tensor(x, [mp, cfg.block_k],
+                                             WS._smem_layout(mp, cfg.block_k, torch.bfloat16))
+    _, _, splits = GW.split_plan(k, cfg)
+    fn = GW._gemm_ws_kernel
+    sig = {"w_desc": mangle_type(w_desc), "x_desc": mangle_type(x_desc), "y_ptr": "*bf16", "stride_ym": "i32",
+           "bias_ptr": "*bf16", "partials": "*fp32", "counters": "*i32", "M": "i32", "N": "i32",
+           "steps_per_split": "i32", "total_steps": "i32", "splits": "i32"}
+    const = {"HAS_BIAS": has_bias, "SPLIT": splits > 1, "STAGES": cfg.stages}
+    sig.update({n_: "constexpr" for n_ in const})
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
+             for a in ("y_ptr", "bias_ptr", "partials", "counters")}
+    return _compile(fn, sig, const, attrs, num_warps=GW.NUM_WARPS)
+
+
 def main() -> int:
     failed = 0
     variants = [(f"extend ws {n} x {s} stages, page {p}", lambda n=n, s=s, p=p: compile_ws(n, s, p))
@@ -116,6 +138,13 @@ def main() -> int:
                   lambda: compile_decode(32, prefetch_ids=True)),
                  ("decode ws (FP8 pool), V widened, page ids ahead, page 16",
                   lambda: compile_decode(16, v_wide=True, prefetch_ids=True))]
+    variants += [(f"gemm ws M {m}, {n} x {k}, {c.block_n} x {c.block_k} x {c.stages} stages, "
+                  f"{c.splits} splits",
+                  lambda m=m, n=n, k=k, c=c: compile_gemm(m, n, k, c, has_bias=n == 4608))
+                 for m, n, k, c in ((128, 4608, 3584, GW.GemmWsConfig(128, 64, 4, 3)),
+                                    (128, 37888, 3584, GW.GemmWsConfig(128, 64, 4, 1)),
+                                    (100, 3584, 18944, GW.GemmWsConfig(64, 64, 4, 4)),
+                                    (32, 3584, 3584, GW.GemmWsConfig(128, 128, 4, 4)))]
     for name, build in variants:
         try:
             r = build()
@@ -129,13 +158,21 @@ def main() -> int:
         decode = name.startswith("decode")
         dec_regs = re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)
         widen = ptx.count("cvt.rn.f16x2.e4m3x2")
-        checks = {("e4m3 -> fp16 packed cvts, mma.sync" if decode else "wgmma with A from registers"):
-                  (widen > 0 and "mma.sync" in ptx) if decode else wgmma_reg_a > 0,
+        gemm = name.startswith("gemm")
+        if decode:
+            first = ("e4m3 -> fp16 packed cvts, mma.sync", widen > 0 and "mma.sync" in ptx)
+        elif gemm:
+            first = ("wgmma", "wgmma.mma_async" in ptx)
+        else:
+            first = ("wgmma with A from registers", wgmma_reg_a > 0)
+        checks = {first[0]: first[1],
                   # to the 40 asked for (the decode kernel's maxnreg of 128 leaves 24 for the producer)
                   "producer registers lowered": any(int(n) <= 40 for n in dec_regs),
                   "TMA copies": "cp.async.bulk.tensor.2d" in ptx,
                   "fits one CTA per SM": r["shared"] <= 232448,
                   "no spills": not r.get("spill_bytes")}
+        if gemm and "1 splits" not in name:  # the per-thread split-K arrival
+            checks["acq_rel arrival atomics"] = bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx))
         if "V widened" in name:  # V's 16-byte rows, no byte loads from shared memory left in the loop
             checks["no byte loads from shared memory"] = ptx.count("ld.shared.b8") <= 1
         bad = [k for k, ok in checks.items() if not ok]

@@ -38,6 +38,8 @@ CPUs, hence "auto". Its packed copy replaces oneDNN's where oneDNN would take no
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -49,6 +51,44 @@ from radixrt.models import ops
 # its calls by the rows routed for its own shape (_routed_rows), the per-call decision is
 # skinny_linear_supported's.
 SKINNY_MAX_ROWS = 256
+
+# Decode-graph calls (worker/cuda_graph.py's warm-up and capture, inside `decode_graph_calls`) of
+# GEMM_WS_ROWS rows may take the Gluon GEMM on Hopper (kernels/gemm_ws.py; RADIXRT_GEMM_WS): a graph
+# pays its launches' host cost (two TMA descriptors) once, an eager pass would pay it at every call.
+GEMM_WS_ROWS = range(17, 129)  # = kernels/gemm_ws.py MIN_M..MAX_M
+_graph_calls = 0  # > 0 inside decode_graph_calls
+_gemm_ws_scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # (partials, counters)
+_gemm_ws_retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # outgrown scratch that graphs may hold
+
+
+@contextlib.contextmanager
+def decode_graph_calls():
+    """Marks the calls inside as a decode CUDA graph's (its eager warm-up and its capture): Linear
+    calls of GEMM_WS_ROWS rows may then take kernels/gemm_ws.py's kernel (module docstring)."""
+    global _graph_calls
+    _graph_calls += 1
+    try:
+        yield
+    finally:
+        _graph_calls -= 1
+
+
+def _gemm_ws_workspace(device: torch.device, partials: int, counters: int):
+    """The split-K scratch that every Linear's gemm_ws calls on `device` share (calls are sequential on
+    one stream; each leaves the counters at zero), grown outside a capture: returns None when it is too
+    small during a capture. Outgrown tensors stay alive: a graph captured earlier still uses them."""
+    have = _gemm_ws_scratch.get(device)
+    if have is not None and have[0].numel() >= partials and have[1].numel() >= counters:
+        return have
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    if have is not None:
+        _gemm_ws_retired.append(have)
+        partials, counters = max(partials, have[0].numel()), max(counters, have[1].numel())
+    have = (torch.empty(max(partials, 1), dtype=torch.float32, device=device),
+            torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
+    _gemm_ws_scratch[device] = have
+    return have
 
 
 def cpu_vendor() -> str:
@@ -122,6 +162,10 @@ class Linear(nn.Linear):
     _native_gated = None  # (weight key, cpu_native.pack_gate_up weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _graph_calls and x.is_cuda and x.dim() == 2 and x.shape[0] in GEMM_WS_ROWS:
+            y = self._gemm_ws(x)
+            if y is not None:
+                return y
         # the per-shape bound keeps calls of 17..256 rows, routed nowhere unless TUNED lists the shape,
         # off skinny_linear_supported's per-call checks (eager mixed passes make ~110 such calls)
         if self._skinny and x.is_cuda and x.dim() == 2 and x.shape[0] <= self._routed_rows():
@@ -138,6 +182,35 @@ class Linear(nn.Linear):
                                                                     and x.shape[0] in CPU_PACKED_ROWS)):
                 return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def _gemm_ws(self, x: torch.Tensor) -> torch.Tensor | None:
+        """This decode-graph call through kernels/gemm_ws.py where RADIXRT_GEMM_WS and its TUNED table
+        route it and its `supported` accepts it, else None (the caller goes on as before)."""
+        from radixrt.config import Env
+
+        mode = Env.read().gemm_ws
+        if mode == "0" or type(self).forward is not Linear.forward:
+            return None
+        try:
+            from radixrt.kernels import gemm_ws as G
+        except (ImportError, AttributeError):  # a Triton without Gluon's Hopper API
+            return None
+        bias = self.bias
+        if not G.supported(x, self.weight):
+            return None
+        if bias is not None and (bias.dtype != x.dtype or bias.stride(0) != 1):
+            return None
+        n, k = self.weight.shape
+        m = x.shape[0]
+        if mode != "all" and (G.rows_padded(m), n, k) not in G.TUNED:
+            return None
+        cfg = G.default_config(m, n, k, torch.cuda.get_device_properties(x.device).multi_processor_count)
+        if not G.fits(cfg, G.rows_padded(m)):  # a TUNED entry that does not fit: not this kernel's call
+            return None
+        scratch = _gemm_ws_workspace(x.device, *G.workspace_need(cfg, m, n, k))
+        if scratch is None:
+            return None
+        return G.gemm_ws(x, self.weight, self.bias, config=cfg, partials=scratch[0], counters=scratch[1])
 
     def takes_fp8_input(self, rows: int, device: torch.device) -> bool:
         """Whether `forward` takes an `Fp8Act` (activations its producer's kernel quantized per token,

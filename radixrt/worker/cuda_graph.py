@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from radixrt.attention.base import AttentionBackend, CascadeMeta, ForwardMeta
+from radixrt.models.linear import decode_graph_calls
 from radixrt.protocol import ForwardMode
 
 MAX_CASCADE_GROUPS = 8
@@ -164,13 +165,16 @@ class CudaGraphRunner:
         meta = self._meta(bs, max_seq_len, cascade, fused)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: Triton compilation, cuBLAS workspaces
-            for _ in range(2):
+        # decode_graph_calls: linears may take the Gluon GEMM (models/linear.py), whose workspace and
+        # compile come with the warm-up
+        with decode_graph_calls():
+            with torch.cuda.stream(side):  # warm-up: Triton compilation, cuBLAS workspaces
+                for _ in range(2):
+                    self._run(bs, meta)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.mem_pool):
                 self._run(bs, meta)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.mem_pool):
-            self._run(bs, meta)
         if cascade:
             self.cascade_graphs[bs, fused] = graph
         else:

@@ -26,13 +26,15 @@ def test_attention_kernels_compile_for_sm90():
 
 
 def test_gluon_kernels_compile_for_sm90():
-    """The warp-specialized Gluon kernels (extend, cascade stage A, decode over an FP8 pool) lower for
-    sm_90 at their configs: one CTA per SM's shared memory, no spills, P V's wgmma with P from
-    registers (extend, cascade) or mma.sync over K / V widened by packed e4m3 -> fp16 cvts (decode),
-    the producer's registers lowered (setmaxnreg) and TMA copies (bench/kernels/compile_sm90_ws.py
-    checks the PTX)."""
+    """The warp-specialized Gluon kernels (extend, cascade stage A, decode over an FP8 pool, the
+    decode-batch GEMM) lower for sm_90 at their configs: one CTA per SM's shared memory, no spills, P
+    V's wgmma with P from registers (extend, cascade), mma.sync over K / V widened by packed e4m3 ->
+    fp16 cvts (decode) or wgmma with acq_rel arrival atomics where split (GEMM), the producer's
+    registers lowered (setmaxnreg) and TMA copies (bench/kernels/compile_sm90_ws.py checks the PTX)."""
     proc = run_sm90_script("compile_sm90_ws.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # 3 extend configs, 2 cascade prefix pages, 3 decode pages and the decode's two experiments
-    assert proc.stdout.count("ok ") == 11, proc.stdout
+    # 3 extend configs, 2 cascade prefix pages, 3 decode pages, the decode's three experiment forms
+    # and 4 GEMM configs (3 of them split)
+    assert proc.stdout.count("ok ") == 15, proc.stdout
+    assert proc.stdout.count("gemm ws M") == 4, proc.stdout
     assert proc.stdout.count("decode ws (FP8 pool)") == 6, proc.stdout

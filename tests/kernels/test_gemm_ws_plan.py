@@ -1,0 +1,108 @@
+"""The host side of the Gluon decode-batch GEMM (kernels/gemm_ws.py) on the CPU: config validation,
+the split plan (no empty split, every K step covered once), the workspace it asks for against the
+largest partial and counter index its kernel computes, the default configs of the 7B decode linears
+(fitting shared memory and registers), `supported` refusing CPU tensors, and the Linear routing's
+shared workspace (grown, never shrunk, outgrown tensors kept alive for graphs that hold them).
+The kernel itself runs only on a Hopper GPU: tests/kernels/test_gemm_ws_gpu.py."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (1000, 1536), (640, 2000)]
+
+
+def _ws():
+    from radixrt.kernels import gemm_ws
+
+    return gemm_ws
+
+
+@pytest.mark.parametrize("kwargs", [{"block_n": 32}, {"block_k": 256}, {"stages": 1}, {"splits": 0}])
+def test_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        _ws().GemmWsConfig(**kwargs)
+
+
+@pytest.mark.parametrize("k", [16, 64, 65, 1536, 2000, 3584, 18944])
+@pytest.mark.parametrize("block_k,splits", list(itertools.product((64, 128), (1, 2, 3, 4, 6, 8, 12, 1000))))
+def test_split_plan_covers_every_step_once(k, block_k, splits):
+    ws = _ws()
+    total, per, used = ws.split_plan(k, ws.GemmWsConfig(128, block_k, 3, splits))
+    assert total == -(-k // block_k)
+    assert 1 <= used <= min(splits, total)
+    steps = [min(per, total - s * per) for s in range(used)]  # the kernel's n_steps per split
+    assert all(n >= 1 for n in steps) and sum(steps) == total
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [17, 32, 33, 64, 100, 128])
+@pytest.mark.parametrize("block_n,splits", [(128, 1), (128, 3), (64, 4), (64, 7)])
+def test_workspace_need_bounds_the_kernel_indices(n, k, m, block_n, splits):
+    ws = _ws()
+    cfg = ws.GemmWsConfig(block_n, 64, 3, splits)
+    need_p, need_c = ws.workspace_need(cfg, m, n, k)
+    _, _, used = ws.split_plan(k, cfg)
+    if used == 1:
+        assert (need_p, need_c) == (0, 0)
+        return
+    mp, tiles, tpc = ws.rows_padded(m), -(-n // block_n), 32 * ws.NUM_WARPS // block_n
+    # _mma_ring: partials (pid_n * splits + pid_k) * BN * MP + r * MP + m; counters
+    # pid_n * BN * TPC + r * TPC + t, at the largest pid_n, pid_k, r, m, t
+    assert ((tiles - 1) * used + used - 1) * block_n * mp + (block_n - 1) * mp + mp - 1 == need_p - 1
+    assert (tiles - 1) * block_n * tpc + (block_n - 1) * tpc + tpc - 1 == need_c - 1
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [17, 48, 64, 128])
+def test_default_configs_fit(n, k, m):
+    ws = _ws()
+    cfg = ws.default_config(m, n, k, 132)
+    mp = ws.rows_padded(m)
+    assert ws.fits(cfg, mp) and ws.shared_memory_bytes(cfg, mp) <= ws.SMEM_LIMIT
+    tiles = -(-n // cfg.block_n)
+    _, _, used = ws.split_plan(k, cfg)
+    assert tiles * used <= max(132, tiles)  # no second partial wave made by splitting
+
+
+def test_rows_padded_buckets():
+    ws = _ws()
+    assert [ws.rows_padded(m) for m in (17, 32, 33, 64, 65, 128)] == [32, 32, 64, 64, 128, 128]
+
+
+def test_supported_refuses_cpu_and_other_shapes():
+    ws = _ws()
+    x, w = torch.zeros(64, 256, dtype=torch.bfloat16), torch.zeros(128, 256, dtype=torch.bfloat16)
+    assert not ws.supported(x, w)  # CPU tensors
+    with pytest.raises(ValueError):
+        ws.gemm_ws(torch.zeros(8, 256, dtype=torch.bfloat16), w)  # 8 rows: below MIN_M
+
+
+def test_linear_outside_cuda_never_routes(monkeypatch):
+    from radixrt.models import linear as L
+
+    monkeypatch.setenv("RADIXRT_GEMM_WS", "all")
+    lin = L.Linear(64, 32)
+    monkeypatch.setattr(L.Linear, "_gemm_ws", lambda self, x: pytest.fail("routed a CPU call"))
+    x = torch.randn(40, 64)
+    with L.decode_graph_calls():
+        y = lin(x)
+    assert torch.allclose(y, torch.nn.functional.linear(x, lin.weight, lin.bias), atol=1e-5)
+    assert L._graph_calls == 0
+
+
+def test_shared_workspace_grows_and_keeps_what_it_outgrew(monkeypatch):
+    from radixrt.models import linear as L
+
+    monkeypatch.setattr(L, "_gemm_ws_scratch", {})
+    monkeypatch.setattr(L, "_gemm_ws_retired", [])
+    dev = torch.device("cpu")
+    first = L._gemm_ws_workspace(dev, 100, 10)
+    assert first[0].numel() == 100 and first[1].numel() == 10 and int(first[1].abs().sum()) == 0
+    assert L._gemm_ws_workspace(dev, 50, 5) is first  # big enough: the same tensors
+    grown = L._gemm_ws_workspace(dev, 300, 4)
+    assert grown[0].numel() == 300 and grown[1].numel() == 10  # never smaller than before
+    assert L._gemm_ws_retired == [first]
