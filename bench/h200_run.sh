@@ -284,13 +284,16 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
         --out "$OUT/sp-last.json"
       stage sp-first 200 python3 bench/gpu_engine.py --only shared-prefix --out "$OUT/sp-first.json" ;;
     # issue 19 parts 2 / 4: the Gluon decode-batch GEMM (kernels/gemm_ws.py): its GPU tests, then the lab
-    # against F.linear at the 7B decode linears (GEMM_M rows, GEMM_BUDGET s of sweeping; ~4 min)
-    gemm-ws) stage gemm-ws-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemm_ws_gpu.py
+    # and its ModelRunner test, then the lab against F.linear at the 7B decode linears (GEMM_M rows,
+    # GEMM_BUDGET s of sweeping) and gate_up with its SiLU three ways (~5 min)
+    gemm-ws) stage gemm-ws-tests 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemm_ws_gpu.py \
+        tests/worker/test_gpu_model.py::test_decode_graph_linears_take_the_gluon_gemm
       stage gemm-ws 230 python3 bench/lab/gemm_ws.py --m "${GEMM_M:-128,64,100}" --budget-s "${GEMM_BUDGET:-190}" \
         --out "$OUT/gemm-ws.json" ;;
     # the Engine's shared-prefix and random with every decode-graph linear of 17..128 rows on the Gluon GEMM
-    # (RADIXRT_GEMM_WS=all) and on cuBLAS (=0), one process each, twice alternated (~6 min)
-    gemm-ws-engine) for r in 1 2; do
+    # (RADIXRT_GEMM_WS=all) and on cuBLAS (=0), one process each, GEMM_ENGINE_ROUNDS alternated rounds
+    # (1 by default: ~3-4 min with both workloads; GEMM_ENGINE_ONLY=shared-prefix for less)
+    gemm-ws-engine) for r in $(seq "${GEMM_ENGINE_ROUNDS:-1}"); do
         stage "gemm-ws-engine-all-$r" 200 env RADIXRT_GEMM_WS=all python3 bench/gpu_engine.py \
           --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-all-$r.json"
         stage "gemm-ws-engine-off-$r" 200 env RADIXRT_GEMM_WS=0 python3 bench/gpu_engine.py \

@@ -146,10 +146,27 @@ def _load_ring(w_desc, x_desc, w_smem, x_smem, ready, empty, n0, step0, n_steps)
 
 
 @gluon.jit
-def _mma_ring(w_smem, x_smem, ready, empty, n_steps, y_ptr, stride_ym, bias_ptr, partials, counters,
-              M, N, n0, pid_n, pid_k, splits, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr):
-    """The consumer warpgroup: acc[BN, MP] = W_tile x^T over its K steps, then the epilogue (the
-    module docstring's per-thread split-K fix-up when SPLIT)."""
+def _load_ring_gated(w_desc, x_desc, w_smem, x_smem, ready, empty, n0, step0, n_steps, inter):
+    """_load_ring for a fused [gate; up] weight [2 * inter, K]: a stage's first BN / 2 rows are gate
+    rows n0.., its last BN / 2 the matching up rows inter + n0.. (two boxes of [BN / 2, BK])."""
+    STAGES: gl.constexpr = w_smem.shape[0]
+    HALF: gl.constexpr = w_desc.block_type.shape[0]
+    BK: gl.constexpr = w_smem.shape[2]
+    for i in range(n_steps):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), 2 * w_desc.block_type.nbytes + x_desc.block_type.nbytes)
+        k = (step0 + i) * BK
+        tma.async_copy_global_to_shared(w_desc, [n0, k], ready.index(s), w_smem.index(s).slice(0, HALF))
+        tma.async_copy_global_to_shared(w_desc, [inter + n0, k], ready.index(s),
+                                        w_smem.index(s).slice(HALF, HALF))
+        tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), x_smem.index(s))
+
+
+@gluon.jit
+def _mma_loop(w_smem, x_smem, ready, empty, n_steps):
+    """The consumer warpgroup's main loop: acc[BN, MP] = W_tile x^T over its K steps (fp32, the
+    wgmma accumulator layout), releasing each stage once its product is complete."""
     STAGES: gl.constexpr = w_smem.shape[0]
     BN: gl.constexpr = w_smem.shape[1]
     MP: gl.constexpr = x_smem.shape[1]
@@ -165,7 +182,42 @@ def _mma_ring(w_smem, x_smem, ready, empty, n_steps, y_ptr, stride_ym, bias_ptr,
         acc = warpgroup_mma_wait(1, deps=(acc, ))
         if i > 0:
             mbarrier.arrive(empty.index((i - 1) % STAGES), count=1)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    return warpgroup_mma_wait(0, deps=(acc, ))
+
+
+@gluon.jit
+def _mma_gated(w_smem, x_smem, ready, empty, n_steps, y_ptr, stride_ym, bias_ptr, partials, counters,
+               M, N, n0, pid_n, pid_k, splits):
+    """The consumer of a SwiGLU tile (_load_ring_gated; one split, no bias): y[m, n0 + r] =
+    silu(g) * u for the tile's gate rows g = acc[r] and up rows u = acc[BN / 2 + r], r < BN / 2, from
+    the fp32 accumulator (N = the intermediate size). The wgmma layout gives a thread gate row r and
+    up row r together (the tile's two 64-row halves are one instruction apart), so the product needs
+    no data movement."""
+    BN: gl.constexpr = w_smem.shape[1]
+    MP: gl.constexpr = x_smem.shape[1]
+    NW: gl.constexpr = gl.num_warps()
+    HALF: gl.constexpr = BN // 2
+    acc = _mma_loop(w_smem, x_smem, ready, empty, n_steps)
+    gate, up = acc.reshape([2, HALF, MP]).permute((1, 2, 0)).split()
+    h = gate / (1.0 + gl.exp(-gate)) * up  # silu(g) * u in fp32
+    # lanes along the output's contiguous dimension (its weight rows), warps along the batch rows
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, NW], [0, 1])
+    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
+    n = n0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, out_layout))
+    m = gl.arange(0, MP, layout=gl.SliceLayout(0, out_layout))
+    gl.store(y_ptr + m[None, :].to(gl.int64) * stride_ym + n[:, None], h,
+             mask=(n < N)[:, None] & (m < M)[None, :])
+
+
+@gluon.jit
+def _mma_ring(w_smem, x_smem, ready, empty, n_steps, y_ptr, stride_ym, bias_ptr, partials, counters,
+              M, N, n0, pid_n, pid_k, splits, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr):
+    """The consumer warpgroup: _mma_loop, then the epilogue (the module docstring's per-thread
+    split-K fix-up when SPLIT)."""
+    BN: gl.constexpr = w_smem.shape[1]
+    MP: gl.constexpr = x_smem.shape[1]
+    NW: gl.constexpr = gl.num_warps()
+    acc = _mma_loop(w_smem, x_smem, ready, empty, n_steps)
 
     # each thread owns CW consecutive batch rows of one weight row: TPC threads per weight row
     TPC: gl.constexpr = (32 * NW) // BN
@@ -232,8 +284,10 @@ def _mma_split_bias(w_smem, x_smem, ready, empty, n_steps, y_ptr, stride_ym, bia
 # M (the batch) varies from call to call under one compile per MP bucket; the split plan's scalars too
 @gluon.jit(do_not_specialize=["M", "steps_per_split", "total_steps", "splits"])
 def _gemm_ws_kernel(w_desc, x_desc, y_ptr, stride_ym, bias_ptr, partials, counters, M, N, steps_per_split,
-                    total_steps, splits, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr):
-    BN: gl.constexpr = w_desc.block_type.shape[0]
+                    total_steps, splits, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr,
+                    GATED: gl.constexpr = False):
+    # GATED: a SwiGLU tile, its weight box half the tile's rows (gate rows, then up rows)
+    BN: gl.constexpr = w_desc.block_type.shape[0] * (2 if GATED else 1)
     BK: gl.constexpr = w_desc.block_type.shape[1]
     MP: gl.constexpr = x_desc.block_type.shape[0]
     dtype: gl.constexpr = w_desc.dtype
@@ -241,13 +295,20 @@ def _gemm_ws_kernel(w_desc, x_desc, y_ptr, stride_ym, bias_ptr, partials, counte
     pid_k = gl.program_id(1)
     step0 = pid_k * steps_per_split
     n_steps = gl.minimum(steps_per_split, total_steps - step0)
-    w_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_desc.layout)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
+    w_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
     x_smem = gl.allocate_shared_memory(dtype, [STAGES, MP, BK], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    if GATED:  # N: the intermediate size; one split, no bias (gemm_ws checks)
+        c_args = (w_smem, x_smem, ready, empty, n_steps, y_ptr, stride_ym, bias_ptr, partials, counters,
+                  M, N, pid_n * (BN // 2), pid_n, pid_k, splits)
+        p_args = (w_desc, x_desc, w_smem, x_smem, ready, empty, pid_n * (BN // 2), step0, n_steps, N)
+        gl.warp_specialize([(_mma_gated, c_args), (_load_ring_gated, p_args)], [1], [40])
+        return
     c_args = (w_smem, x_smem, ready, empty, n_steps, y_ptr, stride_ym, bias_ptr, partials, counters,
               M, N, pid_n * BN, pid_n, pid_k, splits)
     p_args = (w_desc, x_desc, w_smem, x_smem, ready, empty, pid_n * BN, step0, n_steps)
@@ -320,4 +381,39 @@ def gemm_ws(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     _gemm_ws_kernel[(tiles, splits)](w_desc, x_desc, out, out.stride(0), bias if bias is not None else out,
                                      partials, counters, m, n, per, total, splits, HAS_BIAS=bias is not None,
                                      SPLIT=splits > 1, STAGES=cfg.stages, num_warps=NUM_WARPS)
+    return out
+
+
+def gemm_silu_ws(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
+                 config: GemmWsConfig | None = None) -> torch.Tensor:
+    """SwiGLU of a fused [gate; up] weight in one launch: y = silu(x Wg^T) * (x Wu^T) for x [M, K],
+    weight [2I, K] (gate rows first), y [M, I] (out: a row stride of its own allowed), from the fp32
+    accumulator (the unfused path rounds x W^T to x's dtype before the SiLU). Each program's tile is
+    block_n / 2 gate rows and the matching up rows. Inputs must pass `supported`; the config must
+    not split K (a split tile would need its fix-up before the product). config: default_config(M,
+    2I, K) with splits 1 if None. Returns out. Raises ValueError on shape, dtype or config errors."""
+    m, k = x.shape
+    n2 = weight.shape[0]
+    check(weight.shape[1] == k and n2 % 2 == 0,
+          f"weight {tuple(weight.shape)} is not [2I, K] for x {tuple(x.shape)}")
+    check(MIN_M <= m <= MAX_M, f"gemm_silu_ws takes {MIN_M}..{MAX_M} rows, got {m}")
+    inter = n2 // 2
+    if out is None:
+        out = torch.empty(m, inter, dtype=x.dtype, device=x.device)
+    check(out.shape == (m, inter) and out.stride(1) == 1 and out.dtype == x.dtype,
+          "out must be [M, I] in x's dtype with a unit column stride")
+    if config is None:
+        base = default_config(m, n2, k, torch.cuda.get_device_properties(x.device).multi_processor_count)
+        config = GemmWsConfig(base.block_n, base.block_k, base.stages, 1)
+    mp = rows_padded(m)
+    check(fits(config, mp), f"{config} does not fit at {mp} rows")
+    total, per, splits = split_plan(k, config)
+    check(splits == 1, f"gemm_silu_ws does not split K, got {config}")
+    half = config.block_n // 2
+    bk = config.block_k
+    w_desc = TensorDescriptor.from_tensor(weight, [half, bk], _smem_layout(half, bk, weight.dtype))
+    x_desc = TensorDescriptor.from_tensor(x, [mp, bk], _smem_layout(mp, bk, x.dtype))
+    _gemm_ws_kernel[(triton.cdiv(inter, half), 1)](
+        w_desc, x_desc, out, out.stride(0), out, out, out, m, inter, per, total, 1, HAS_BIAS=False,
+        SPLIT=False, STAGES=config.stages, GATED=True, num_warps=NUM_WARPS)
     return out

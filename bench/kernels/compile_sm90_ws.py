@@ -106,13 +106,14 @@ def compile_decode(page_size: int, group: int = 7, v_wide: bool = False, prefetc
     return _compile(fn, sig, const, attrs, num_warps=DW.WARPS, maxnreg=DW.MAXNREG)
 
 
-def compile_gemm(m: int, n: int, k: int, cfg, has_bias: bool = False) -> dict:
+def compile_gemm(m: int, n: int, k: int, cfg, has_bias: bool = False, gated: bool = False) -> dict:
     """Lower the decode-batch GEMM for sm_90 at M rows of an [N, K] bf16 weight and config cfg
-    (kernels/gemm_ws.GemmWsConfig)."""
+    (kernels/gemm_ws.GemmWsConfig); gated: the SwiGLU form (gemm_silu_ws) over a [gate; up] weight."""
     mp = GW.rows_padded(m)
     w, x = torch.empty(n, k, dtype=torch.bfloat16), torch.empty(m, k, dtype=torch.bfloat16)
-    w_desc = WS.TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k],
-                                             WS._smem_layout(cfg.block_n, cfg.block_k, torch.bfloat16))
+    rows = cfg.block_n // 2 if gated else cfg.block_n
+    w_desc = WS.TensorDescriptor.from_tensor(w, [rows, cfg.block_k],
+                                             WS._smem_layout(rows, cfg.block_k, torch.bfloat16))
     x_desc = WS.TensorDescriptor.from_tensor(x, [mp, cfg.block_k],
                                              WS._smem_layout(mp, cfg.block_k, torch.bfloat16))
     _, _, splits = GW.split_plan(k, cfg)
@@ -120,7 +121,7 @@ def compile_gemm(m: int, n: int, k: int, cfg, has_bias: bool = False) -> dict:
     sig = {"w_desc": mangle_type(w_desc), "x_desc": mangle_type(x_desc), "y_ptr": "*bf16", "stride_ym": "i32",
            "bias_ptr": "*bf16", "partials": "*fp32", "counters": "*i32", "M": "i32", "N": "i32",
            "steps_per_split": "i32", "total_steps": "i32", "splits": "i32"}
-    const = {"HAS_BIAS": has_bias, "SPLIT": splits > 1, "STAGES": cfg.stages}
+    const = {"HAS_BIAS": has_bias, "SPLIT": splits > 1, "STAGES": cfg.stages, "GATED": gated}
     sig.update({n_: "constexpr" for n_ in const})
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
              for a in ("y_ptr", "bias_ptr", "partials", "counters")}
@@ -145,6 +146,11 @@ def main() -> int:
                                     (128, 37888, 3584, GW.GemmWsConfig(128, 64, 4, 1)),
                                     (100, 3584, 18944, GW.GemmWsConfig(64, 64, 4, 4)),
                                     (32, 3584, 3584, GW.GemmWsConfig(128, 128, 4, 4)))]
+    variants += [(f"gemm ws M {m}, {n} x {k}, {c.block_n} x {c.block_k} x {c.stages} stages, 1 splits, "
+                  "SwiGLU",
+                  lambda m=m, n=n, k=k, c=c: compile_gemm(m, n, k, c, gated=True))
+                 for m, n, k, c in ((128, 37888, 3584, GW.GemmWsConfig(128, 64, 4, 1)),
+                                    (40, 37888, 3584, GW.GemmWsConfig(128, 128, 3, 1)))]
     for name, build in variants:
         try:
             r = build()

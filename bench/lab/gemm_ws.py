@@ -8,8 +8,9 @@ weight copies of >= 400 MB in all (no L2 reuse, as in a decode pass where 14 GB 
 between two uses of one), median of triton.testing.do_bench over the graph replays; relative error
 against the fp32 product. Phase 1: tiles (block_n, block_k, stages) at the default split rule; phase 2:
 split counts for the two fastest tiles. Then the eager time of the best config (the host cost a
-graph removes). Prints a table, the TUNED lines of kernels/gemm_ws.py for cases where the kernel beat
-F.linear by MIN_SPEEDUP, and writes JSON."""
+graph removes), and gate_up with its SiLU-and-mul three ways (run_gated). Prints a table, the TUNED
+lines of kernels/gemm_ws.py for cases where the kernel beat F.linear by MIN_SPEEDUP, and writes
+JSON."""
 
 from __future__ import annotations
 
@@ -142,6 +143,44 @@ def run_case(name: str, m: int, sms: int, deadline: float) -> dict:
     return res
 
 
+def run_gated(m: int, cfg: G.GemmWsConfig | None) -> dict:
+    """gate_up then SiLU-and-mul at M rows, three ways, each a CUDA graph over rotated weight copies:
+    F.linear + kernels.silu_and_mul (the engine today), gemm_ws + silu_and_mul, and gemm_silu_ws
+    (the product in the GEMM's epilogue); cfg: the gate_up case's best (one split), else the default."""
+    from radixrt.kernels import silu_and_mul
+
+    n, k, _ = SHAPES["gate_up"]
+    copies = max(1, min(CALLS, math.ceil(ROTATE_BYTES / (n * k * 2))))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(m, n // 2, device="cuda", dtype=torch.bfloat16)
+    cfg = G.GemmWsConfig(cfg.block_n, cfg.block_k, cfg.stages, 1) if cfg else G.default_config(m, n, k)
+    full = x.float() @ weights[0].float().t()
+    ref = F.silu(full[:, : n // 2]) * full[:, n // 2:]
+    forms = {"F.linear + silu_and_mul": lambda w: silu_and_mul(F.linear(x, w)),
+             "gemm_ws + silu_and_mul": lambda w: silu_and_mul(G.gemm_ws(x, w, config=cfg)),
+             "gemm_silu_ws": lambda w: G.gemm_silu_ws(x, w, out=y, config=cfg)}
+    res = {"m": m, "config": asdict(cfg), "forms": {}}
+    for name, fn in forms.items():
+        try:
+            err = common.rel_err(fn(weights[0]), ref)
+
+            def calls(fn=fn):
+                for i in range(CALLS):
+                    fn(weights[i % copies])
+
+            calls()
+            res["forms"][name] = {"us": graph_us(calls), "rel_err": err}
+        except Exception as e:  # noqa: BLE001
+            res["forms"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    log(f"gate_up + SiLU M={m} ({cfg}): " + ", ".join(
+        f"{k_}: {v.get('us', float('nan')):.1f} us (err {v.get('rel_err', float('nan')):.1e})"
+        for k_, v in res["forms"].items()))
+    weights.clear()
+    torch.cuda.empty_cache()
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", default="128,64,100")
@@ -159,6 +198,11 @@ def main() -> int:
                 continue
             out["cases"].append(run_case(name, m, sms, deadline))
             common.write_json(args.out, out)
+    best_gate_up = {c["m"]: G.GemmWsConfig(**c["best"]["config"]) for c in out["cases"]
+                    if c["name"] == "gate_up" and "best" in c}
+    out["gated"] = [run_gated(m, best_gate_up.get(m)) for m in (int(v) for v in args.m.split(","))
+                    if time.time() < deadline + 30]
+    common.write_json(args.out, out)
     print("\n| linear | M | F.linear us | gemm_ws us (config) | ratio | TB/s weights, F.linear -> gemm_ws |")
     print("|---|---|---|---|---|---|")
     tuned = []

@@ -183,9 +183,10 @@ class Linear(nn.Linear):
                 return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
-    def _gemm_ws(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _gemm_ws(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor | None:
         """This decode-graph call through kernels/gemm_ws.py where RADIXRT_GEMM_WS and its TUNED table
-        route it and its `supported` accepts it, else None (the caller goes on as before)."""
+        route it and its `supported` accepts it, else None (the caller goes on as before). gated: the
+        SwiGLU of this [gate; up] weight in the same launch (`gemm_silu_ws`, no bias, one split)."""
         from radixrt.config import Env
 
         mode = Env.read().gemm_ws
@@ -207,6 +208,11 @@ class Linear(nn.Linear):
         cfg = G.default_config(m, n, k, torch.cuda.get_device_properties(x.device).multi_processor_count)
         if not G.fits(cfg, G.rows_padded(m)):  # a TUNED entry that does not fit: not this kernel's call
             return None
+        if gated:
+            if bias is not None or n % 2:
+                return None
+            one_split = G.GemmWsConfig(cfg.block_n, cfg.block_k, cfg.stages, 1)
+            return G.gemm_silu_ws(x, self.weight, config=one_split)
         scratch = _gemm_ws_workspace(x.device, *G.workspace_need(cfg, m, n, k))
         if scratch is None:
             return None
@@ -220,10 +226,16 @@ class Linear(nn.Linear):
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU of this Linear's fused [gate; up] weight [2I, K]: x [M, K] -> silu(x Wg^T) * (x Wu^T)
-        [M, I], i.e. `ops.silu_and_mul(self(x))`. Float32 CPU calls of NATIVE_LINEAR_ROWS rows without
-        a bias, where the native linear is enabled and forward is not overridden, are one native GEMM
-        with the SiLU and the product in its epilogue (`cpu_native.linear_silu`: the [M, 2I] output is
-        never written, nor read back by a second call); every other call is that expression."""
+        [M, I], i.e. `ops.silu_and_mul(self(x))`. Decode-graph calls that `_gemm_ws` routes are one
+        Gluon launch with the product in its epilogue (`kernels.gemm_ws.gemm_silu_ws`). Float32 CPU
+        calls of NATIVE_LINEAR_ROWS rows without a bias, where the native linear is enabled and
+        forward is not overridden, are one native GEMM with the SiLU and the product in its epilogue
+        (`cpu_native.linear_silu`: the [M, 2I] output is never written, nor read back by a second
+        call); every other call is that expression."""
+        if _graph_calls and x.is_cuda and x.dim() == 2 and x.shape[0] in GEMM_WS_ROWS:
+            y = self._gemm_ws(x, gated=True)
+            if y is not None:
+                return y
         if (x.device.type == "cpu" and x.dim() == 2 and x.dtype == torch.float32
                 and self.weight.dtype == torch.float32 and self.bias is None
                 and x.shape[0] in NATIVE_LINEAR_ROWS and type(self).forward is Linear.forward

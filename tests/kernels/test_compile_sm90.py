@@ -34,7 +34,7 @@ def test_gluon_kernels_compile_for_sm90():
     proc = run_sm90_script("compile_sm90_ws.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # 3 extend configs, 2 cascade prefix pages, 3 decode pages, the decode's three experiment forms
-    # and 4 GEMM configs (3 of them split)
-    assert proc.stdout.count("ok ") == 15, proc.stdout
-    assert proc.stdout.count("gemm ws M") == 4, proc.stdout
+    # and 6 GEMM configs (3 of them split, 2 SwiGLU)
+    assert proc.stdout.count("ok ") == 17, proc.stdout
+    assert proc.stdout.count("gemm ws M") == 6 and proc.stdout.count("SwiGLU") == 2, proc.stdout
     assert proc.stdout.count("decode ws (FP8 pool)") == 6, proc.stdout

@@ -3,8 +3,10 @@ fp32 product of the same operands: batch rows 17 .. 128 (every MP bucket, rows t
 that do not; 16, 129 and 256 refused), one split and several (the per-thread split-K fix-up), with
 and without a bias, bf16 and fp16, N not a multiple of the tile, K not a multiple of the step (TMA's
 zero fill), an output with a row stride of its own; repeated calls leave the counters at zero and
-give bit-equal results (split order fixed); a CUDA graph replays it with new inputs; the Linear
-routing takes it only inside decode-graph calls and where asked. Weights of standard deviation
+give bit-equal results (split order fixed); a CUDA graph replays it with new inputs; the SwiGLU
+form (gemm_silu_ws) against silu(x Wg^T) * (x Wu^T) in fp32, with a partial last tile and nothing
+written outside its output; the Linear routing takes both only inside decode-graph calls and where
+asked. Weights of standard deviation
 1 / sqrt(K): each output of ~unit size, so a dropped split or a wrong row is far outside the
 tolerance (relative error 1e-2; fp32 accumulation of bf16 products gives ~3e-3)."""
 
@@ -132,6 +134,48 @@ def test_cuda_graph_replays_with_new_inputs():
         torch.cuda.synchronize()
         assert rel(out, ref(x, w, None)) < 1e-2
     assert int(counters.abs().sum()) == 0
+
+
+def silu_ref(x, w):
+    inter = w.shape[0] // 2
+    y = x.float() @ w.float().t()
+    return torch.nn.functional.silu(y[:, :inter]) * y[:, inter:]
+
+
+@pytest.mark.parametrize("m,inter,k,cfg", [(128, 18944 // 8, 3584, (128, 64, 4, 1)),
+                                           (17, 200, 1024, (128, 128, 3, 1)),  # a last tile of 8 gate rows
+                                           (64, 96, 640, (64, 64, 2, 1))])  # BN 64: 32 gate + 32 up rows
+def test_silu_gated(m, inter, k, cfg):
+    ws = _ws()
+    x, w, _ = make(m, 2 * inter, k, seed=9)
+    big = torch.full((m + 3, inter + 50), 7.0, dtype=x.dtype, device="cuda")
+    out = big[:m, 20:20 + inter]
+    ws.gemm_silu_ws(x, w, out=out, config=ws.GemmWsConfig(*cfg))
+    assert rel(out, silu_ref(x, w)) < 1e-2
+    assert bool((big[:, :20] == 7).all()) and bool((big[:, 20 + inter:] == 7).all())
+    assert bool((big[m:] == 7).all())
+    with pytest.raises(ValueError):  # split K is not taken
+        ws.gemm_silu_ws(x, w, config=ws.GemmWsConfig(cfg[0], cfg[1], cfg[2], 4))
+
+
+def test_linear_silu_and_mul_routes_to_the_fused_form(monkeypatch):
+    from radixrt.models import linear as L
+
+    ws = _ws()
+    calls = []
+    real = ws.gemm_silu_ws
+    monkeypatch.setattr(ws, "gemm_silu_ws", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    x, w, _ = make(96, 2 * 512, 1024, seed=10)
+    lin = L.Linear(1024, 1024, bias=False, device="cuda", dtype=torch.bfloat16)
+    lin.gated = True
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    monkeypatch.setenv("RADIXRT_GEMM_WS", "all")
+    unfused = lin.silu_and_mul(x)
+    with L.decode_graph_calls():
+        fused = lin.silu_and_mul(x)
+    assert calls == [96]
+    assert rel(fused, silu_ref(x, w)) < 1e-2 and rel(unfused, silu_ref(x, w)) < 1e-2
 
 
 def test_linear_routes_graph_calls_only_where_asked(monkeypatch):

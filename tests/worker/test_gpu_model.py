@@ -258,6 +258,46 @@ def test_fp8_fused_norms_in_the_decode_graph(tiny_dir: Path, monkeypatch: pytest
     torch.testing.assert_close(logits[True], logits[False], atol=5e-2, rtol=0)
 
 
+def test_decode_graph_linears_take_the_gluon_gemm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hopper, bf16, RADIXRT_GEMM_WS=all: the decode graphs of 17..128 requests were captured with
+    their linears through kernels/gemm_ws.py (gemm_ws for qkv / o / down, gemm_silu_ws for gate_up
+    with its SiLU) and the smaller ones without; a 64-request decode step replayed from its graph
+    gives the logits of the same step run eagerly (F.linear and the SiLU kernel)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper GPU")
+    from radixrt.kernels import gemm_ws as gw
+
+    plain: list[int] = []
+    gated: list[int] = []
+    real_plain, real_gated = gw.gemm_ws, gw.gemm_silu_ws
+    monkeypatch.setattr(gw, "gemm_ws", lambda *a, **kw: plain.append(len(a[0])) or real_plain(*a, **kw))
+    monkeypatch.setattr(gw, "gemm_silu_ws", lambda *a, **kw: gated.append(len(a[0])) or real_gated(*a, **kw))
+    monkeypatch.setenv("RADIXRT_GEMM_WS", "all")
+    save_tiny_model("llama", tmp_path, hidden_size=1024, num_attention_heads=8, num_key_value_heads=4,
+                    intermediate_size=512)
+    bs, prompt_len = 64, 100
+    runner = ModelRunner(_args(dtype="bfloat16", max_total_tokens=bs * 160 + 1024, max_running_requests=bs,
+                               cuda_graph_max_bs=bs, disable_cascade_attention=True), tmp_path)
+    assert runner.graphs is not None
+    assert bs in plain and bs in gated, (sorted(set(plain)), sorted(set(gated)))
+    assert min(plain + gated) >= 17  # batches of 16 and fewer keep the skinny GEMM
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 300, (prompt_len,), generator=gen).tolist() for _ in range(bs)]
+    driver = GreedyDriver(runner, chunk=2048)
+    first = driver.generate(prompts, 1)
+    step = driver._batch(list(range(bs)), [[o[0]] for o in first], [prompt_len] * bs, [], 16, 0.0, None,
+                         [1] * bs)
+    plain.clear()
+    gated.clear()
+    graph_logits = runner.forward_logits(step)
+    assert runner.last_path == "graph"
+    graphs, runner.graphs = runner.graphs, None
+    eager_logits = runner.forward_logits(step)
+    runner.graphs = graphs
+    assert plain == [] and gated == []  # neither the replay nor an eager pass calls it from Python
+    torch.testing.assert_close(graph_logits, eager_logits, atol=3e-2, rtol=3e-2)
+
+
 def test_fp8_kv_decode_graph_takes_the_gluon_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hopper, bf16 weights, an FP8 KV pool, head dim 128, 64 requests (one KV split): the decode
     graphs of the length classes >= 4,096 carry the Gluon route in their keys ("+ws") and were
