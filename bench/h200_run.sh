@@ -289,13 +289,18 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
     gemm-ws) stage gemm-ws-tests 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemm_ws_gpu.py \
         tests/worker/test_gpu_model.py::test_decode_graph_linears_take_the_gluon_gemm
       stage gemm-ws 230 python3 bench/lab/gemm_ws.py --m "${GEMM_M:-128,64,100}" --budget-s "${GEMM_BUDGET:-190}" \
-        --out "$OUT/gemm-ws.json" ;;
+        --out "$OUT/gemm-ws.json" --tuned-out "$OUT/gemm-ws-tuned.json" ;;
     # the Engine's shared-prefix and random with every decode-graph linear of 17..128 rows on the Gluon GEMM
     # (RADIXRT_GEMM_WS=all) and on cuBLAS (=0), one process each, GEMM_ENGINE_ROUNDS alternated rounds
     # (1 by default: ~3-4 min with both workloads; GEMM_ENGINE_ONLY=shared-prefix for less)
-    gemm-ws-engine) for r in $(seq "${GEMM_ENGINE_ROUNDS:-1}"); do
-        stage "gemm-ws-engine-all-$r" 200 env RADIXRT_GEMM_WS=all python3 bench/gpu_engine.py \
-          --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-all-$r.json"
+    # With $OUT/gemm-ws-tuned.json from a `gemm-ws` stage earlier in the same call, the routed process uses
+    # the lab's winners only (RADIXRT_GEMM_WS=auto with that TUNED file) instead of every shape at defaults.
+    gemm-ws-engine) if [ -s "$OUT/gemm-ws-tuned.json" ]; then
+        ROUTE="RADIXRT_GEMM_WS=auto RADIXRT_GEMM_WS_TUNED=$OUT/gemm-ws-tuned.json"; else ROUTE="RADIXRT_GEMM_WS=all"; fi
+      echo "gemm-ws-engine routed process: $ROUTE"; cat "$OUT/gemm-ws-tuned.json" 2>/dev/null
+      for r in $(seq "${GEMM_ENGINE_ROUNDS:-1}"); do
+        stage "gemm-ws-engine-on-$r" 200 env $ROUTE python3 bench/gpu_engine.py \
+          --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-on-$r.json"
         stage "gemm-ws-engine-off-$r" 200 env RADIXRT_GEMM_WS=0 python3 bench/gpu_engine.py \
           --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-off-$r.json"
       done ;;

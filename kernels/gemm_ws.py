@@ -35,7 +35,10 @@ in TUNED here.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -76,8 +79,31 @@ class GemmWsConfig:
 
 
 # Measured configs per (MP, N, K) on an H200 (bench/lab/gemm_ws.py prints these lines); a shape routes
-# to this kernel only where its entry beat F.linear there. Empty until measured.
+# to this kernel only where its entry beat F.linear there. Empty until measured. TUNED_ENV names a
+# JSON file of more entries, {"MP,N,K": [block_n, block_k, stages, splits]} (the lab writes one), added
+# at import: a benchmark can route its measured winners without a code change. A malformed file
+# raises ValueError at import (a typo must not silently route nothing).
 TUNED: dict[tuple[int, int, int], GemmWsConfig] = {}
+TUNED_ENV = "RADIXRT_GEMM_WS_TUNED"
+
+
+def load_tuned(path: str | Path) -> dict[tuple[int, int, int], GemmWsConfig]:
+    """The entries of a TUNED file (TUNED_ENV). Raises ValueError on a malformed file or entry."""
+    try:
+        out = {}
+        for key, cfg in json.loads(Path(path).read_text()).items():
+            shape = tuple(int(v) for v in key.split(","))
+            if len(shape) != 3 or len(cfg) != 4:
+                raise ValueError(f"entry {key!r}: {cfg!r}")
+            out[shape] = GemmWsConfig(*(int(v) for v in cfg))
+        return out
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"{TUNED_ENV}={path}: not a file of {{\"MP,N,K\": [block_n, block_k, stages, "
+                         f"splits]}}: {e}") from e
+
+
+if os.environ.get(TUNED_ENV):
+    TUNED.update(load_tuned(os.environ[TUNED_ENV]))
 
 
 def rows_padded(m: int) -> int:

@@ -1,7 +1,7 @@
 """The Gluon decode-batch GEMM (kernels/gemm_ws.py) against F.linear (cuBLAS) at Qwen2.5-7B's decode
 linears, M = 128 first, then 64 and 100 (as the time budget allows).
 
-    python3 bench/lab/gemm_ws.py [--m 128,64,100] [--budget-s 150] [--out PATH]
+    python3 bench/lab/gemm_ws.py [--m 128,64,100] [--budget-s 150] [--out PATH] [--tuned-out PATH]
 
 Each case: F.linear and every config timed as a CUDA graph of CALLS back-to-back calls rotating over
 weight copies of >= 400 MB in all (no L2 reuse, as in a decode pass where 14 GB of other weights pass
@@ -187,6 +187,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--budget-s", type=float, default=150)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tuned-out", default=None, help="write the winners as a RADIXRT_GEMM_WS_TUNED file")
     args = ap.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     deadline = T0 + args.budget_s
@@ -220,6 +221,10 @@ def main() -> int:
                          f"{cfg.stages}, {cfg.splits}),  # {b['us']:.1f} vs F.linear {c['torch_us']:.1f} us")
     print("\nTUNED lines:\n" + "\n".join(tuned))
     common.write_json(args.out, out)
+    if args.tuned_out:  # the same winners as a TUNED file (kernels/gemm_ws.py TUNED_ENV)
+        common.write_json(args.tuned_out, {f"{c['mp']},{c['n']},{c['k']}": list(c["best"]["config"].values())
+                                           for c in out["cases"]
+                                           if "best" in c and c["torch_us"] / c["best"]["us"] >= MIN_SPEEDUP})
     return 0
 
 

@@ -106,3 +106,19 @@ def test_shared_workspace_grows_and_keeps_what_it_outgrew(monkeypatch):
     grown = L._gemm_ws_workspace(dev, 300, 4)
     assert grown[0].numel() == 300 and grown[1].numel() == 10  # never smaller than before
     assert L._gemm_ws_retired == [first]
+
+
+def test_tuned_file_round_trip_and_malformed_files(tmp_path):
+    ws = _ws()
+    good = tmp_path / "tuned.json"
+    good.write_text('{"128,4608,3584": [128, 64, 4, 3], "64,37888,3584": [64, 128, 3, 1]}')
+    assert ws.load_tuned(good) == {(128, 4608, 3584): ws.GemmWsConfig(128, 64, 4, 3),
+                                   (64, 37888, 3584): ws.GemmWsConfig(64, 128, 3, 1)}
+    for text in ('{"128,4608": [128, 64, 4, 3]}', '{"128,4608,3584": [128, 64, 4]}',
+                 '{"128,4608,3584": [100, 64, 4, 1]}', '[1, 2]', "not json"):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(ValueError):
+            ws.load_tuned(bad)
+    with pytest.raises(ValueError):
+        ws.load_tuned(tmp_path / "missing.json")
