@@ -53,7 +53,7 @@ from .extend_attention_ws import _is_hopper, _smem_layout
 # rows this kernel takes (fewer: kernels/gemv.py's reduce / dot paths). At 129..256 rows (MP 256, a
 # [64, 256] accumulator) the sm_90 compile spilled 542-572 bytes inside the loops: not taken (cuBLAS)
 MIN_M, MAX_M = 17, 128
-NUM_WARPS = 4  # the consumer warpgroup; plus one producer warp
+NUM_WARPS = 4  # the consumer warpgroup (two at block_n 256: config_warps); plus one producer warp
 SMEM_LIMIT = 227 * 1024  # bytes per program on an H100 / H200
 # the epilogue's accumulator layout change goes through shared memory in rounds, beside the ring
 # (sm_90 compiles: 2,116 bytes with the barriers at 128 x 128, 2,108 at 64 x 256); an upper bound
@@ -62,9 +62,10 @@ EPILOGUE_SMEM = 8 * 1024
 
 @dataclass(frozen=True)
 class GemmWsConfig:
-    """Launch parameters of gemm_ws. block_n: weight rows per program (64 or 128); block_k: K per
-    step (64 or 128); stages: ring depth; splits: K splits (>= 1; fewer are used when the K steps do
-    not divide among them). Raises ValueError on other values."""
+    """Launch parameters of gemm_ws. block_n: weight rows per program (64, 128, or 256 with two
+    consumer warpgroups); block_k: K per step (64 or 128); stages: ring depth; splits: K splits
+    (>= 1; fewer are used when the K steps do not divide among them). Raises ValueError on other
+    values."""
 
     block_n: int = 128
     block_k: int = 64
@@ -72,8 +73,9 @@ class GemmWsConfig:
     splits: int = 1
 
     def __post_init__(self):
-        if self.block_n not in (64, 128) or self.block_k not in (64, 128):
-            raise ValueError(f"block_n and block_k must be 64 or 128, got {self.block_n}, {self.block_k}")
+        if self.block_n not in (64, 128, 256) or self.block_k not in (64, 128):
+            raise ValueError(f"block_n must be 64, 128 or 256 and block_k 64 or 128, got {self.block_n}, "
+                             f"{self.block_k}")
         if self.stages < 2 or self.splits < 1:
             raise ValueError(f"stages must be >= 2 and splits >= 1, got {self.stages}, {self.splits}")
 
@@ -117,9 +119,17 @@ def shared_memory_bytes(cfg: GemmWsConfig, mp: int, itemsize: int = 2) -> int:
     return cfg.stages * (cfg.block_n + mp) * cfg.block_k * itemsize + EPILOGUE_SMEM
 
 
+def config_warps(cfg: GemmWsConfig) -> int:
+    """The consumer partition's warps: one warpgroup (4), two at block_n 256 (each 128 weight rows,
+    so the accumulator stays at block_n * MP / 256 registers per thread). Halving the programs' x
+    reads (one [MP, BK] box per 256 weight rows instead of per 128) is what block_n 256 is for: at
+    MP 128 x comes from L2 at the rate the weights come from DRAM."""
+    return 8 if cfg.block_n == 256 else NUM_WARPS
+
+
 def fits(cfg: GemmWsConfig, mp: int) -> bool:
     """Shared memory within SMEM_LIMIT and the accumulator at <= 128 fp32 registers per thread."""
-    return shared_memory_bytes(cfg, mp) <= SMEM_LIMIT and cfg.block_n * mp // (32 * NUM_WARPS) <= 128
+    return shared_memory_bytes(cfg, mp) <= SMEM_LIMIT and cfg.block_n * mp // (32 * config_warps(cfg)) <= 128
 
 
 def split_plan(k: int, cfg: GemmWsConfig) -> tuple[int, int, int]:
@@ -152,7 +162,7 @@ def workspace_need(cfg: GemmWsConfig, m: int, n: int, k: int) -> tuple[int, int]
     mp = rows_padded(m)
     if splits == 1:
         return 0, 0
-    return tiles * splits * cfg.block_n * mp, tiles * cfg.block_n * (32 * NUM_WARPS // cfg.block_n)
+    return tiles * splits * cfg.block_n * mp, tiles * cfg.block_n * (32 * config_warps(cfg) // cfg.block_n)
 
 
 @gluon.jit
@@ -406,7 +416,7 @@ def gemm_ws(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     x_desc = TensorDescriptor.from_tensor(x, [mp, cfg.block_k], _smem_layout(mp, cfg.block_k, x.dtype))
     _gemm_ws_kernel[(tiles, splits)](w_desc, x_desc, out, out.stride(0), bias if bias is not None else out,
                                      partials, counters, m, n, per, total, splits, HAS_BIAS=bias is not None,
-                                     SPLIT=splits > 1, STAGES=cfg.stages, num_warps=NUM_WARPS)
+                                     SPLIT=splits > 1, STAGES=cfg.stages, num_warps=config_warps(cfg))
     return out
 
 
@@ -441,5 +451,5 @@ def gemm_silu_ws(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None
     x_desc = TensorDescriptor.from_tensor(x, [mp, bk], _smem_layout(mp, bk, x.dtype))
     _gemm_ws_kernel[(triton.cdiv(inter, half), 1)](
         w_desc, x_desc, out, out.stride(0), out, out, out, m, inter, per, total, 1, HAS_BIAS=False,
-        SPLIT=False, STAGES=config.stages, GATED=True, num_warps=NUM_WARPS)
+        SPLIT=False, STAGES=config.stages, GATED=True, num_warps=config_warps(config))
     return out

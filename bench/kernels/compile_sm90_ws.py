@@ -125,7 +125,7 @@ def compile_gemm(m: int, n: int, k: int, cfg, has_bias: bool = False, gated: boo
     sig.update({n_: "constexpr" for n_ in const})
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
              for a in ("y_ptr", "bias_ptr", "partials", "counters")}
-    return _compile(fn, sig, const, attrs, num_warps=GW.NUM_WARPS)
+    return _compile(fn, sig, const, attrs, num_warps=GW.config_warps(cfg))
 
 
 def main() -> int:
@@ -145,12 +145,14 @@ def main() -> int:
                  for m, n, k, c in ((128, 4608, 3584, GW.GemmWsConfig(128, 64, 4, 3)),
                                     (128, 37888, 3584, GW.GemmWsConfig(128, 64, 4, 1)),
                                     (100, 3584, 18944, GW.GemmWsConfig(64, 64, 4, 4)),
-                                    (32, 3584, 3584, GW.GemmWsConfig(128, 128, 4, 4)))]
+                                    (32, 3584, 3584, GW.GemmWsConfig(128, 128, 4, 4)),
+                                    (128, 4608, 3584, GW.GemmWsConfig(256, 64, 4, 7)))]
     variants += [(f"gemm ws M {m}, {n} x {k}, {c.block_n} x {c.block_k} x {c.stages} stages, 1 splits, "
                   "SwiGLU",
                   lambda m=m, n=n, k=k, c=c: compile_gemm(m, n, k, c, gated=True))
                  for m, n, k, c in ((128, 37888, 3584, GW.GemmWsConfig(128, 64, 4, 1)),
-                                    (40, 37888, 3584, GW.GemmWsConfig(128, 128, 3, 1)))]
+                                    (40, 37888, 3584, GW.GemmWsConfig(128, 128, 3, 1)),
+                                    (128, 37888, 3584, GW.GemmWsConfig(256, 64, 4, 1)))]
     for name, build in variants:
         try:
             r = build()

@@ -48,7 +48,7 @@ def graph_us(fn) -> float:
 
 def tiles(mp: int) -> list[G.GemmWsConfig]:
     out = []
-    for bn in (128, 64):
+    for bn in (128, 256, 64):
         for bk in (64, 128):
             for st in (3, 4, 6):
                 c = G.GemmWsConfig(bn, bk, st, 1)

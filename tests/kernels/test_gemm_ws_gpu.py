@@ -60,7 +60,7 @@ def test_rows_and_splits(m, splits):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block_n,block_k,stages,splits", [(128, 64, 4, 1), (128, 128, 3, 4), (64, 64, 4, 6),
-                                                           (64, 128, 2, 2)])
+                                                           (64, 128, 2, 2), (256, 64, 4, 1), (256, 64, 3, 5)])
 def test_configs(dtype, block_n, block_k, stages, splits):
     ws = _ws()
     # K = 2000: a last step of 16 or 80 columns
@@ -144,7 +144,8 @@ def silu_ref(x, w):
 
 @pytest.mark.parametrize("m,inter,k,cfg", [(128, 18944 // 8, 3584, (128, 64, 4, 1)),
                                            (17, 200, 1024, (128, 128, 3, 1)),  # a last tile of 8 gate rows
-                                           (64, 96, 640, (64, 64, 2, 1))])  # BN 64: 32 gate + 32 up rows
+                                           (64, 96, 640, (64, 64, 2, 1)),  # BN 64: 32 gate + 32 up rows
+                                           (100, 300, 1024, (256, 64, 4, 1))])  # two warpgroups
 def test_silu_gated(m, inter, k, cfg):
     ws = _ws()
     x, w, _ = make(m, 2 * inter, k, seed=9)

@@ -21,7 +21,8 @@ def _ws():
     return gemm_ws
 
 
-@pytest.mark.parametrize("kwargs", [{"block_n": 32}, {"block_k": 256}, {"stages": 1}, {"splits": 0}])
+@pytest.mark.parametrize("kwargs", [{"block_n": 32}, {"block_n": 512}, {"block_k": 256}, {"stages": 1},
+                                    {"splits": 0}])
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         _ws().GemmWsConfig(**kwargs)
@@ -40,7 +41,7 @@ def test_split_plan_covers_every_step_once(k, block_k, splits):
 
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", [17, 32, 33, 64, 100, 128])
-@pytest.mark.parametrize("block_n,splits", [(128, 1), (128, 3), (64, 4), (64, 7)])
+@pytest.mark.parametrize("block_n,splits", [(128, 1), (128, 3), (64, 4), (64, 7), (256, 5)])
 def test_workspace_need_bounds_the_kernel_indices(n, k, m, block_n, splits):
     ws = _ws()
     cfg = ws.GemmWsConfig(block_n, 64, 3, splits)
@@ -49,7 +50,7 @@ def test_workspace_need_bounds_the_kernel_indices(n, k, m, block_n, splits):
     if used == 1:
         assert (need_p, need_c) == (0, 0)
         return
-    mp, tiles, tpc = ws.rows_padded(m), -(-n // block_n), 32 * ws.NUM_WARPS // block_n
+    mp, tiles, tpc = ws.rows_padded(m), -(-n // block_n), 32 * ws.config_warps(cfg) // block_n
     # _mma_ring: partials (pid_n * splits + pid_k) * BN * MP + r * MP + m; counters
     # pid_n * BN * TPC + r * TPC + t, at the largest pid_n, pid_k, r, m, t
     assert ((tiles - 1) * used + used - 1) * block_n * mp + (block_n - 1) * mp + mp - 1 == need_p - 1
@@ -122,3 +123,10 @@ def test_tuned_file_round_trip_and_malformed_files(tmp_path):
             ws.load_tuned(bad)
     with pytest.raises(ValueError):
         ws.load_tuned(tmp_path / "missing.json")
+
+
+def test_two_warpgroups_at_256_rows():
+    ws = _ws()
+    assert [ws.config_warps(ws.GemmWsConfig(bn)) for bn in (64, 128, 256)] == [4, 4, 8]
+    assert ws.fits(ws.GemmWsConfig(256, 64, 4, 1), 128)  # 128 accumulator registers per thread
+    assert not ws.fits(ws.GemmWsConfig(128, 64, 4, 1), 256)  # 256 per thread: refused
