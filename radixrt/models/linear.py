@@ -57,6 +57,7 @@ SKINNY_MAX_ROWS = 256
 # pays its launches' host cost (two TMA descriptors) once, an eager pass would pay it at every call.
 GEMM_WS_ROWS = range(17, 129)  # = kernels/gemm_ws.py MIN_M..MAX_M
 _graph_calls = 0  # > 0 inside decode_graph_calls
+_gemm_ws_mode = "0"  # RADIXRT_GEMM_WS as read when the outermost decode_graph_calls was entered
 _gemm_ws_scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # (partials, counters)
 _gemm_ws_retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # outgrown scratch that graphs may hold
 
@@ -64,8 +65,13 @@ _gemm_ws_retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # outgrown scrat
 @contextlib.contextmanager
 def decode_graph_calls():
     """Marks the calls inside as a decode CUDA graph's (its eager warm-up and its capture): Linear
-    calls of GEMM_WS_ROWS rows may then take kernels/gemm_ws.py's kernel (module docstring)."""
-    global _graph_calls
+    calls of GEMM_WS_ROWS rows may then take kernels/gemm_ws.py's kernel (module docstring), as
+    RADIXRT_GEMM_WS says when the outermost such block is entered."""
+    global _graph_calls, _gemm_ws_mode
+    if not _graph_calls:
+        from radixrt.config import Env
+
+        _gemm_ws_mode = Env.read().gemm_ws
     _graph_calls += 1
     try:
         yield
@@ -187,9 +193,7 @@ class Linear(nn.Linear):
         """This decode-graph call through kernels/gemm_ws.py where RADIXRT_GEMM_WS and its TUNED table
         route it and its `supported` accepts it, else None (the caller goes on as before). gated: the
         SwiGLU of this [gate; up] weight in the same launch (`gemm_silu_ws`, no bias, one split)."""
-        from radixrt.config import Env
-
-        mode = Env.read().gemm_ws
+        mode = _gemm_ws_mode
         if mode == "0" or type(self).forward is not Linear.forward:
             return None
         try:

@@ -130,3 +130,20 @@ def test_two_warpgroups_at_256_rows():
     assert [ws.config_warps(ws.GemmWsConfig(bn)) for bn in (64, 128, 256)] == [4, 4, 8]
     assert ws.fits(ws.GemmWsConfig(256, 64, 4, 1), 128)  # 128 accumulator registers per thread
     assert not ws.fits(ws.GemmWsConfig(128, 64, 4, 1), 256)  # 256 per thread: refused
+
+
+def test_decode_graph_calls_read_the_mode_once(monkeypatch):
+    from radixrt.models import linear as L
+
+    monkeypatch.setenv("RADIXRT_GEMM_WS", "all")
+    with L.decode_graph_calls():
+        assert L._graph_calls == 1 and L._gemm_ws_mode == "all"
+        monkeypatch.setenv("RADIXRT_GEMM_WS", "0")
+        with L.decode_graph_calls():  # nested (a capture inside the warm-up's block): the outer mode
+            assert L._graph_calls == 2 and L._gemm_ws_mode == "all"
+    assert L._graph_calls == 0
+    with L.decode_graph_calls():
+        assert L._gemm_ws_mode == "0"
+    monkeypatch.setenv("RADIXRT_GEMM_WS", "bogus")  # anything else: auto (the TUNED shapes)
+    with L.decode_graph_calls():
+        assert L._gemm_ws_mode == "auto"
