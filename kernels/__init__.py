@@ -12,7 +12,7 @@ from .gemm_fp8 import Fp8GemmConfig, fp8_gemm
 from .gemv import SkinnyConfig, SkinnyWorkspace, skinny_linear, skinny_linear_supported
 from .gemv_fp8_int import Fp8IntConfig, fp8_skinny_linear
 from .norm import rms_norm, rms_norm_quant_fp8
-from .rotary import apply_rotary, build_rope_cache
+from .rotary import apply_rotary, build_rope_cache, rope_store_kv
 from .store_kv import store_kv
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "per_token_quant_fp8",
     "rms_norm",
     "rms_norm_quant_fp8",
+    "rope_store_kv",
     "silu_and_mul",
     "silu_and_mul_quant_fp8",
     "skinny_linear",

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from ._checks import check, next_pow2
 from .pdl import gdc_enter, launch_options, use_pdl
+from .store_kv import check_store_args, store_token
 
 
 @triton.jit
@@ -35,6 +36,20 @@ def _rope_heads(x, stride_t, stride_h, tok, cos, sin, num_heads,
 
 
 @triton.jit
+def _rope_token(q, k, positions, cos_sin, tok, num_q_heads, num_kv_heads, stride_q_t, stride_q_h, stride_k_t,
+                stride_k_h, stride_cs, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
+                BLOCK_HALF: tl.constexpr):
+    """Rotate token `tok`'s query heads, then its key heads, in place."""
+    # this token's cos/sin row: cache[pos, :HALF] = cos, cache[pos, HALF:2*HALF] = sin
+    pos = tl.load(positions + tok).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_HALF)
+    cos = tl.load(cos_sin + pos * stride_cs + offs_r, mask=offs_r < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(cos_sin + pos * stride_cs + HALF + offs_r, mask=offs_r < HALF, other=0.0).to(tl.float32)
+    _rope_heads(q, stride_q_t, stride_q_h, tok, cos, sin, num_q_heads, HALF, BLOCK_HQ, BLOCK_HALF)
+    _rope_heads(k, stride_k_t, stride_k_h, tok, cos, sin, num_kv_heads, HALF, BLOCK_HKV, BLOCK_HALF)
+
+
+@triton.jit
 def _rope_kernel(
     q, k, positions, cos_sin, num_q_heads, num_kv_heads,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_cs,
@@ -43,14 +58,47 @@ def _rope_kernel(
 ):
     tok = tl.program_id(0).to(tl.int64)
     gdc_enter(USE_PDL)  # kernels/pdl.py: positions may come from an earlier kernel
-    # this token's cos/sin row: cache[pos, :HALF] = cos, cache[pos, HALF:2*HALF] = sin
-    pos = tl.load(positions + tok).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_HALF)
-    cos = tl.load(cos_sin + pos * stride_cs + offs_r, mask=offs_r < HALF, other=0.0).to(tl.float32)
-    sin = tl.load(cos_sin + pos * stride_cs + HALF + offs_r, mask=offs_r < HALF, other=0.0).to(tl.float32)
-    # rotate every query head, then every key head
-    _rope_heads(q, stride_q_t, stride_q_h, tok, cos, sin, num_q_heads, HALF, BLOCK_HQ, BLOCK_HALF)
-    _rope_heads(k, stride_k_t, stride_k_h, tok, cos, sin, num_kv_heads, HALF, BLOCK_HKV, BLOCK_HALF)
+    _rope_token(q, k, positions, cos_sin, tok, num_q_heads, num_kv_heads, stride_q_t, stride_q_h, stride_k_t,
+                stride_k_h, stride_cs, HALF, BLOCK_HQ, BLOCK_HKV, BLOCK_HALF)
+
+
+@triton.jit
+def _rope_store_kernel(
+    q, k, v, positions, cos_sin, num_q_heads, num_kv_heads,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_cs,
+    k_buf, v_buf, out_cache_loc, k_inv_scale, v_inv_scale, stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr, USE_PDL: tl.constexpr = False,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    gdc_enter(USE_PDL)
+    _rope_token(q, k, positions, cos_sin, tok, num_q_heads, num_kv_heads, stride_q_t, stride_q_h, stride_k_t,
+                stride_k_h, stride_cs, HALF, BLOCK_HQ, BLOCK_HKV, BLOCK_HALF)
+    # the rotated k rows that other threads of this program wrote, before they are read back whole
+    # (bar.sync orders the CTA's global memory accesses)
+    tl.debug_barrier()
+    store_token(k_buf, v_buf, k, v, tok, out_cache_loc, num_kv_heads, k_inv_scale, v_inv_scale,
+                stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_k_t, stride_k_h, stride_v_t,
+                stride_v_h, HEAD_DIM, BLOCK_HKV, BLOCK_D, QUANT)
+
+
+def _check_rotary_args(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                       cos_sin_cache: torch.Tensor) -> None:
+    """apply_rotary's argument checks (raises ValueError)."""
+    check(q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2],
+          "q must be [T, Hq, D] and k [T, Hkv, D]")
+    num_tokens, _, head_dim = q.shape
+    check(cos_sin_cache.dim() == 2, "cos_sin_cache must be [max_position, rotary_dim]")
+    rotary_dim = cos_sin_cache.shape[1]
+    check(rotary_dim % 2 == 0 and rotary_dim <= head_dim,
+          f"rotary dim {rotary_dim} must be even and <= {head_dim}")
+    check(positions.shape == (num_tokens,) and positions.dtype in (torch.int64, torch.int32),
+          f"positions must be [{num_tokens}] int64/int32")
+    check(q.dtype == k.dtype, "q and k dtypes differ")
+    check(q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1,
+          "q, k and cos_sin_cache need a contiguous last dim")
+    for t in (k, positions, cos_sin_cache):
+        check(t.device == q.device, f"all tensors must be on {q.device}")
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
@@ -63,21 +111,10 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     cos_sin_cache : [max_position, R] fp32, cos in [:, :R/2] and sin in [:, R/2:], R even, R <= D
     Raises ValueError on bad shapes. Positions are not range-checked on the device.
     """
-    check(q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2],
-          "q must be [T, Hq, D] and k [T, Hkv, D]")
+    _check_rotary_args(q, k, positions, cos_sin_cache)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    check(cos_sin_cache.dim() == 2, "cos_sin_cache must be [max_position, rotary_dim]")
     rotary_dim = cos_sin_cache.shape[1]
-    check(rotary_dim % 2 == 0 and rotary_dim <= head_dim,
-          f"rotary dim {rotary_dim} must be even and <= {head_dim}")
-    check(positions.shape == (num_tokens,) and positions.dtype in (torch.int64, torch.int32),
-          f"positions must be [{num_tokens}] int64/int32")
-    check(q.dtype == k.dtype, "q and k dtypes differ")
-    check(q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1,
-          "q, k and cos_sin_cache need a contiguous last dim")
-    for t in (k, positions, cos_sin_cache):
-        check(t.device == q.device, f"all tensors must be on {q.device}")
     if num_tokens == 0:
         return
     half = rotary_dim // 2
@@ -88,6 +125,37 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
         HALF=half, BLOCK_HQ=block_hq, BLOCK_HKV=block_hkv, BLOCK_HALF=block_half,
         num_warps=4 if block_hq * block_half >= 1024 else 1, USE_PDL=pdl, **launch_options(pdl),
+    )
+
+
+def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                  cos_sin_cache: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                  out_cache_loc: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """`apply_rotary(q, k, positions, cos_sin_cache)` then `store_kv(k_buffer, v_buffer,
+    out_cache_loc, k, v, k_scale, v_scale)` in one launch: each program rotates its token's q and k
+    heads in place and writes the rotated k and v rows into the token's pool slot (an FP8 pool's
+    rows scaled, saturated and rounded as store_kv does). The same values as the two calls; one
+    launch and one pass over the token instead of two (the decode step's rotary and K/V store
+    kernels, 28 each per step of a 28-layer model). Arguments and errors as the two functions'."""
+    _check_rotary_args(q, k, positions, cos_sin_cache)
+    quant = check_store_args(k_buffer, v_buffer, out_cache_loc, k, v, k_scale, v_scale)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    if num_tokens == 0:
+        return
+    half = cos_sin_cache.shape[1] // 2
+    block_hq, block_hkv = next_pow2(num_q_heads), next_pow2(num_kv_heads)
+    block_half, block_d = next_pow2(half), next_pow2(head_dim)
+    pdl = use_pdl(q)
+    _rope_store_kernel[(num_tokens,)](
+        q, k, v, positions, cos_sin_cache, num_q_heads, num_kv_heads,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
+        k_buffer, v_buffer, out_cache_loc, 1.0 / float(k_scale) if quant else 1.0,
+        1.0 / float(v_scale) if quant else 1.0, k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0),
+        v_buffer.stride(1),
+        HALF=half, BLOCK_HQ=block_hq, BLOCK_HKV=block_hkv, BLOCK_HALF=block_half, HEAD_DIM=head_dim,
+        BLOCK_D=block_d, QUANT=quant, num_warps=4 if block_hq * block_half >= 1024 else 1, USE_PDL=pdl,
+        **launch_options(pdl),
     )
 
 

@@ -21,15 +21,13 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 @triton.jit
-def _store_kv_kernel(
-    k_buf, v_buf, k_src, v_src, out_cache_loc, num_kv_heads, k_inv_scale, v_inv_scale,
-    stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
-    stride_k_t, stride_k_h, stride_v_t, stride_v_h,
-    HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
-):
-    tok = tl.program_id(0).to(tl.int64)
-    gdc_enter(USE_PDL)  # kernels/pdl.py
+def store_token(k_buf, v_buf, k_src, v_src, tok, out_cache_loc, num_kv_heads, k_inv_scale, v_inv_scale,
+                stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_k_t, stride_k_h, stride_v_t,
+                stride_v_h, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                QUANT: tl.constexpr):
+    """Copy token `tok`'s K and V rows (all KV heads) into its pool slot, cast to the pool's dtype
+    (an FP8 pool: scaled, saturated, rounded to nearest even). Shared by _store_kv_kernel and
+    kernels/rotary.py's rope-and-store kernel."""
     offs_h = tl.arange(0, BLOCK_H)
     head = offs_h.to(tl.int64)  # int64: a head-major pool's head stride spans the whole buffer
     offs_d = tl.arange(0, BLOCK_D)
@@ -50,10 +48,44 @@ def _store_kv_kernel(
              v.to(v_buf.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _store_kv_kernel(
+    k_buf, v_buf, k_src, v_src, out_cache_loc, num_kv_heads, k_inv_scale, v_inv_scale,
+    stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
+    stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+    HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    gdc_enter(USE_PDL)  # kernels/pdl.py
+    store_token(k_buf, v_buf, k_src, v_src, tok, out_cache_loc, num_kv_heads, k_inv_scale, v_inv_scale,
+                stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h, stride_k_t, stride_k_h, stride_v_t,
+                stride_v_h, HEAD_DIM, BLOCK_H, BLOCK_D, QUANT)
+
+
 def _pick_config(num_kv_heads: int, head_dim: int) -> dict:
     """One program copies one token (all KV heads) of K and of V."""
     block_h, block_d = next_pow2(num_kv_heads), next_pow2(head_dim)
     return {"BLOCK_H": block_h, "BLOCK_D": block_d, "num_warps": 4 if block_h * block_d >= 1024 else 1}
+
+
+def check_store_args(k_buffer: torch.Tensor, v_buffer: torch.Tensor, out_cache_loc: torch.Tensor,
+                     k: torch.Tensor, v: torch.Tensor, k_scale: float, v_scale: float) -> bool:
+    """store_kv's argument checks (raises ValueError); returns whether the pool is FP8."""
+    check(k_buffer.dim() == 3 and v_buffer.shape == k_buffer.shape, "k_buffer/v_buffer must be [S, Hkv, D]")
+    num_tokens, num_kv_heads, head_dim = k.shape
+    check(k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    check(tuple(k_buffer.shape[1:]) == (num_kv_heads, head_dim),
+          f"k is {tuple(k.shape)} but the pool rows are {tuple(k_buffer.shape[1:])}")
+    check(out_cache_loc.shape == (num_tokens,), f"out_cache_loc must be [{num_tokens}]")
+    check(out_cache_loc.dtype in (torch.int64, torch.int32), "out_cache_loc must be int64 or int32")
+    check(out_cache_loc.device == k_buffer.device, "out_cache_loc is not on the pool's device")
+    for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k", k), ("v", v)):
+        check(t.stride(-1) == 1, f"{name} must have a contiguous last dim")
+        check(t.device == k_buffer.device, f"{name} is on {t.device}, the pool on {k_buffer.device}")
+    quant = k_buffer.dtype == FP8_DTYPE
+    check(not quant or (k_scale > 0 and v_scale > 0), f"bad FP8 KV scales {k_scale}, {v_scale}")
+    return quant
 
 
 def store_kv(k_buffer: torch.Tensor, v_buffer: torch.Tensor, out_cache_loc: torch.Tensor,
@@ -69,19 +101,8 @@ def store_kv(k_buffer: torch.Tensor, v_buffer: torch.Tensor, out_cache_loc: torc
                          stores clamp(k / k_scale, +-448); ignored for other pools
     Raises ValueError on shape, device or stride mismatches. No host synchronisation.
     """
-    check(k_buffer.dim() == 3 and v_buffer.shape == k_buffer.shape, "k_buffer/v_buffer must be [S, Hkv, D]")
+    quant = check_store_args(k_buffer, v_buffer, out_cache_loc, k, v, k_scale, v_scale)
     num_tokens, num_kv_heads, head_dim = k.shape
-    check(k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
-    check(tuple(k_buffer.shape[1:]) == (num_kv_heads, head_dim),
-          f"k is {tuple(k.shape)} but the pool rows are {tuple(k_buffer.shape[1:])}")
-    check(out_cache_loc.shape == (num_tokens,), f"out_cache_loc must be [{num_tokens}]")
-    check(out_cache_loc.dtype in (torch.int64, torch.int32), "out_cache_loc must be int64 or int32")
-    check(out_cache_loc.device == k_buffer.device, "out_cache_loc is not on the pool's device")
-    for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k", k), ("v", v)):
-        check(t.stride(-1) == 1, f"{name} must have a contiguous last dim")
-        check(t.device == k_buffer.device, f"{name} is on {t.device}, the pool on {k_buffer.device}")
-    quant = k_buffer.dtype == FP8_DTYPE
-    check(not quant or (k_scale > 0 and v_scale > 0), f"bad FP8 KV scales {k_scale}, {v_scale}")
     if num_tokens == 0:
         return
     cfg, pdl = _pick_config(num_kv_heads, head_dim), use_pdl(k_buffer)

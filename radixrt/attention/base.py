@@ -133,6 +133,17 @@ class AttentionBackend(ABC):
     def prepare(self, meta: ForwardMeta) -> None:
         """Take this pass's metadata (before the first layer); may pick launch parameters."""
 
+    def forward_rope(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, layer_id: int, scale: float) -> torch.Tensor:
+        """`forward` of q and k after rotary position embedding (`radixrt.models.ops.apply_rotary`:
+        positions [T] int64 / int32, cos_sin_cache [max_positions, R] float32). A backend may fuse
+        the rotation with the K/V store (the Triton backend does: one kernel instead of two per
+        layer). q and k may be rotated in place. Returns forward's o [T, Hq, D]."""
+        from radixrt.models import ops
+
+        q, k = ops.apply_rotary(q, k, positions, cos_sin_cache)
+        return self.forward(q, k, v, layer_id, scale)
+
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 scale: float) -> torch.Tensor:

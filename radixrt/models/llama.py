@@ -99,8 +99,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
             q = self.q_norm(q)[0]
             k = self.k_norm(k)[0]
-        q, k = ops.apply_rotary(q, k, positions, cos_sin_cache)
-        o = backend.forward(q, k, v, self.layer_id, self.scale)  # [T, Hq, D]; v is a strided view
+        # rotary, the K/V store and attention ([T, Hq, D]; v is a strided view)
+        o = backend.forward_rope(q, k, v, positions, cos_sin_cache, self.layer_id, self.scale)
         return o.reshape(t, self.q_size)
 
 

@@ -22,6 +22,8 @@ sequence only runs empty programs (and a wider merge).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from radixrt.attention.base import AttentionBackend, ForwardMeta, KVPool
@@ -31,6 +33,7 @@ from radixrt.kernels import (
     choose_num_prefix_splits,
     decode_attention,
     extend_attention,
+    rope_store_kv,
     store_kv,
 )
 from radixrt.kernels.cascade_attention import default_tile
@@ -185,14 +188,35 @@ class TritonAttnBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 scale: float) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> o [T, Hq, D]; writes k/v into layer `layer_id` of the pool."""
+        meta, k_buffer, v_buffer, kv_scales = self._layer(layer_id)
+        store_kv(k_buffer, v_buffer, meta.out_cache_loc, k, v, **kv_scales)
+        return self._attend(q, k, v, k_buffer, v_buffer, meta, scale, kv_scales)
+
+    def forward_rope(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, layer_id: int, scale: float) -> torch.Tensor:
+        """AttentionBackend.forward_rope with the rotation and the K/V store in one kernel
+        (kernels.rope_store_kv: q and k rotated in place, k and v written to the pool's slots), then
+        attention as `forward`; tensors the kernel cannot take (CPU tensors outside Triton's
+        interpreter) go the unfused way."""
+        if not (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+            return super().forward_rope(q, k, v, positions, cos_sin_cache, layer_id, scale)
+        meta, k_buffer, v_buffer, kv_scales = self._layer(layer_id)
+        rope_store_kv(q, k, v, positions, cos_sin_cache, k_buffer, v_buffer, meta.out_cache_loc, **kv_scales)
+        return self._attend(q, k, v, k_buffer, v_buffer, meta, scale, kv_scales)
+
+    def _layer(self, layer_id: int):
+        """(this pass's meta, layer `layer_id`'s K / V buffers, its {"k_scale", "v_scale"})."""
         meta = self._meta
         if meta is None:
             raise RuntimeError("TritonAttnBackend.forward called before prepare")
-        k_buffer = self.kv_pool.k_buffers[layer_id]
-        v_buffer = self.kv_pool.v_buffers[layer_id]
         kv_scales = {"k_scale": self.kv_pool_scale(layer_id, "k"),
                      "v_scale": self.kv_pool_scale(layer_id, "v")}
-        store_kv(k_buffer, v_buffer, meta.out_cache_loc, k, v, **kv_scales)
+        return meta, self.kv_pool.k_buffers[layer_id], self.kv_pool.v_buffers[layer_id], kv_scales
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer: torch.Tensor,
+                v_buffer: torch.Tensor, meta: ForwardMeta, scale: float,
+                kv_scales: dict[str, float]) -> torch.Tensor:
+        """Attention of a pass whose new K / V are already in the pool (forward's second half)."""
         if meta.mode == ForwardMode.DECODE:
             return self._decode(q, k_buffer, v_buffer, meta, scale, kv_scales)
         if meta.mode in (ForwardMode.EXTEND, ForwardMode.MIXED):

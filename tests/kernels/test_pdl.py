@@ -28,7 +28,7 @@ def test_pdl_kernels_compile_for_sm90_with_no_store_before_the_wait():
     proc = run_sm90_script("compile_pdl_sm90.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert len(lines) == 14 and all(line.startswith("ok ") for line in lines), proc.stdout
+    assert len(lines) == 16 and all(line.startswith("ok ") for line in lines), proc.stdout
     # the weight reads that PDL overlaps with the previous kernel are issued before the wait
     for name in ("gemv bf16 M=1 (reduce)", "gemv FP8 int M=1 ", "rms_norm + residual"):
         line = next(ln for ln in lines if name in ln)

@@ -1,0 +1,139 @@
+"""kernels.rope_store_kv (rotary embedding and the K/V store in one launch) against the two launches
+it replaces, apply_rotary then store_kv, on the same inputs: q, k (rotated in place) and the pool
+bit-equal, over q / k / v as strided views of one fused QKV output, a partial rotary dimension,
+int32 positions, padding tokens sent to the sink slot 0, and pools of fp32, fp16 and FP8 on the CPU
+(the two paths share the store's code, so even the interpreter's FP8 rounding agrees), bf16 and
+FP8 at Qwen2.5-7B's heads on a GPU. Then the
+Triton attention backend's forward_rope (which takes it) against apply_rotary + forward over
+extend, decode and mixed passes. Runs on the CPU through the Triton interpreter (conftest)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixrt.kernels import apply_rotary, build_rope_cache, rope_store_kv, store_kv
+from radixrt.kernels.reference import slots_of
+
+from .conftest import DEVICE
+
+FP8 = torch.float8_e4m3fn
+
+
+def _qkv(t: int, hq: int, hkv: int, d: int, dtype: torch.dtype, gen: torch.Generator):
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(dtype=dtype, device=DEVICE)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    return qkv, q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
+
+
+def _compare(t, hq, hkv, d, rotary_dim, dtype, pool_dtype, pos_dtype, device, seed=0):
+    """Both paths on the same inputs; asserts q, k, v and the pools bit-equal."""
+    gen = torch.Generator().manual_seed(seed)
+    slots = 4 * t + 8
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(dtype=dtype, device=device)
+    qkv2 = qkv.clone()
+    q, k, v = (x.view(t, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    q2, k2, v2 = (x.view(t, -1, d) for x in qkv2.split([hq * d, hkv * d, hkv * d], dim=-1))
+    positions = torch.randint(0, 500, (t,), generator=gen).to(dtype=pos_dtype, device=device)
+    cache = build_rope_cache(rotary_dim, 512, 10000.0).to(device)
+    loc = torch.randperm(slots - 1, generator=gen)[:t] + 1
+    loc[3] = loc[7] = 0  # padding tokens share the sink slot
+    loc = loc.to(device)
+    scales = {"k_scale": 0.5, "v_scale": 0.25} if pool_dtype == FP8 else {}
+    pools = [(torch.zeros(slots, hkv, d, dtype=pool_dtype, device=device),
+              torch.zeros(slots, hkv, d, dtype=pool_dtype, device=device)) for _ in range(2)]
+
+    apply_rotary(q, k, positions, cache)
+    store_kv(*pools[0], loc, k, v, **scales)
+    rope_store_kv(q2, k2, v2, positions, cache, *pools[1], loc, **scales)
+
+    assert torch.equal(qkv2, qkv)  # q and k rotated in place alike, v untouched
+    real = loc != 0  # the sink slot's row is whichever padding token wrote last
+    untouched = torch.ones(slots, dtype=torch.bool, device=device)
+    untouched[loc] = False
+    for a, b in zip(pools[0], pools[1], strict=True):
+        assert torch.equal(a[loc[real]].float(), b[loc[real]].float())
+        assert bool(b[loc[real]].float().abs().sum((1, 2)).gt(0).all())  # every real token's row written
+        assert not b[untouched].float().any()
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16, FP8])
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+@pytest.mark.parametrize("pos_dtype", [torch.int64, torch.int32])
+def test_fused_equals_rotary_then_store(pool_dtype, rotary_dim, pos_dtype):
+    dtype = torch.float16 if pool_dtype == torch.float16 else torch.float32
+    _compare(9, 8, 2, 64, rotary_dim, dtype, pool_dtype, pos_dtype, DEVICE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, FP8])
+@pytest.mark.parametrize("t", [1, 128, 1000])
+def test_fused_equals_rotary_then_store_on_gpu(pool_dtype, t):
+    """Qwen2.5-7B's heads (28 query, 4 KV, D 128) in bf16, a bf16 and an FP8 pool."""
+    _compare(max(t, 8), 28, 4, 128, 128, torch.bfloat16, pool_dtype, torch.int64, torch.device("cuda"))
+
+
+def test_checks_both_sets_of_arguments():
+    gen = torch.Generator().manual_seed(1)
+    _, q, k, v = _qkv(4, 4, 2, 32, torch.float32, gen)
+    cache = build_rope_cache(32, 64, 10000.0).to(DEVICE)
+    pos = torch.arange(4, device=DEVICE)
+    kb = torch.zeros(16, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError):  # positions of the wrong length
+        rope_store_kv(q, k, v, pos[:3], cache, kb, kb.clone(), torch.arange(4, device=DEVICE))
+    with pytest.raises(ValueError):  # pool rows of another head size
+        rope_store_kv(q, k, v, pos, cache, kb[..., :16], kb[..., :16].clone(), torch.arange(4, device=DEVICE))
+    with pytest.raises(ValueError):  # out_cache_loc of the wrong length
+        rope_store_kv(q, k, v, pos, cache, kb, kb.clone(), torch.arange(3, device=DEVICE))
+    rope_store_kv(q[:0], k[:0], v[:0], pos[:0], cache, kb, kb.clone(), pos[:0])  # no tokens: nothing
+
+
+def test_backend_forward_rope_equals_rotary_then_forward():
+    pytest.importorskip("orjson", reason="radixrt.protocol needs orjson")
+    from radixrt.attention.base import ForwardMeta
+    from radixrt.protocol import ForwardMode
+    from radixrt.worker.attention_triton import TritonAttnBackend
+
+    from .test_attention_triton import HKV, HQ, PAGE, Pool
+
+    d, layers = 64, 2
+    gen = torch.Generator().manual_seed(2)
+    cache = build_rope_cache(d, 256, 10000.0).to(DEVICE)
+
+    def pool():
+        g = torch.Generator().manual_seed(3)
+        return Pool(PAGE, [torch.randn(16 * PAGE, HKV, d, generator=g).to(DEVICE) for _ in range(layers)],
+                    [torch.randn(16 * PAGE, HKV, d, generator=g).to(DEVICE) for _ in range(layers)])
+
+    pools = [pool(), pool()]
+    backends = [TritonAttnBackend(p, num_q_heads=HQ, max_batch_size=4) for p in pools]
+    table = torch.tensor([[3, 5, 0], [7, 9, 11]], dtype=torch.int32)
+    # (mode, prefix lens, extend lens): a prefill, two decode steps, a mixed pass
+    passes = [(ForwardMode.EXTEND, [0, 0], [20, 33]), (ForwardMode.DECODE, [20, 33], [1, 1]),
+              (ForwardMode.DECODE, [21, 34], [1, 1]), (ForwardMode.MIXED, [22, 35], [1, 6])]
+    for mode, pre, ext in passes:
+        spans = list(enumerate(zip(pre, ext, strict=True)))
+        loc = torch.cat([slots_of(table[i], PAGE, p, p + e) for i, (p, e) in spans])
+        positions = torch.cat([torch.arange(p, p + e) for p, e in zip(pre, ext, strict=True)]).to(DEVICE)
+        pre_t, ext_t = torch.tensor(pre, dtype=torch.int32), torch.tensor(ext, dtype=torch.int32)
+        meta = ForwardMeta(mode=mode, page_size=PAGE, page_table=table.to(DEVICE),
+                           seq_lens=(pre_t + ext_t).to(DEVICE), extend_lens=ext_t.to(DEVICE),
+                           prefix_lens=pre_t.to(DEVICE),
+                           extend_start_loc=(torch.cumsum(ext_t, 0, dtype=torch.int32) - ext_t).to(DEVICE),
+                           out_cache_loc=loc.to(DEVICE), positions=positions,
+                           max_seq_len=int((pre_t + ext_t).max()), max_extend_len=int(ext_t.max()))
+        for b in backends:
+            b.prepare(meta)
+        for layer in range(layers):
+            t = sum(ext)
+            q = torch.randn(t, HQ, d, generator=gen).to(DEVICE)
+            k = torch.randn(t, HKV, d, generator=gen).to(DEVICE)
+            v = torch.randn(t, HKV, d, generator=gen).to(DEVICE)
+            q2, k2 = q.clone(), k.clone()
+            apply_rotary(q, k, positions, cache)
+            want = backends[0].forward(q, k, v, layer, 0.125)
+            got = backends[1].forward_rope(q2, k2, v, positions, cache, layer, 0.125)
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+    bufs = [p.k_buffers + p.v_buffers for p in pools]
+    for a, b in zip(*bufs, strict=True):
+        assert torch.equal(a, b)
