@@ -206,7 +206,17 @@ class Launcher:
         self.addrs.cleanup()
 
 
+_stopping = False  # a stop signal was taken: later ones change nothing (launch_server resets it)
+
+
 def _raise_stop(signum: int, frame: Any) -> None:
+    """SIGINT / SIGTERM handler: raise _Stop once. A second signal (make forwards the SIGTERM sent
+    to its process group, so the launcher gets two) arriving while the first is being handled
+    returns instead of raising out of the shutdown path."""
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
     raise _Stop(signum)
 
 
@@ -274,6 +284,8 @@ def launch_server(args: ServerArgs) -> int:
         return 2
     launcher = Launcher(args, model_dir)
     log.info("model dir %s, ipc dir %s", model_dir, launcher.addrs.dir)
+    global _stopping
+    _stopping = False
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     code, crashed = 0, False
     try:

@@ -34,3 +34,18 @@ def test_fp8_kv_cache_needs_the_triton_backend(model_dir: Path, backend: str) ->
     with pytest.raises(ValueError, match="fp8_e4m3 needs --attention-backend triton"):
         check_args_against_model(args, model_dir)
     check_args_against_model(ServerArgs(device="cpu", attention_backend=backend), model_dir)
+
+
+def test_stop_signal_handler_raises_once(monkeypatch):
+    """make forwards the SIGTERM sent to its process group, so the launcher can take two: the second,
+    arriving while the first is being handled, must not raise out of the shutdown path."""
+    import signal
+
+    from radixrt import launcher
+
+    monkeypatch.setattr(launcher, "_stopping", False)
+    with pytest.raises(launcher._Stop) as first:
+        launcher._raise_stop(signal.SIGTERM, None)
+    assert first.value.args == (signal.SIGTERM,)
+    assert launcher._raise_stop(signal.SIGTERM, None) is None
+    assert launcher._raise_stop(signal.SIGINT, None) is None

@@ -172,6 +172,14 @@ class ChatCompletionRequest(ToolFields, ConstraintFields, SamplingFields):
                 raise ValueError("continue_final_message: requires add_generation_prompt to be false")
             if self.messages[-1].role != "assistant":
                 raise ValueError("continue_final_message: the last message must be an assistant message")
+        # a tool result answers a call of an earlier assistant message (OpenAI's 400 as well; the
+        # Responses and Messages APIs check their own pairing)
+        calls: set[str] = set()
+        for i, m in enumerate(self.messages):
+            if m.role == "tool" and m.tool_call_id not in calls:
+                raise ValueError(f"messages[{i}].tool_call_id: {m.tool_call_id!r} answers no tool call of an "
+                                 "earlier assistant message")
+            calls.update(c.id for c in m.tool_calls or ())
         return self
 
     def max_new_tokens(self) -> int | None:

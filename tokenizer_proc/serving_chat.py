@@ -29,10 +29,11 @@ from .tool_parsers import (
     ParsedOutput,
     StreamDelta,
     ToolCallStream,
+    ToolParser,
     assistant_message,
     detect_tool_parser,
     finish_reason_with_tools,
-    get_tool_parser,
+    plan_parser,
 )
 from .tool_prompt import render_chat
 
@@ -73,7 +74,7 @@ async def chat_completions(ctx: ServingContext, request: Request) -> Response:
     body = parse_body(ChatCompletionRequest, await read_json(request, ctx.args.max_request_body_bytes))
     check_model(ctx, body.model)
     return await serve_chat(ctx, request, body,
-                            lambda req, handle, plan: ChatWriter(ctx, req, handle, plan.parser))
+                            lambda req, handle, plan: ChatWriter(ctx, req, handle, plan_parser(plan)))
 
 
 async def serve_chat(ctx: ServingContext, request: Request, body: ChatCompletionRequest,
@@ -101,18 +102,19 @@ class ChatWriter:
     A stream: a role delta per choice, content deltas (and `delta.tool_calls` deltas when `parser` is
     set: one ToolCallStream per choice), one finish chunk per choice ("tool_calls" when the choice made
     calls and stopped), the usage chunk (with `stream_options.include_usage`), [DONE].
-    `parser`: the --tool-call-parser name to read calls with; None: the text is plain content.
+    `parser`: the tool-call parser to read calls with (tool_parsers.plan_parser); None: the text is
+    plain content.
     """
 
     def __init__(self, ctx: ServingContext, req: ChatCompletionRequest, handle: RequestHandle,
-                 parser: str | None = None) -> None:
+                 parser: ToolParser | None = None) -> None:
         self.ctx, self.req, self.handle = ctx, req, handle
         self.meta = {"id": f"chatcmpl-{handle.id}", "created": now_s(), "model": ctx.served_model}
         self.n = req.n or 1
         self.with_usage = req.include_usage()
         self.chunk_meta = {**self.meta, "object": "chat.completion.chunk"}
         self.enc = ChunkEncoder(self.chunk_meta, {"usage": None} if self.with_usage else {})
-        self.parser = get_tool_parser(parser) if parser else None
+        self.parser = parser
         self.streams: dict[int, ToolCallStream] = {}
         self.num_calls: dict[int, int] = {}
         self.reasoning = get_reasoning_parser(getattr(ctx.args, "reasoning_parser", None))

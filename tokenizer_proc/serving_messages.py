@@ -26,7 +26,7 @@ from .request_state import RequestHandle
 from .serving_chat import chat_prompt_ids, serve_chat, server_tool_parser
 from .serving_context import ServingContext
 from .tool_grammar import ToolPlan, plan_tools
-from .tool_parsers import get_tool_parser
+from .tool_parsers import plan_parser
 
 # chat parameter -> Messages parameter, for errors raised on the chat path
 _PARAM_NAMES = {"stop": "stop_sequences"}
@@ -48,7 +48,7 @@ async def create_message(ctx: ServingContext, request: Request) -> Response:
 
         def make_writer(_req: ChatCompletionRequest, _handle: RequestHandle,
                         plan: ToolPlan) -> MessagesWriter:
-            tools = get_tool_parser(plan.parser) if plan.parser else None
+            tools = plan_parser(plan)
             return MessagesWriter(meta, body.stop_sequences or [], reasoning, tools)
 
         return await serve_chat(ctx, request, chat, make_writer)

@@ -35,7 +35,7 @@ from .responses_writer import ResponsesWriter, item_id
 from .serving_chat import serve_chat
 from .serving_context import ServingContext
 from .tool_grammar import ToolPlan
-from .tool_parsers import get_tool_parser
+from .tool_parsers import plan_parser
 
 MAX_STORED_RESPONSES = 512
 STORED_RESPONSE_TTL_S = 3600.0
@@ -137,7 +137,7 @@ async def create_response(ctx: ServingContext, store: ResponseStore, request: Re
         return len(ctx.tokenizer.encode(text, add_special_tokens=False))
 
     def make_writer(_req: ChatCompletionRequest, _handle: RequestHandle, plan: ToolPlan) -> ResponsesWriter:
-        tools = get_tool_parser(plan.parser) if plan.parser else None
+        tools = plan_parser(plan)
         return ResponsesWriter(meta, reasoning, tools, count_tokens, on_complete)
 
     try:

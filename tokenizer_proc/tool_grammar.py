@@ -122,11 +122,13 @@ class ToolPlan:
     render_tools: the tools for the prompt (also for tool_choice "none", so that the prompt, and so the
         radix-cache prefix, does not change with tool_choice). parser: the --tool-call-parser name for
         the output, None when it is plain content. grammar: the grammar to sample under, or None.
+        forced: the grammar forces calls, so the output's content is dropped (tool_parsers.plan_parser).
     """
 
     render_tools: list[ToolDefinition]
     parser: str | None
     grammar: GrammarSpec | None
+    forced: bool = False  # the grammar admits only calls (tool_choice "required" or a named function)
 
 
 def plan_tools(fields: ToolFields, parser: str) -> ToolPlan:
@@ -142,4 +144,4 @@ def plan_tools(fields: ToolFields, parser: str) -> ToolPlan:
         grammar, out_parser = tool_grammar(tools, choice, fields.allows_parallel(), parser)
     except GrammarError as e:  # a tool's parameters nested too deeply for a grammar
         raise bad_request(str(e), param="tools") from None
-    return ToolPlan(tools, out_parser, grammar)
+    return ToolPlan(tools, out_parser, grammar, forced=grammar is not None and choice != "auto")

@@ -279,3 +279,41 @@ def json_value_end(text: str, start: int) -> int | None:
     scan = JsonValueScan()
     n = scan.feed(text[start:])
     return start + n if scan.done else None
+
+
+class _CallsOnlyStream(ToolCallStream):
+    """A format's stream with its content dropped (CallsOnly)."""
+
+    def __init__(self, inner: ToolCallStream) -> None:  # noqa: D107 - wraps, does not run a machine
+        self.inner = inner
+        self.out = inner.out
+
+    @staticmethod
+    def _calls(d: StreamDelta) -> StreamDelta:
+        return StreamDelta("", d.tool_calls, [p for p in d.pieces if not isinstance(p, str)])
+
+    def feed(self, delta: str) -> StreamDelta:
+        return self._calls(self.inner.feed(delta))
+
+    def finish(self) -> StreamDelta:
+        return self._calls(self.inner.finish())
+
+
+class CallsOnly(ToolParser):
+    """A format's parser for output sampled under a grammar that forces calls (tool_choice "required"
+    or a named function; tool_grammar.py): the grammar admits nothing but calls and their
+    separators, so what the format reads as content is the markup of a call that max_tokens cut
+    before its header was complete (e.g. `<tool_call>\n{"name`) or a separator. It is dropped, in
+    streams and whole outputs alike: the message has no content, as OpenAI's does for a forced call.
+    Calls are the inner format's, unchanged."""
+
+    def __init__(self, inner: ToolParser) -> None:
+        super().__init__(inner.new_id)
+        self.inner = inner
+        self.name = inner.name
+
+    def stream(self) -> ToolCallStream:
+        return _CallsOnlyStream(self.inner.stream())
+
+    def parse(self, text: str) -> ParsedOutput:
+        return ParsedOutput("", self.inner.parse(text).tool_calls)

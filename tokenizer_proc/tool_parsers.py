@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .tool_grammar import ToolPlan
 from .tool_parser_base import (
+    CallsOnly,
     ParsedOutput,
     StreamDelta,
     ToolCall,
@@ -25,7 +27,7 @@ from .tool_parser_formats import HermesParser, Llama3JsonParser, PythonicParser
 __all__ = [
     "TOOL_PARSERS", "ParsedOutput", "StreamDelta", "ToolCall", "ToolCallDelta", "ToolCallStream",
     "ToolParser", "assistant_message", "detect_tool_parser", "finish_reason_with_tools",
-    "get_tool_parser", "new_call_id",
+    "get_tool_parser", "new_call_id", "plan_parser",
 ]
 
 # --tool-call-parser names; aliases follow the names SGLang and vLLM users already type.
@@ -49,6 +51,15 @@ def get_tool_parser(name: str, new_id: Callable[[], str] = new_call_id) -> ToolP
     if cls is None:
         raise ValueError(f"--tool-call-parser: unknown parser {name!r}; known: {', '.join(TOOL_PARSERS)}")
     return cls(new_id)
+
+
+def plan_parser(plan: ToolPlan) -> ToolParser | None:
+    """The parser that reads a request's output under its ToolPlan: None for plain content, the
+    plan's format, wrapped in CallsOnly when the plan's grammar forces calls."""
+    if not plan.parser:
+        return None
+    parser = get_tool_parser(plan.parser)
+    return CallsOnly(parser) if plan.forced else parser
 
 
 def detect_tool_parser(chat_template: str | None) -> str | None:

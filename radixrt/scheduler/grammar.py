@@ -194,8 +194,10 @@ class GrammarStage:
         matcher = req.matcher
         if not matcher.accept_token(tok):
             if not matcher.admits_any_token():  # an empty language, or a dead end the compiler kept
+                # num_resolved_outputs counts `tok`, the token just sampled and refused
+                kept = max(0, req.num_resolved_outputs - 1)
                 return "abort", (f"the output constraint (response_format, regex, ebnf, json_schema or "
-                                 f"the forced tool call) admits no token after {req.num_resolved_outputs} "
+                                 f"the forced tool call) admits no token after {kept} "
                                  f"output tokens: it matches no complete output")
             return "abort", (f"internal error: the grammar rejected sampled token {tok} "
                              f"(output token {req.num_resolved_outputs})")

@@ -145,9 +145,11 @@ def test_a_dead_end_admits_no_token_and_the_scheduler_says_so(
     for tok in tokenizer.encode(prefix, add_special_tokens=False):
         assert m.admits_any_token() and m.accept_token(tok)
     assert not m.admits_any_token()
-    req = SimpleNamespace(matcher=m, num_resolved_outputs=len(prefix))
+    # the scheduler resolves the sampled token before accept: the count includes the refused one
+    req = SimpleNamespace(matcher=m, num_resolved_outputs=len(prefix) + 1)
     action, message = GrammarStage.accept(req, 0)
     assert action == "abort" and "admits no token" in message and "internal error" not in message
+    assert f"after {len(prefix)} output tokens" in message
     live = RequestMatcher(service.compile_now(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA))))
     assert live.admits_any_token()
     action, message = GrammarStage.accept(SimpleNamespace(matcher=live, num_resolved_outputs=0), 0)

@@ -233,3 +233,41 @@ def test_openai_shapes() -> None:
     assert finish_reason_with_tools("stop", 2) == "tool_calls"
     assert finish_reason_with_tools("length", 1) == "length"
     assert finish_reason_with_tools("stop", 0) == "stop"
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>\n{\"name",                       # cut by max_tokens inside the header
+    "<tool_call",                                 # cut inside the tag
+    # a second call cut
+    "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call",
+    "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", "
+    "\"arguments\": {\"x\": 2}}\n</tool_call>",   # two calls and their separator
+])
+def test_calls_only_drops_content_whole_and_streamed(text: str) -> None:
+    """Output sampled under a grammar that forces calls: the cut markup and the separators the format
+    reads as content are dropped, in a whole output and at every split point of a stream; the calls
+    are the format's own."""
+    from radixrt.tokenizer_proc.tool_parser_base import CallsOnly
+
+    ids = itertools.count()
+    want = get_tool_parser("hermes", new_id=lambda: f"call_{next(ids)}").parse(text).tool_calls
+    parser = CallsOnly(get_tool_parser("hermes", new_id=lambda: f"call_{next(ids)}"))
+    whole = parser.parse(text)
+    assert whole.content == "" and [(c.name, c.arguments) for c in whole.tool_calls] == [
+        (c.name, c.arguments) for c in want]
+    for cut in range(len(text) + 1):
+        s = parser.stream()
+        deltas = [s.feed(text[:cut]), s.feed(text[cut:]), s.finish()]
+        assert all(d.content == "" and all(not isinstance(p, str) for p in d.pieces) for d in deltas)
+        names = [td.name for d in deltas for td in d.tool_calls if td.id is not None]
+        assert names == [c.name for c in want]
+
+
+def test_plan_parser_wraps_only_forced_plans() -> None:
+    from radixrt.tokenizer_proc.tool_grammar import ToolPlan
+    from radixrt.tokenizer_proc.tool_parser_base import CallsOnly
+    from radixrt.tokenizer_proc.tool_parsers import plan_parser
+
+    assert plan_parser(ToolPlan([], None, None)) is None
+    assert type(plan_parser(ToolPlan([], "hermes", None))).__name__ == "HermesParser"
+    assert isinstance(plan_parser(ToolPlan([], "hermes", None, forced=True)), CallsOnly)

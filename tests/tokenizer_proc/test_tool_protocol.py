@@ -111,3 +111,20 @@ def test_tool_fields_must_fit_the_role(message: dict[str, Any], needle: str) -> 
 def test_parallel_tool_calls_is_strictly_boolean() -> None:
     err = reject(body(tools=[WEATHER], parallel_tool_calls="yes"))
     assert err.param == "parallel_tool_calls"
+
+
+def test_a_tool_result_must_answer_an_earlier_call() -> None:
+    """A role "tool" message answers a call of an earlier assistant message (OpenAI's 400 too; the
+    Responses and Messages APIs refuse their orphans the same way)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    user = {"role": "user", "content": "hi"}
+    answered = {"role": "assistant", "content": None, "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "42"}
+    ok = parse_body(ChatCompletionRequest, {"model": "m", "messages": [user, answered, result]})
+    assert ok.messages[-1].tool_call_id == "call_1"
+    for messages in ([user, result],                                   # no call at all
+                     [user, result, answered],                         # the call comes after its result
+                     [user, answered, {**result, "tool_call_id": "call_2"}]):  # another call's id
+        with pytest.raises(APIError) as err:
+            parse_body(ChatCompletionRequest, {"model": "m", "messages": messages})
+        assert err.value.status == 400 and "tool_call_id" in str(err.value)
