@@ -111,9 +111,12 @@ class MessagesWriter:
         elif self.open != kind:
             if kind == "text" and not p.text.strip():
                 return  # whitespace between blocks is layout, not a text block
+            after_call = self.open == "tool_use"
             block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {
                 "type": "text", "text": ""}
             self._start(parts, kind, block)
+            if kind == "text" and after_call:  # the gap after a call: chat's word boundary, a margin here
+                p = Piece("text", p.text.lstrip())
         delta = p.call.arguments if p.call is not None else p.text
         if delta:
             dtype, key = _DELTA[kind]

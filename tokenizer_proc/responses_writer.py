@@ -170,8 +170,11 @@ class ResponsesWriter:
         if it is None or it["kind"] != p.kind or starts_call:
             if p.kind == "text" and not p.text.strip() and (it is None or it["kind"] != "text"):
                 return  # whitespace between items is layout, not a message
+            after_call = it is not None and it["kind"] == "call"
             self._close_item(parts)
             it = self._open_item(parts, p.kind, p.call)
+            if p.kind == "text" and after_call:  # the gap after a call: chat's word boundary, a margin here
+                p = Piece("text", p.text.lstrip())
         loc = {"item_id": it["id"], "output_index": len(self.items)}
         delta = p.call.arguments if p.call is not None else p.text
         if not delta:

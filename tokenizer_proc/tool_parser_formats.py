@@ -29,12 +29,15 @@ from .tool_parser_base import (
 class _Content:
     """Content emission with the whitespace rule: trailing whitespace is held until it is known whether
     a call follows (then dropped: layout, not content); leading whitespace right after a call is
-    dropped."""
+    dropped, unless content came before the call, where it is the gap between two pieces of text
+    (kept as the model wrote it, so that "Let me check. <call> Then ..." reads "Let me check. Then
+    ...", not "check.Then", in chat's one content string)."""
 
     def __init__(self, stream: ToolCallStream) -> None:
         self.stream = stream
         self.after_call = False
         self.held_ws = ""
+        self.had_text = False
 
     def emit(self, s: str, *, hold_tail: bool) -> None:
         """Emit s as content; with hold_tail its trailing whitespace waits for the next emit/drop."""
@@ -43,12 +46,16 @@ class _Content:
         if self.after_call:
             body = s.lstrip()
             if not body:
+                if self.had_text:  # a gap, if more text follows; dropped at the end or at a call
+                    self.held_ws = s
                 return
-            s, self.after_call = body, False
+            s, self.after_call = (s if self.had_text else body), False
         if hold_tail:
             body = s.rstrip()
             self.held_ws = s[len(body):]
             s = body
+        if s:
+            self.had_text = True
         self.stream.out.text(s)
 
     def call_started(self) -> None:

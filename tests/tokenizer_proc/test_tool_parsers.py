@@ -135,7 +135,7 @@ def test_hermes_text_that_never_starts_a_call_is_content(text: str) -> None:
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city":',
      "", [("get_weather", '{"city":')]),
     ("hermes", 'hi <tool_call>{"name": "f", "arguments": {"a": }}</tool_call> bye',
-     "hibye", [("f", '{"a": }')]),  # whitespace beside a call is layout, as for any call
+     "hi bye", [("f", '{"a": }')]),  # the gap between the texts on either side stays a gap
     ("llama3_json", '{"name": "f", "parameters": {"a": ', "", [("f", '{"a": ')]),
 ])
 def test_a_started_call_stays_a_call_when_cut_or_malformed(parser_name: str, text: str, content: str,
@@ -271,3 +271,23 @@ def test_plan_parser_wraps_only_forced_plans() -> None:
     assert plan_parser(ToolPlan([], None, None)) is None
     assert type(plan_parser(ToolPlan([], "hermes", None))).__name__ == "HermesParser"
     assert isinstance(plan_parser(ToolPlan([], "hermes", None, forced=True)), CallsOnly)
+
+
+@pytest.mark.parametrize("text, content", [
+    ('Let me check. <tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call> Then I will answer.',
+     "Let me check. Then I will answer."),
+    ('Hello\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\nbye', "Hello\nbye"),
+    ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n  Done.', "Done."),  # nothing before
+    ('Checking.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n', "Checking."),  # nothing after
+    ('A <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "f", '
+     '"arguments": {}}\n</tool_call> B', "A B"),  # between two calls: layout
+])
+def test_text_on_both_sides_of_a_call_keeps_its_gap(text: str, content: str) -> None:
+    """Chat's content is one string: the whitespace between text before a call and text after it is
+    the gap between two words, kept as written, in a whole output and at every split point."""
+    parser = get_tool_parser("hermes")
+    assert parser.parse(text).content == content
+    for cut in range(len(text) + 1):
+        s = parser.stream()
+        got = "".join(d.content for d in (s.feed(text[:cut]), s.feed(text[cut:]), s.finish()))
+        assert got == content, cut

@@ -178,3 +178,20 @@ def test_other_parsers_whole_equals_stream(parser: str, text: str, finish: str, 
     blocks, reason = _streamed_blocks(_sse(parts))
     whole = _messages_writer(parser).body(_collected(text, finish, step))
     assert (_strip_ids(whole["content"]), whole["stop_reason"]) == (_strip_ids(blocks), reason)
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_text_after_a_call_starts_its_own_block_without_the_gap(step: int) -> None:
+    """"Let me check. <call> Then I answer.": chat's content keeps the gap between the two texts (its
+    one string), while Responses and Messages put the second text in its own item / block, without
+    the gap as a leading space."""
+    text = "Let me check. " + CALL.format("Paris") + " Then I answer."
+    out = _responses_writer().body(_collected(text, "stop", step))["output"]
+    texts = [i["content"][0]["text"] for i in out if i["type"] == "message"]
+    assert texts == ["Let me check.", "Then I answer."]
+    w = _messages_writer()
+    parts: list[bytes] = []
+    for ev in _events(text, "stop", step):
+        w.event(ev, parts)
+    blocks, _ = _streamed_blocks(_sse(parts))
+    assert [b["text"] for b in blocks if b["type"] == "text"] == ["Let me check.", "Then I answer."]
