@@ -1,8 +1,11 @@
 """The tool-call output formats: hermes (`<tool_call>` JSON `</tool_call>`), llama3 JSON, pythonic.
 
 Each is a `ToolCallStream` state machine over its buffer (see tool_parser_base for the contract).
-Whitespace rule shared by all: whitespace between content and a call, and between calls, is dropped;
-text after the last call is content (leading whitespace dropped).
+Whitespace rule shared by all (`_Content`): whitespace between content and a call, and between calls,
+is dropped; text after the last call is content, its leading whitespace dropped unless content came
+before the call (then it is the gap between the two texts, kept). llama3_json's separators and a
+hermes call without its closing tag take the whitespace after a call themselves, so there the gap
+is dropped.
 """
 
 from __future__ import annotations

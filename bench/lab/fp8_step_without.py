@@ -48,17 +48,32 @@ def patched(no_rotary: bool = False, no_store: bool = False, shortest: int | Non
     from radixrt.worker import attention_triton as at
     from radixrt.worker import cuda_graph as cg
 
-    saved = (ops.apply_rotary, at.store_kv, cg.SHORTEST_LEN_CLASS)
+    # the Triton backend rotates and stores in one kernel (rope_store_kv, forward_rope): each switch
+    # replaces it by the part that stays
+    saved = (ops.apply_rotary, at.store_kv, at.rope_store_kv, cg.SHORTEST_LEN_CLASS)
+
+    def store_only(q, k, v, positions, cache, k_buffer, v_buffer, loc, **scales):
+        at.store_kv(k_buffer, v_buffer, loc, k, v, **scales)
+
+    def rotary_only(q, k, v, positions, cache, *pool_args, **scales):
+        ops.apply_rotary(q, k, positions, cache)
+
     if no_rotary:
         ops.apply_rotary = lambda q, k, positions, cache: (q, k)
     if no_store:
         at.store_kv = lambda *a, **kw: None
+    if no_rotary and no_store:
+        at.rope_store_kv = lambda *a, **kw: None
+    elif no_rotary:
+        at.rope_store_kv = store_only
+    elif no_store:
+        at.rope_store_kv = rotary_only
     if shortest is not None:
         cg.SHORTEST_LEN_CLASS = shortest
     try:
         yield
     finally:
-        ops.apply_rotary, at.store_kv, cg.SHORTEST_LEN_CLASS = saved
+        ops.apply_rotary, at.store_kv, at.rope_store_kv, cg.SHORTEST_LEN_CLASS = saved
 
 
 VARIANTS = [  # (name, quantization, patch kwargs)
