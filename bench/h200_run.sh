@@ -290,6 +290,8 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
         tests/worker/test_gpu_model.py::test_decode_graph_linears_take_the_gluon_gemm
       stage gemm-ws 230 python3 bench/lab/gemm_ws.py --m "${GEMM_M:-128,64,100}" --budget-s "${GEMM_BUDGET:-190}" \
         --out "$OUT/gemm-ws.json" --tuned-out "$OUT/gemm-ws-tuned.json" ;;
+    # rotary + K/V store in one launch against the two it replaced, 28 calls per graph (~30 s)
+    rope-store) stage rope-store 90 python3 bench/lab/rope_store.py --out "$OUT/rope-store.json" ;;
     # the Engine's shared-prefix and random with every decode-graph linear of 17..128 rows on the Gluon GEMM
     # (RADIXRT_GEMM_WS=all) and on cuBLAS (=0), one process each, GEMM_ENGINE_ROUNDS alternated rounds
     # (1 by default: ~3-4 min with both workloads; GEMM_ENGINE_ONLY=shared-prefix for less)
