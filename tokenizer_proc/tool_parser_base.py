@@ -284,7 +284,7 @@ def json_value_end(text: str, start: int) -> int | None:
 class _CallsOnlyStream(ToolCallStream):
     """A format's stream with its content dropped (CallsOnly)."""
 
-    def __init__(self, inner: ToolCallStream) -> None:  # noqa: D107 - wraps, does not run a machine
+    def __init__(self, inner: ToolCallStream) -> None:  # wraps a machine, runs none of its own
         self.inner = inner
         self.out = inner.out
 
