@@ -292,6 +292,10 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
         --out "$OUT/gemm-ws.json" --tuned-out "$OUT/gemm-ws-tuned.json" ;;
     # rotary + K/V store in one launch against the two it replaced, 28 calls per graph (~30 s)
     rope-store) stage rope-store 90 python3 bench/lab/rope_store.py --out "$OUT/rope-store.json" ;;
+    # the batch-1 step of bf16 and FP8 Engines with the fused kernel (default) and with the two kernels
+    # (RADIXRT_ROPE_STORE=0), four alternated rounds (~2 min: four engines)
+    rope-store-step) stage rope-store-step 200 python3 bench/lab/fp8_step_without.py --rounds 4 \
+        --variants "fp8;bf16 two kernels;fp8 two kernels" --out "$OUT/rope-store-step.json" ;;
     # the Engine's shared-prefix and random with every decode-graph linear of 17..128 rows on the Gluon GEMM
     # (RADIXRT_GEMM_WS=all) and on cuBLAS (=0), one process each, GEMM_ENGINE_ROUNDS alternated rounds
     # (1 by default: ~3-4 min with both workloads; GEMM_ENGINE_ONLY=shared-prefix for less)

@@ -49,7 +49,11 @@ def _rope_token(q, k, positions, cos_sin, tok, num_q_heads, num_kv_heads, stride
     _rope_heads(k, stride_k_t, stride_k_h, tok, cos, sin, num_kv_heads, HALF, BLOCK_HKV, BLOCK_HALF)
 
 
-@triton.jit
+# The worker passes positions and out_cache_loc as slices of one uploaded buffer
+# (worker/device_batch.py), 16-byte aligned or not by batch size: specialising on that alignment
+# would compile a second variant at the first pass of the other kind. Each program loads one
+# element of each, so the alignment buys nothing.
+@triton.jit(do_not_specialize_on_alignment=["positions"])
 def _rope_kernel(
     q, k, positions, cos_sin, num_q_heads, num_kv_heads,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_cs,
@@ -62,7 +66,7 @@ def _rope_kernel(
                 stride_k_h, stride_cs, HALF, BLOCK_HQ, BLOCK_HKV, BLOCK_HALF)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["positions", "out_cache_loc"])
 def _rope_store_kernel(
     q, k, v, positions, cos_sin, num_q_heads, num_kv_heads,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_cs,

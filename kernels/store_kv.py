@@ -48,7 +48,9 @@ def store_token(k_buf, v_buf, k_src, v_src, tok, out_cache_loc, num_kv_heads, k_
              v.to(v_buf.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# out_cache_loc is a slice of one uploaded buffer whose alignment varies with the batch size
+# (worker/device_batch.py); one element is loaded per program, so no variant per alignment
+@triton.jit(do_not_specialize_on_alignment=["out_cache_loc"])
 def _store_kv_kernel(
     k_buf, v_buf, k_src, v_src, out_cache_loc, num_kv_heads, k_inv_scale, v_inv_scale,
     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,

@@ -2,7 +2,7 @@
 step of Engines whose graphs leave out a kernel, against the same Engines whole (timing only: the
 engines without a kernel compute wrong tokens).
 
-    python3 bench/lab/fp8_step_without.py [--rounds 4] [--out F]     # H200, ~2 min
+    python3 bench/lab/fp8_step_without.py [--rounds 4] [--variants "fp8;fp8 two kernels"] [--out F]  # ~2 min
 
 Engines on the dummy Qwen2.5-7B kept alive in one process, 128-token prompt, the batch-1 step of
 bench/gpu_engine.py decode_step_ms in alternated rounds (median):
@@ -10,6 +10,8 @@ bench/gpu_engine.py decode_step_ms in alternated rounds (median):
   - "no rotary": models/ops.apply_rotary returns q and k unrotated (the kernel is not launched);
   - "no rotary, no K/V store": also worker/attention_triton.store_kv does nothing, the bound of a
     qkv GEMV whose epilogue rotates q / k and writes K / V into the pool;
+  - "two kernels": the rotary and K/V-store kernels apart (RADIXRT_ROPE_STORE=0 while the engine is
+    built) instead of the fused rope_store_kv: what the fusion gains in the step (exact);
   - "short class 256": the decode graphs' shortest length class 256 instead of 1,024
     (worker/cuda_graph.SHORTEST_LEN_CLASS), so a batch-1 step over <= 256 tokens runs one KV split
     that writes the output directly: no merge kernel (exact; the bound of dropping the merge there).
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import statistics
 import sys
 import time
@@ -43,7 +46,8 @@ def log(msg: str) -> None:
 
 
 @contextlib.contextmanager
-def patched(no_rotary: bool = False, no_store: bool = False, shortest: int | None = None):
+def patched(no_rotary: bool = False, no_store: bool = False, shortest: int | None = None,
+            two_kernels: bool = False):
     from radixrt.models import ops
     from radixrt.worker import attention_triton as at
     from radixrt.worker import cuda_graph as cg
@@ -70,14 +74,22 @@ def patched(no_rotary: bool = False, no_store: bool = False, shortest: int | Non
         at.rope_store_kv = rotary_only
     if shortest is not None:
         cg.SHORTEST_LEN_CLASS = shortest
+    saved_env = os.environ.get("RADIXRT_ROPE_STORE")
+    if two_kernels:  # read when the attention backend is built (worker/attention_triton.py)
+        os.environ["RADIXRT_ROPE_STORE"] = "0"
     try:
         yield
     finally:
         ops.apply_rotary, at.store_kv, at.rope_store_kv, cg.SHORTEST_LEN_CLASS = saved
+        if two_kernels:
+            os.environ.pop("RADIXRT_ROPE_STORE", None)
+            if saved_env is not None:
+                os.environ["RADIXRT_ROPE_STORE"] = saved_env
 
 
 VARIANTS = [  # (name, quantization, patch kwargs)
     ("bf16", None, {}), ("fp8", "fp8", {}),
+    ("bf16 two kernels", None, {"two_kernels": True}), ("fp8 two kernels", "fp8", {"two_kernels": True}),
     ("fp8 no rotary", "fp8", {"no_rotary": True}),
     ("fp8 no rotary, no K/V store", "fp8", {"no_rotary": True, "no_store": True}),
     ("bf16 no rotary, no K/V store", None, {"no_rotary": True, "no_store": True}),
@@ -90,8 +102,17 @@ VARIANTS = [  # (name, quantization, patch kwargs)
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--variants", default=None,
+                    help="semicolon-separated names of VARIANTS to run (default all; bf16 always runs)")
     ap.add_argument("--out", default=None)
     ns = ap.parse_args()
+    variants = VARIANTS
+    if ns.variants:
+        wanted = {"bf16", *(v.strip() for v in ns.variants.split(";"))}
+        unknown = wanted - {name for name, _, _ in VARIANTS}
+        if unknown:
+            sys.exit(f"unknown variants {sorted(unknown)}; known: {[name for name, _, _ in VARIANTS]}")
+        variants = [v for v in VARIANTS if v[0] in wanted]
     if not torch.cuda.is_available():
         sys.exit("fp8_step_without needs a CUDA device")
     from bench.fp8_bench import model_dir
@@ -100,7 +121,7 @@ def main() -> int:
 
     path = model_dir("qwen2.5-7b")
     engs, out = {}, {}
-    for name, quant, patch in VARIANTS:
+    for name, quant, patch in variants:
         kw = {"quantization": quant} if quant else {}
         t = time.perf_counter()
         with patched(**patch):
@@ -110,7 +131,7 @@ def main() -> int:
         out[name] = {"start_s": time.perf_counter() - t, "steps_ms": []}
         log(f"engine {name} started in {out[name]['start_s']:.0f} s")
     for r in range(ns.rounds):
-        for name, _, patch in VARIANTS:
+        for name, _, patch in variants:
             with patched(**patch):  # eager passes (prefill) see the same change as the graphs
                 out[name]["steps_ms"].append(decode_step_ms(engs[name], 128, 128))
         log(f"round {r}: " + ", ".join(f"{n} {out[n]['steps_ms'][-1]:.3f}" for n in out))

@@ -90,6 +90,9 @@ class TritonAttnBackend(AttentionBackend):
         self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                         if self.device.type == "cuda" else DEFAULT_NUM_SMS)
         self._meta: ForwardMeta | None = None
+        # forward_rope's fused kernel (kernels.rope_store_kv); RADIXRT_ROPE_STORE=0 keeps the rotary
+        # and K/V-store kernels apart (the same values; a switch for comparing the two on a GPU)
+        self.fuse_rope_store = os.environ.get("RADIXRT_ROPE_STORE", "1") != "0"
         self._num_kv_splits = 1
         self._num_prefix_splits = 1
         self._num_q_heads: int | None = None
@@ -197,8 +200,8 @@ class TritonAttnBackend(AttentionBackend):
         """AttentionBackend.forward_rope with the rotation and the K/V store in one kernel
         (kernels.rope_store_kv: q and k rotated in place, k and v written to the pool's slots), then
         attention as `forward`; tensors the kernel cannot take (CPU tensors outside Triton's
-        interpreter) go the unfused way."""
-        if not (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        interpreter) and a backend built with RADIXRT_ROPE_STORE=0 go the unfused way."""
+        if not self.fuse_rope_store or not (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
             return super().forward_rope(q, k, v, positions, cos_sin_cache, layer_id, scale)
         meta, k_buffer, v_buffer, kv_scales = self._layer(layer_id)
         rope_store_kv(q, k, v, positions, cos_sin_cache, k_buffer, v_buffer, meta.out_cache_loc, **kv_scales)

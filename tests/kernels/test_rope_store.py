@@ -9,6 +9,8 @@ extend, decode and mixed passes. Runs on the CPU through the Triton interpreter 
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -137,3 +139,81 @@ def test_backend_forward_rope_equals_rotary_then_forward():
     bufs = [p.k_buffers + p.v_buffers for p in pools]
     for a, b in zip(*bufs, strict=True):
         assert torch.equal(a, b)
+
+
+def _compiled_form(kernel):
+    """The JITFunction that `triton.jit` makes of `kernel` outside the interpreter (the tests run
+    under TRITON_INTERPRET=1, where the decorator keeps its arguments in `.kwargs`)."""
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(kernel, JITFunction):
+        return kernel
+    return JITFunction(kernel.fn, **{k: v for k, v in kernel.kwargs.items() if v is not None})
+
+
+@pytest.mark.parametrize("kernel_name", ["rotary._rope_kernel", "rotary._rope_store_kernel",
+                                         "store_kv._store_kv_kernel"])
+def test_per_token_kernels_compile_one_variant_whatever_the_metadata_alignment(kernel_name):
+    """The worker uploads positions and out_cache_loc as slices of one buffer
+    (worker/device_batch.py), 16-byte aligned or not by batch size; a kernel that specialised on
+    their alignment would compile a second variant at the first prefill of the other kind (a stall
+    of that pass). Triton's binder, with an sm_90 target, must give aligned and unaligned slices the
+    same specialisation."""
+    import importlib
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    module, name = kernel_name.split(".")
+    fn = _compiled_form(getattr(importlib.import_module(f"radixrt.kernels.{module}"), name))
+    binder = create_function_from_signature(fn.signature, fn.params, make_backend(GPUTarget("cuda", 90, 32)))
+    buf = torch.zeros(64, dtype=torch.int64)
+    x = torch.zeros(3, 4, 128, dtype=torch.bfloat16)
+
+    def specialisation(offset: int):
+        idx = buf[offset:offset + 3]  # 16-byte aligned for even offsets
+        args = {p.name: 1 for p in fn.params if not p.is_constexpr}
+        args.update({p.name: x for p in fn.params if p.name in ("q", "k", "v", "k_buf", "v_buf", "k_src",
+                                                                 "v_src")})
+        args.update({p.name: idx for p in fn.params if p.name in ("positions", "out_cache_loc")})
+        if "cos_sin" in args:
+            args["cos_sin"] = torch.zeros(8, 128)
+        consts = {p.name: (False if p.name in ("QUANT", "USE_PDL") else 64)
+                  for p in fn.params if p.is_constexpr}
+        return binder(*[args.get(p.name, consts.get(p.name)) for p in fn.params])[1]
+
+    assert specialisation(0) == specialisation(1)
+    # the check can fail: an aligned and an unaligned q do specialise differently
+    aligned = specialisation(0)
+    x = torch.zeros(3 * 4 * 128 + 1, dtype=torch.bfloat16)[1:].view(3, 4, 128)
+    assert specialisation(0) != aligned
+
+
+def test_rope_store_switch_keeps_the_two_kernels(monkeypatch):
+    """RADIXRT_ROPE_STORE=0 (read when the backend is built) routes forward_rope through
+    apply_rotary and forward; by default the fused kernel is taken."""
+    pytest.importorskip("orjson", reason="radixrt.protocol needs orjson")
+    from radixrt.worker import attention_triton
+    from radixrt.worker.attention_triton import TritonAttnBackend
+
+    from .test_attention_triton import HKV, PAGE, Pool
+
+    calls = []
+    monkeypatch.setattr(attention_triton, "rope_store_kv", lambda *a, **k: calls.append("fused"))
+    monkeypatch.setattr(TritonAttnBackend, "forward", lambda self, *a: calls.append("forward"))
+    meta = types.SimpleNamespace(out_cache_loc=None)
+    monkeypatch.setattr(TritonAttnBackend, "_layer", lambda self, layer: (meta, None, None, {}))
+    monkeypatch.setattr(TritonAttnBackend, "_attend", lambda self, *a: calls.append("attend"))
+    pool = Pool(PAGE, [torch.zeros(4 * PAGE, HKV, 64, device=DEVICE)],
+                [torch.zeros(4 * PAGE, HKV, 64, device=DEVICE)])
+    q, k, v = (torch.zeros(2, HKV, 64, device=DEVICE) for _ in range(3))
+    positions = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    args = (q, k, v, positions, build_rope_cache(64, 8, 10000.0), 0, 1.0)
+
+    TritonAttnBackend(pool).forward_rope(*args)
+    assert calls == ["fused", "attend"]
+    calls.clear()
+    monkeypatch.setenv("RADIXRT_ROPE_STORE", "0")
+    TritonAttnBackend(pool).forward_rope(*args)
+    assert calls == ["forward"]
