@@ -296,20 +296,25 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
     # (RADIXRT_ROPE_STORE=0), four alternated rounds (~2 min: four engines)
     rope-store-step) stage rope-store-step 200 python3 bench/lab/fp8_step_without.py --rounds 4 \
         --variants "fp8;bf16 two kernels;fp8 two kernels" --out "$OUT/rope-store-step.json" ;;
-    # the Engine's shared-prefix and random with every decode-graph linear of 17..128 rows on the Gluon GEMM
-    # (RADIXRT_GEMM_WS=all) and on cuBLAS (=0), one process each, GEMM_ENGINE_ROUNDS alternated rounds
-    # (1 by default: ~3-4 min with both workloads; GEMM_ENGINE_ONLY=shared-prefix for less)
-    # With $OUT/gemm-ws-tuned.json from a `gemm-ws` stage earlier in the same call, the routed process uses
-    # the lab's winners only (RADIXRT_GEMM_WS=auto with that TUNED file) instead of every shape at defaults.
-    gemm-ws-engine) if [ -s "$OUT/gemm-ws-tuned.json" ]; then
-        ROUTE="RADIXRT_GEMM_WS=auto RADIXRT_GEMM_WS_TUNED=$OUT/gemm-ws-tuned.json"; else ROUTE="RADIXRT_GEMM_WS=all"; fi
-      echo "gemm-ws-engine routed process: $ROUTE"; cat "$OUT/gemm-ws-tuned.json" 2>/dev/null
-      for r in $(seq "${GEMM_ENGINE_ROUNDS:-1}"); do
-        stage "gemm-ws-engine-on-$r" 200 env $ROUTE python3 bench/gpu_engine.py \
-          --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-on-$r.json"
-        stage "gemm-ws-engine-off-$r" 200 env RADIXRT_GEMM_WS=0 python3 bench/gpu_engine.py \
-          --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-off-$r.json"
-      done ;;
+    # the Engine's shared-prefix and random with the decode-graph linears of 17..128 rows that a `gemm-ws`
+    # stage earlier in the same call found faster ($OUT/gemm-ws-tuned.json: RADIXRT_GEMM_WS=auto with that
+    # TUNED file) against cuBLAS (=0), one process each, GEMM_ENGINE_ROUNDS alternated rounds (1 by
+    # default: ~3-4 min with both workloads; GEMM_ENGINE_ONLY=shared-prefix for less). Without a winner
+    # (or when the lab failed) the stage is skipped, unless GEMM_ENGINE_ROUTE=all routes every shape.
+    gemm-ws-engine) if [ "${GEMM_ENGINE_ROUTE:-}" = all ]; then ROUTE="RADIXRT_GEMM_WS=all"
+      elif python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])) else 1)" \
+          "$OUT/gemm-ws-tuned.json" 2>/dev/null; then
+        ROUTE="RADIXRT_GEMM_WS=auto RADIXRT_GEMM_WS_TUNED=$OUT/gemm-ws-tuned.json"
+      else ROUTE=""; echo "gemm-ws-engine skipped: no winner in $OUT/gemm-ws-tuned.json (GEMM_ENGINE_ROUTE=all forces)"; fi
+      if [ -n "$ROUTE" ]; then
+        echo "gemm-ws-engine routed process: $ROUTE"; cat "$OUT/gemm-ws-tuned.json" 2>/dev/null
+        for r in $(seq "${GEMM_ENGINE_ROUNDS:-1}"); do
+          stage "gemm-ws-engine-on-$r" 200 env $ROUTE python3 bench/gpu_engine.py \
+            --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-on-$r.json"
+          stage "gemm-ws-engine-off-$r" 200 env RADIXRT_GEMM_WS=0 python3 bench/gpu_engine.py \
+            --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-off-$r.json"
+        done
+      fi ;;
     # issue 19 part 4: the shared-prefix batch-128 decode pass kernel by kernel, cascade on and off (~3 min)
     sp-pass) stage sp-pass 300 python3 bench/lab/shared_prefix_pass.py --out "$OUT/sp-pass.json" ;;
     fp8-m1) stage fp8-m1 300 python3 bench/lab/fp8_m1_lab.py --budget-s 230 --out "$OUT/fp8-m1.json" ;;
