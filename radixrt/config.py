@@ -267,6 +267,9 @@ class Env:
     # (kernels/gemm_ws.py): "auto" for the shapes its TUNED table lists, "all" for every shape it
     # supports (the lab), "0" never (models/linear.py)
     gemm_ws: str = "auto"
+    # RADIXRT_ROPE_STORE=0: the Triton attention backend's forward_rope runs the rotary and K/V-store
+    # kernels apart instead of kernels.rope_store_kv (the same values; worker/attention_triton.py)
+    rope_store: bool = True
 
     @classmethod
     def read(cls) -> Env:
@@ -290,6 +293,7 @@ class Env:
             l2_prefetch_mb=_positive_int_or_none("RADIXRT_L2_PREFETCH_MB") or 24,
             gemm_ws={"0": "0", "false": "0", "all": "all"}.get(
                 os.environ.get("RADIXRT_GEMM_WS", "auto").strip().lower(), "auto"),
+            rope_store=os.environ.get("RADIXRT_ROPE_STORE", "1") not in ("0", "false"),
         )
 
 

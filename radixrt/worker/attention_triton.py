@@ -27,6 +27,7 @@ import os
 import torch
 
 from radixrt.attention.base import AttentionBackend, ForwardMeta, KVPool
+from radixrt.config import Env
 from radixrt.kernels import (
     cascade_decode_attention,
     choose_num_kv_splits,
@@ -92,7 +93,7 @@ class TritonAttnBackend(AttentionBackend):
         self._meta: ForwardMeta | None = None
         # forward_rope's fused kernel (kernels.rope_store_kv); RADIXRT_ROPE_STORE=0 keeps the rotary
         # and K/V-store kernels apart (the same values; a switch for comparing the two on a GPU)
-        self.fuse_rope_store = os.environ.get("RADIXRT_ROPE_STORE", "1") != "0"
+        self.fuse_rope_store = Env.read().rope_store
         self._num_kv_splits = 1
         self._num_prefix_splits = 1
         self._num_q_heads: int | None = None
