@@ -25,7 +25,7 @@ moves the loads to a TMA producer warp, as the warp-specialized attention kernel
   publish (the serial split-K fix-up of kernels/gemv.py, CUTLASS's "serial split-K", made per
   thread).
 
-Workspace: fp32 partials >= tiles * splits * BN * MP, int32 counters >= tiles * BN * (128 // BN)
+Workspace: fp32 partials >= tiles * splits * BN * MP, int32 counters >= tiles * 32 * warps
 (zero between calls; each call that completes leaves them zero: a launch that did not finish, e.g.
 one killed with its process's context, leaves counts behind and the next split calls on that
 workspace would sum too early, so a workspace is not reused after a failed launch). `supported`
@@ -82,31 +82,44 @@ class GemmWsConfig:
 
 
 # Measured configs per (MP, N, K) on an H200 (bench/lab/gemm_ws.py prints these lines); a shape routes
-# to this kernel only where its entry beat F.linear there. Empty until measured. TUNED_ENV names a
-# JSON file of more entries, {"MP,N,K": [block_n, block_k, stages, splits]} (the lab writes one), added
-# at import: a benchmark can route its measured winners without a code change. A malformed file
-# raises ValueError at import (a typo must not silently route nothing).
+# to this kernel only where its entry beat F.linear there. Empty until measured. TUNED_GATED: the
+# SwiGLU form's (gemm_silu_ws, one split) configs per (MP, 2I, K), where the lab measured it faster
+# than the gate_up GEMM followed by the SiLU kernel; `Linear.silu_and_mul` takes it only there.
+# TUNED_ENV names a JSON file of more entries, {"MP,N,K": [block_n, block_k, stages, splits]} and
+# {"MP,N,K,silu": [...]} for TUNED_GATED (the lab writes one), added at import: a benchmark can route
+# its measured winners without a code change. A malformed file raises ValueError at import (a typo
+# must not silently route nothing).
 TUNED: dict[tuple[int, int, int], GemmWsConfig] = {}
+TUNED_GATED: dict[tuple[int, int, int], GemmWsConfig] = {}
 TUNED_ENV = "RADIXRT_GEMM_WS_TUNED"
 
 
-def load_tuned(path: str | Path) -> dict[tuple[int, int, int], GemmWsConfig]:
-    """The entries of a TUNED file (TUNED_ENV). Raises ValueError on a malformed file or entry."""
+def load_tuned(path: str | Path) -> tuple[dict[tuple[int, int, int], GemmWsConfig],
+                                          dict[tuple[int, int, int], GemmWsConfig]]:
+    """(TUNED entries, TUNED_GATED entries) of a TUNED file (TUNED_ENV). Raises ValueError on a
+    malformed file or entry (a gated entry must have one split)."""
     try:
-        out = {}
+        plain, gated = {}, {}
         for key, cfg in json.loads(Path(path).read_text()).items():
-            shape = tuple(int(v) for v in key.split(","))
-            if len(shape) != 3 or len(cfg) != 4:
+            parts = key.split(",")
+            is_gated = len(parts) == 4 and parts[3] == "silu"
+            shape = tuple(int(v) for v in parts[:3])
+            if len(parts) != (4 if is_gated else 3) or len(cfg) != 4:
                 raise ValueError(f"entry {key!r}: {cfg!r}")
-            out[shape] = GemmWsConfig(*(int(v) for v in cfg))
-        return out
+            config = GemmWsConfig(*(int(v) for v in cfg))
+            if is_gated and config.splits != 1:
+                raise ValueError(f"entry {key!r}: the SwiGLU form takes one split, got {config.splits}")
+            (gated if is_gated else plain)[shape] = config
+        return plain, gated
     except (OSError, ValueError, TypeError, AttributeError) as e:
         raise ValueError(f"{TUNED_ENV}={path}: not a file of {{\"MP,N,K\": [block_n, block_k, stages, "
-                         f"splits]}}: {e}") from e
+                         f"splits]}} (\"MP,N,K,silu\" for the SwiGLU form): {e}") from e
 
 
 if os.environ.get(TUNED_ENV):
-    TUNED.update(load_tuned(os.environ[TUNED_ENV]))
+    _plain, _gated = load_tuned(os.environ[TUNED_ENV])
+    TUNED.update(_plain)
+    TUNED_GATED.update(_gated)
 
 
 def rows_padded(m: int) -> int:
@@ -227,14 +240,18 @@ def _mma_gated(w_smem, x_smem, ready, empty, n_steps, y_ptr, stride_ym, bias_ptr
                M, N, n0, pid_n, pid_k, splits):
     """The consumer of a SwiGLU tile (_load_ring_gated; one split, no bias): y[m, n0 + r] =
     silu(g) * u for the tile's gate rows g = acc[r] and up rows u = acc[BN / 2 + r], r < BN / 2, from
-    the fp32 accumulator (N = the intermediate size). The wgmma layout gives a thread gate row r and
-    up row r together (the tile's two 64-row halves are one instruction apart), so the product needs
-    no data movement."""
+    the fp32 accumulator (N = the intermediate size). At block_n >= 128 the wgmma layout gives a
+    thread gate row r and up row r together (the halves are whole 64-row instructions apart), so the
+    product needs no data movement; at block_n 64 they are 32 rows apart, in different warps, which
+    tt.split refuses, so the accumulator first moves to a layout with the weight rows on the lanes
+    (rows r and r + 32 in one thread; through shared memory, ~8 KiB like the other epilogues)."""
     BN: gl.constexpr = w_smem.shape[1]
     MP: gl.constexpr = x_smem.shape[1]
     NW: gl.constexpr = gl.num_warps()
     HALF: gl.constexpr = BN // 2
     acc = _mma_loop(w_smem, x_smem, ready, empty, n_steps)
+    if HALF < 64:  # block_n 64: gate row r (warps 0-1) and up row r (warps 2-3) in different warps
+        acc = gl.convert_layout(acc, gl.BlockedLayout([1, 1], [32, 1], [1, NW], [0, 1]))
     gate, up = acc.reshape([2, HALF, MP]).permute((1, 2, 0)).split()
     h = gate / (1.0 + gl.exp(-gate)) * up  # silu(g) * u in fp32
     # lanes along the output's contiguous dimension (its weight rows), warps along the batch rows

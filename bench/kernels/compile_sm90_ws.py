@@ -152,6 +152,7 @@ def main() -> int:
                   lambda m=m, n=n, k=k, c=c: compile_gemm(m, n, k, c, gated=True))
                  for m, n, k, c in ((128, 37888, 3584, GW.GemmWsConfig(128, 64, 4, 1)),
                                     (40, 37888, 3584, GW.GemmWsConfig(128, 128, 3, 1)),
+                                    (64, 37888, 3584, GW.GemmWsConfig(64, 64, 4, 1)),  # 32 gate + 32 up rows
                                     (128, 37888, 3584, GW.GemmWsConfig(256, 64, 4, 1)))]
     for name, build in variants:
         try:

@@ -160,7 +160,7 @@ def run_gated(m: int, cfg: G.GemmWsConfig | None) -> dict:
     forms = {"F.linear + silu_and_mul": lambda w: silu_and_mul(F.linear(x, w)),
              "gemm_ws + silu_and_mul": lambda w: silu_and_mul(G.gemm_ws(x, w, config=cfg)),
              "gemm_silu_ws": lambda w: G.gemm_silu_ws(x, w, out=y, config=cfg)}
-    res = {"m": m, "config": asdict(cfg), "forms": {}}
+    res = {"m": m, "mp": G.rows_padded(m), "n": n, "k": k, "config": asdict(cfg), "forms": {}}
     for name, fn in forms.items():
         try:
             err = common.rel_err(fn(weights[0]), ref)
@@ -179,6 +179,17 @@ def run_gated(m: int, cfg: G.GemmWsConfig | None) -> dict:
     weights.clear()
     torch.cuda.empty_cache()
     return res
+
+
+def gated_wins(g: dict) -> bool:
+    """Whether run_gated's fused form (gemm_silu_ws) beat both unfused forms by MIN_SPEEDUP, each
+    checked against the fp32 reference first (relative error < 1e-2)."""
+    def us(name):
+        f = g["forms"].get(name, {})
+        return f["us"] if f.get("rel_err", 1) < 1e-2 and "us" in f else math.inf
+
+    fused, unfused = us("gemm_silu_ws"), min(us("F.linear + silu_and_mul"), us("gemm_ws + silu_and_mul"))
+    return fused < math.inf and unfused / fused >= MIN_SPEEDUP
 
 
 def main() -> int:
@@ -221,10 +232,16 @@ def main() -> int:
                          f"{cfg.stages}, {cfg.splits}),  # {b['us']:.1f} vs F.linear {c['torch_us']:.1f} us")
     print("\nTUNED lines:\n" + "\n".join(tuned))
     common.write_json(args.out, out)
+    gated = [g for g in out["gated"] if gated_wins(g)]
+    for g in gated:
+        cfg = G.GemmWsConfig(**g["config"])
+        print(f"TUNED_GATED line: ({g['mp']}, {g['n']}, {g['k']}): GemmWsConfig({cfg.block_n}, "
+              f"{cfg.block_k}, {cfg.stages}, 1),  # {g['forms']['gemm_silu_ws']['us']:.1f} us")
     if args.tuned_out:  # the same winners as a TUNED file (kernels/gemm_ws.py TUNED_ENV)
-        common.write_json(args.tuned_out, {f"{c['mp']},{c['n']},{c['k']}": list(c["best"]["config"].values())
-                                           for c in out["cases"]
-                                           if "best" in c and c["torch_us"] / c["best"]["us"] >= MIN_SPEEDUP})
+        entries = {f"{c['mp']},{c['n']},{c['k']}": list(c["best"]["config"].values())
+                   for c in out["cases"] if "best" in c and c["torch_us"] / c["best"]["us"] >= MIN_SPEEDUP}
+        entries.update({f"{g['mp']},{g['n']},{g['k']},silu": list(g["config"].values()) for g in gated})
+        common.write_json(args.tuned_out, entries)
     return 0
 
 

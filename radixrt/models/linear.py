@@ -192,7 +192,8 @@ class Linear(nn.Linear):
     def _gemm_ws(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor | None:
         """This decode-graph call through kernels/gemm_ws.py where RADIXRT_GEMM_WS and its TUNED table
         route it and its `supported` accepts it, else None (the caller goes on as before). gated: the
-        SwiGLU of this [gate; up] weight in the same launch (`gemm_silu_ws`, no bias, one split)."""
+        SwiGLU of this [gate; up] weight in the same launch (`gemm_silu_ws`, no bias, one split), routed
+        by TUNED_GATED instead: a shape whose plain GEMM is in TUNED may still run its SiLU apart."""
         mode = _gemm_ws_mode
         if mode == "0" or type(self).forward is not Linear.forward:
             return None
@@ -207,16 +208,23 @@ class Linear(nn.Linear):
             return None
         n, k = self.weight.shape
         m = x.shape[0]
-        if mode != "all" and (G.rows_padded(m), n, k) not in G.TUNED:
+        shape = (G.rows_padded(m), n, k)
+        if gated:  # the SwiGLU form only where it was measured faster (TUNED_GATED) or in mode "all"
+            if bias is not None or n % 2 or (mode != "all" and shape not in G.TUNED_GATED):
+                return None
+            cfg = G.TUNED_GATED.get(shape)
+            if cfg is None:
+                sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+                d = G.default_config(m, n, k, sms)
+                cfg = G.GemmWsConfig(d.block_n, d.block_k, d.stages, 1)
+            if not G.fits(cfg, shape[0]):
+                return None
+            return G.gemm_silu_ws(x, self.weight, config=cfg)
+        if mode != "all" and shape not in G.TUNED:
             return None
         cfg = G.default_config(m, n, k, torch.cuda.get_device_properties(x.device).multi_processor_count)
-        if not G.fits(cfg, G.rows_padded(m)):  # a TUNED entry that does not fit: not this kernel's call
+        if not G.fits(cfg, shape[0]):  # a TUNED entry that does not fit: not this kernel's call
             return None
-        if gated:
-            if bias is not None or n % 2:
-                return None
-            one_split = G.GemmWsConfig(cfg.block_n, cfg.block_k, cfg.stages, 1)
-            return G.gemm_silu_ws(x, self.weight, config=one_split)
         scratch = _gemm_ws_workspace(x.device, *G.workspace_need(cfg, m, n, k))
         if scratch is None:
             return None

@@ -179,6 +179,37 @@ def test_linear_silu_and_mul_routes_to_the_fused_form(monkeypatch):
     assert rel(fused, silu_ref(x, w)) < 1e-2 and rel(unfused, silu_ref(x, w)) < 1e-2
 
 
+def test_silu_and_mul_takes_the_fused_form_only_where_tuned_gated(monkeypatch):
+    """RADIXRT_GEMM_WS=auto: a gate_up shape listed in TUNED but not TUNED_GATED runs the Gluon GEMM
+    and then the SiLU kernel (the fused form was not measured faster there); listed in TUNED_GATED,
+    one gemm_silu_ws launch with that entry's config."""
+    from radixrt.models import linear as L
+
+    ws = _ws()
+    plain, gated = [], []
+    real_plain, real_gated = ws.gemm_ws, ws.gemm_silu_ws
+    monkeypatch.setattr(ws, "gemm_ws", lambda *a, **kw: plain.append(kw["config"]) or real_plain(*a, **kw))
+    monkeypatch.setattr(ws, "gemm_silu_ws",
+                        lambda *a, **kw: gated.append(kw["config"]) or real_gated(*a, **kw))
+    x, w, _ = make(96, 1024, 640, seed=8)
+    lin = L.Linear(640, 1024, bias=False, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    shape = (ws.rows_padded(96), 1024, 640)
+    monkeypatch.setattr(ws, "TUNED", {shape: ws.GemmWsConfig(128, 64, 4, 2)})
+    monkeypatch.setattr(ws, "TUNED_GATED", {})
+    monkeypatch.setenv("RADIXRT_GEMM_WS", "auto")
+    with L.decode_graph_calls():
+        unfused = lin.silu_and_mul(x)
+    assert gated == [] and plain == [ws.GemmWsConfig(128, 64, 4, 2)]
+    plain.clear()
+    monkeypatch.setattr(ws, "TUNED_GATED", {shape: ws.GemmWsConfig(64, 64, 3, 1)})
+    with L.decode_graph_calls():
+        fused = lin.silu_and_mul(x)
+    assert plain == [] and gated == [ws.GemmWsConfig(64, 64, 3, 1)]
+    assert rel(fused, silu_ref(x, w)) < 1e-2 and rel(unfused, silu_ref(x, w)) < 1e-2
+
+
 def test_linear_routes_graph_calls_only_where_asked(monkeypatch):
     from radixrt.models import linear as L
 

@@ -112,11 +112,15 @@ def test_shared_workspace_grows_and_keeps_what_it_outgrew(monkeypatch):
 def test_tuned_file_round_trip_and_malformed_files(tmp_path):
     ws = _ws()
     good = tmp_path / "tuned.json"
-    good.write_text('{"128,4608,3584": [128, 64, 4, 3], "64,37888,3584": [64, 128, 3, 1]}')
-    assert ws.load_tuned(good) == {(128, 4608, 3584): ws.GemmWsConfig(128, 64, 4, 3),
-                                   (64, 37888, 3584): ws.GemmWsConfig(64, 128, 3, 1)}
+    good.write_text('{"128,4608,3584": [128, 64, 4, 3], "64,37888,3584": [64, 128, 3, 1], '
+                    '"128,37888,3584,silu": [128, 64, 4, 1]}')
+    assert ws.load_tuned(good) == ({(128, 4608, 3584): ws.GemmWsConfig(128, 64, 4, 3),
+                                    (64, 37888, 3584): ws.GemmWsConfig(64, 128, 3, 1)},
+                                   {(128, 37888, 3584): ws.GemmWsConfig(128, 64, 4, 1)})
     for text in ('{"128,4608": [128, 64, 4, 3]}', '{"128,4608,3584": [128, 64, 4]}',
-                 '{"128,4608,3584": [100, 64, 4, 1]}', '[1, 2]', "not json"):
+                 '{"128,4608,3584": [100, 64, 4, 1]}', '[1, 2]', "not json",
+                 '{"128,37888,3584,silu": [128, 64, 4, 2]}',  # the SwiGLU form has one split
+                 '{"128,37888,3584,gelu": [128, 64, 4, 1]}', '{"128,37888,3584,1": [128, 64, 4, 1]}'):
         bad = tmp_path / "bad.json"
         bad.write_text(text)
         with pytest.raises(ValueError):
