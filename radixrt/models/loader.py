@@ -16,7 +16,7 @@ import torch
 
 from radixrt.models.linear import prepack_cpu_linears
 from radixrt.models.model_config import ModelConfig, read_json
-from radixrt.models.quant.checkpoint import CheckpointStream, checkpoint_quantization
+from radixrt.models.quant.checkpoint import CheckpointStream, checkpoint_quantization, weight_block
 from radixrt.models.quant.fp8 import FP8_DTYPE, Fp8Linear, convert_to_fp8, quantize_lm_head
 from radixrt.models.registry import find_spec
 from radixrt.models.resolve import (  # noqa: F401 - re-exported
@@ -150,15 +150,30 @@ def _init_dummy(model: torch.nn.Module, seed: int, dtype: torch.dtype) -> None:
 
 def _load_safetensors(model: torch.nn.Module, model_dir: Path) -> dict[int, dict[str, float]]:
     """Fill `model` from every *.safetensors file; returns the checkpoint's KV-cache scales per layer."""
-    stream = CheckpointStream(model)
-    fill_from_safetensors(model, model_dir, lambda st: stream((k, st.get_tensor(k)) for k in st.keys()))
+    try:
+        block = weight_block(read_json(model_dir / "config.json"))
+    except ValueError as e:
+        raise ModelLoadError(f"{model_dir}: {e}") from None
+    stream = CheckpointStream(model, block)
+
+    def all_read() -> None:  # before "weights missing", which an unpaired half would cause
+        unpaired = stream.unpaired()
+        if unpaired:
+            raise ModelLoadError(f"block-wise FP8 weights in {model_dir} without their weight_scale_inv (or "
+                                 f"scales without their weight): {', '.join(unpaired[:5])}"
+                                 f"{' ...' if len(unpaired) > 5 else ''}")
+
+    fill_from_safetensors(model, model_dir, lambda st: stream((k, st.get_tensor(k)) for k in st.keys()),
+                          all_read=all_read)
     return stream.kv_scales
 
 
 def fill_from_safetensors(model: torch.nn.Module, model_dir: Path,
-                          read: Callable[[Any], Iterable[tuple[str, torch.Tensor]]]) -> None:
+                          read: Callable[[Any], Iterable[tuple[str, torch.Tensor]]],
+                          all_read: Callable[[], None] | None = None) -> None:
     """Fill `model` through `model.load_weights(read(st))` for each open *.safetensors file `st`
-    (`read` picks the tensors: whole ones, or a tensor-parallel rank's slices).
+    (`read` picks the tensors: whole ones, or a tensor-parallel rank's slices); `all_read()`, if
+    given, runs after the last file and before the check for missing weights (it may raise).
 
     Raises:
         ModelLoadError: no weights, a corrupt file, tensors that do not fit the config, missing ones.
@@ -177,6 +192,8 @@ def fill_from_safetensors(model: torch.nn.Module, model_dir: Path,
             raise ModelLoadError(f"weights in {f} do not match config.json: {e}") from None
         except Exception as e:  # safetensors raises its own error type for a corrupt file
             raise ModelLoadError(f"cannot read weights {f}: {e}") from None
+    if all_read is not None:
+        all_read()
     missing = model.expected_fills() - filled
     if missing:
         raise ModelLoadError(f"weights missing from {model_dir}: {', '.join(sorted(missing)[:5])}"

@@ -128,7 +128,12 @@ def test_bf16_and_fp8_checkpoints_load_to_the_same_fp8_weights(tmp_path: Path) -
 def test_unsupported_quantization_configs_are_refused(tmp_path: Path) -> None:
     assert checkpoint_quantization({}) is None
     assert checkpoint_quantization({"quantization_config": {"quant_method": "fbgemm_fp8"}}) == "fp8"
-    for bad in ({"quant_method": "fp8", "weight_block_size": [128, 128]}, {"quant_method": "awq"},
+    assert checkpoint_quantization({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                                            "weight_block_size": [128, 128]}}) == "fp8"
+    for bad in ({"quant_method": "fp8", "weight_block_size": [128]},
+                {"quant_method": "fp8", "weight_block_size": [128, 0]},
+                {"quant_method": "fp8", "weight_block_size": [128.0, 128]},
+                {"quant_method": "fp8", "fmt": "e5m2"}, {"quant_method": "awq"},
                 {"quant_method": "compressed-tensors", "config_groups": {
                     "g": {"weights": {"type": "int", "num_bits": 4, "strategy": "group"}}}}):
         with pytest.raises(ValueError):
@@ -348,3 +353,116 @@ def test_forward_then_norm_falls_back_to_the_same_kind_of_value(monkeypatch: pyt
         torch.testing.assert_close(out.materialize().float(), ref_out.float(), atol=0.05, rtol=0.03)
     x_next, r_next = norm(fallback, h_fallback)  # the next layer's input norm passes it through
     assert x_next is fallback and r_next is h_fallback
+
+
+def _blockwise(t: torch.Tensor, bn: int, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """t [N, K] float -> (FP8 codes, scale_inv [ceil(N / bn), ceil(K / bk)]) as a block-wise FP8
+    checkpoint stores them: each block's largest magnitude at 448 (written out here, block by block,
+    rather than with the loader's functions)."""
+    n, k = t.shape
+    q = torch.empty(n, k, dtype=FP8_DTYPE)
+    s = torch.empty(-(-n // bn), -(-k // bk))
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            block = t[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk]
+            s[i, j] = block.abs().max() / 448.0
+            q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = (block / s[i, j]).to(FP8_DTYPE)
+    return q, s
+
+
+def _block_dequantized(q: torch.Tensor, s: torch.Tensor, bn: int, bk: int) -> torch.Tensor:
+    out = q.float()
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            out[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] *= s[i, j]
+    return out
+
+
+def _save_blockwise(src: Path, dst: Path, block: list[int], *, drop: str | None = None,
+                    bad_scale: str | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """src's checkpoint in the block-wise FP8 format (Qwen3-FP8's: quant_method fp8, fmt e4m3,
+    weight_block_size), the linears and the untied LM head quantized, in two shards that split
+    weights from their scale_inv both ways; returns {weight name: (codes, scale_inv)}."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                  "weight_block_size": block}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    shards: list[dict[str, torch.Tensor]] = [{}, {}]
+    blocks = {}
+    for i, (name, t) in enumerate(sorted(load_file(src / "model.safetensors").items())):
+        if name.endswith("proj.weight") or name == "lm_head.weight":
+            q, s = _blockwise(t, *block)
+            blocks[name] = (q, s)
+            if name == bad_scale:
+                s = s[:, :1].contiguous()
+            shards[i % 2][name] = q
+            if name != drop:
+                shards[(i + 1) % 2][name + "_scale_inv"] = s  # the other shard
+        else:
+            shards[i % 2][name] = t
+    for i, tensors in enumerate(shards):
+        save_file(tensors, dst / f"model-0000{i + 1}-of-00002.safetensors")
+    return blocks
+
+
+def test_blockwise_fp8_checkpoint_loads_per_channel(tmp_path: Path) -> None:
+    """A Qwen3-style block-wise FP8 checkpoint (weight_scale_inv per 32 x 48 block: partial blocks in
+    both dimensions) loads to per-channel FP8 weights within half an e4m3 step of the block-wise
+    values, the LM head (kept in the model dtype) to the block-wise values themselves, whichever
+    shard holds a weight's scale; its logits stay as close to the fp32 model's as quantizing the
+    fp32 checkpoint at load does."""
+    src, dst = tmp_path / "fp32", tmp_path / "fp8"
+    save_tiny_model("qwen3", src, tie_word_embeddings=False)
+    blocks = _save_blockwise(src, dst, [32, 48])
+    m_blk, _ = load_model(dst, torch.float32, "cpu", "auto")
+    checked = 0
+    for name, (q, s) in blocks.items():
+        want = _block_dequantized(q, s, 32, 48)
+        if name == "lm_head.weight":
+            assert torch.equal(m_blk.lm_head.weight.detach(), want)
+            continue
+        target, rows = m_blk.map_name(name)
+        layer = m_blk.get_submodule(target.removesuffix(".weight"))
+        assert isinstance(layer, Fp8Linear)
+        lo, hi = rows or (0, layer.weight.shape[0])
+        scale = layer.weight_scale[lo:hi]
+        got = dequantize(layer.weight[lo:hi], scale)
+        bound = torch.maximum(want.abs() * 2.0 ** -4, scale[:, None] * 2.0 ** -10)
+        assert ((got - want).abs() <= bound * (1 + 1e-6)).all(), name
+        checked += 1
+    assert checked == 2 * 7  # q, k, v, o, gate, up, down in each of the two layers
+
+    ids = torch.randint(0, 300, (17,), generator=torch.Generator().manual_seed(6)).tolist()
+
+    def logits(model_dir: Path, **kw) -> torch.Tensor:
+        args = ServerArgs(device="cpu", page_size=4, max_total_tokens=256, max_running_requests=1, **kw)
+        return ModelRunner(args, model_dir).forward_logits(single_request_batch(ids))[0]
+
+    ref, blk, at_load = logits(src), logits(dst), logits(src, quantization="fp8")
+    err_blk, err_load = float((blk - ref).abs().max()), float((at_load - ref).abs().max())
+    assert 0 < err_blk < 2 * err_load + 0.05, (err_blk, err_load)
+
+
+def test_blockwise_fp8_checkpoint_errors(tmp_path: Path) -> None:
+    """A weight without its scale_inv, a scale_inv of the wrong shape, and a scale_inv in a
+    checkpoint that declares no blocks: each a ModelLoadError that names the tensor."""
+    src = tmp_path / "fp32"
+    save_tiny_model("qwen3", src, tie_word_embeddings=False)
+    name = "model.layers.1.mlp.down_proj.weight"
+    _save_blockwise(src, tmp_path / "drop", [32, 48], drop=name)
+    with pytest.raises(ModelLoadError, match="without their weight_scale_inv.*layers.1.mlp.down_proj"):
+        load_model(tmp_path / "drop", torch.float32, "cpu", "auto")
+    _save_blockwise(src, tmp_path / "shape", [32, 48], bad_scale=name)
+    with pytest.raises(ModelLoadError, match="down_proj.*scale_inv"):
+        load_model(tmp_path / "shape", torch.float32, "cpu", "auto")
+    tied = tmp_path / "tied"  # no LM head tensor, so a linear's scale_inv is the first thing refused
+    save_tiny_model("llama", tied)
+    _save_blockwise(tied, tmp_path / "noblock", [32, 48])
+    cfg = json.loads((tmp_path / "noblock" / "config.json").read_text())
+    del cfg["quantization_config"]["weight_block_size"]
+    (tmp_path / "noblock" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="weight_scale_inv.*weight_block_size"):
+        load_model(tmp_path / "noblock", torch.float32, "cpu", "auto")

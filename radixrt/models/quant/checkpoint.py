@@ -1,13 +1,19 @@
 """FP8 checkpoints in the common Hugging Face formats, and bf16 checkpoints quantized at load.
 
-Formats read (config.json `quantization_config`, all with float8_e4m3fn `*.weight` tensors and a
-float32 `*.weight_scale` of one value per tensor or one per output channel, [N] or [N, 1]):
-  compressed-tensors (llm-compressor "FP8" / "FP8_DYNAMIC": weights strategy "tensor" or "channel"),
-  fbgemm_fp8 (per-channel), fp8 without `weight_block_size` (per-tensor), modelopt FP8.
+Formats read (config.json `quantization_config`, all with float8_e4m3fn `*.weight` tensors):
+  - one float32 `*.weight_scale` per tensor or per output channel ([N] or [N, 1]): compressed-tensors
+    (llm-compressor "FP8" / "FP8_DYNAMIC": weights strategy "tensor" or "channel"), fbgemm_fp8
+    (per-channel), fp8 without `weight_block_size` (per-tensor), modelopt FP8;
+  - block-wise scales: quant_method "fp8" with `weight_block_size` [bn, bk] and a
+    `*.weight_scale_inv` [ceil(N / bn), ceil(K / bk)] per weight, w = w_fp8 * scale_inv of its block
+    (the format of Qwen3's and DeepSeek-V3's FP8 releases). radixrt's FP8 kernels take one scale per
+    output channel, so each such weight is dequantized at load and quantized again per channel
+    (`requantize_blockwise`: a second rounding, bounded like any per-channel quantization of the
+    dequantized values); a block-quantized weight of a layer radixrt keeps in the model dtype is
+    dequantized into it. vLLM and SGLang keep the blocks and run block-scaled GEMMs instead.
 Static activation scales (`*.input_scale`) are dropped: radixrt always quantizes activations per
-token at run time. Block-wise formats (`weight_block_size`, `*.weight_scale_inv`, as DeepSeek-V3
-ships) and any other method raise. Per-tensor scales are expanded to one per row, so q, k and v
-(and gate, up) keep their own scales inside the fused parameters.
+token at run time. Per-tensor scales are expanded to one per row, so q, k and v (and gate, up) keep
+their own scales inside the fused parameters.
 
 KV-cache scales (`self_attn.k_scale` / `v_scale`, older `kv_scale`, compressed-tensors'
 `self_attn.k_proj.output_scale` / `v_proj.output_scale`) are collected per layer for the FP8 KV pool
@@ -44,9 +50,9 @@ def checkpoint_quantization(cfg: dict[str, Any]) -> str | None:
     if method == "fbgemm_fp8":
         return "fp8"
     if method == "fp8":
-        if q.get("weight_block_size"):
-            raise ValueError(f"block-wise FP8 (weight_block_size {q['weight_block_size']}) is not supported; "
-                             "radixrt reads per-tensor and per-channel FP8 scales")
+        if str(q.get("fmt", "e4m3")).lower() != "e4m3":
+            raise ValueError(f"FP8 format {q['fmt']!r} is not supported; radixrt reads e4m3 weights")
+        weight_block(cfg)  # raises on a malformed block size
         return "fp8"
     if method == "modelopt" and str(q.get("quant_algo", "")).upper() == "FP8":
         return "fp8"
@@ -62,6 +68,49 @@ def checkpoint_quantization(cfg: dict[str, Any]) -> str | None:
                      "checkpoints (compressed-tensors, fbgemm_fp8, fp8, modelopt)")
 
 
+def weight_block(cfg: dict[str, Any]) -> tuple[int, int] | None:
+    """(bn, bk) of a block-wise FP8 checkpoint's `quantization_config.weight_block_size`, else None.
+
+    Raises:
+        ValueError: a weight_block_size that is not two positive integers."""
+    block = (cfg.get("quantization_config") or {}).get("weight_block_size")
+    if not block:
+        return None
+    if (not isinstance(block, (list, tuple)) or len(block) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
+        raise ValueError(f"weight_block_size {block!r} must be two positive integers [rows, columns]")
+    return int(block[0]), int(block[1])
+
+
+def dequantize_blockwise(w_fp8: torch.Tensor, scale_inv: torch.Tensor,
+                         block: tuple[int, int]) -> torch.Tensor:
+    """w_fp8 [N, K] float8_e4m3fn, scale_inv [ceil(N / bn), ceil(K / bk)] float -> [N, K] float32,
+    each element times its (bn x bk) block's scale (the last blocks may be partial), on w_fp8's device.
+
+    Raises:
+        ValueError: w_fp8 not 2-D FP8 e4m3, or scale_inv not of that shape."""
+    bn, bk = block
+    if w_fp8.dim() != 2 or w_fp8.dtype != FP8_DTYPE:
+        raise ValueError(f"a block-wise FP8 weight must be [N, K] float8_e4m3fn, got {tuple(w_fp8.shape)} "
+                         f"{w_fp8.dtype}")
+    n, k = w_fp8.shape
+    want = (-(-n // bn), -(-k // bk))
+    if tuple(scale_inv.shape) != want:
+        raise ValueError(f"scale_inv {tuple(scale_inv.shape)} for a [{n}, {k}] weight in {bn} x {bk} blocks "
+                         f"(expected {list(want)})")
+    s = scale_inv.to(w_fp8.device, torch.float32)
+    s = s.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+    return w_fp8.float() * s
+
+
+def requantize_blockwise(w_fp8: torch.Tensor, scale_inv: torch.Tensor,
+                         block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block-wise FP8 weight as radixrt's per-channel form: (w_fp8' [N, K], scale [N] float32) =
+    quantize_per_channel(dequantize_blockwise(...)). Where every block of a row has the same scale and
+    the row's largest code is +-448, the codes come back unchanged. Raises as dequantize_blockwise."""
+    return quantize_per_channel(dequantize_blockwise(w_fp8, scale_inv, block))
+
+
 class CheckpointStream:
     """Adapts a checkpoint's (HF name, tensor) stream to `model.load_weights`.
 
@@ -71,23 +120,41 @@ class CheckpointStream:
     out into `kv_scales` ({layer: {"k": s, "v": s}}); static activation scales are dropped.
     `model` must have `map_name(hf_name) -> (param name, row range or None)`.
 
+    With `weight_block` (a block-wise checkpoint, `weight_block(config)`), an FP8 `*.weight` and its
+    `*.weight_scale_inv` are held until both have come (in either order, from any file of the
+    checkpoint: the stream may be called once per file), then yielded per channel
+    (`requantize_blockwise`) for an FP8 parameter, or dequantized for one in the model dtype.
+    `unpaired()` names the weights still waiting for their other half.
+
     Raises (while iterating):
-        ValueError: a block-wise scale, an FP8 tensor for a layer kept in the model dtype, or a
-            scale whose size matches neither one value nor one per row.
+        ValueError: a block-wise scale in a checkpoint without weight_block_size, an FP8 tensor
+            without scales for a layer kept in the model dtype, or a scale whose size matches
+            neither one value nor one per row (nor the blocks).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, weight_block: tuple[int, int] | None = None) -> None:
         self.model = model
         self.params = dict(model.named_parameters())
         self.kv_scales: dict[int, dict[str, float]] = {}
+        self.weight_block = weight_block
+        self._halves: dict[str, dict[str, torch.Tensor]] = {}  # weight name -> "weight" / "scale_inv"
+
+    def unpaired(self) -> list[str]:
+        """Block-wise weights (or scales) whose other half has not come yet, by weight name."""
+        return sorted(self._halves)
 
     def __call__(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, t in weights:
             if self._take_kv_scale(name, t) or name.endswith(_DROPPED):
                 continue
             if name.endswith(".weight_scale_inv"):
-                raise ValueError(f"{name}: block-wise FP8 scales are not supported")
-            if name.endswith(".weight_scale"):
+                if self.weight_block is None:
+                    raise ValueError(f"{name}: a block-wise FP8 scale, but config.json's quantization_config "
+                                     "has no weight_block_size")
+                yield from self._block_half(name.removesuffix("_scale_inv"), "scale_inv", t)
+            elif self.weight_block is not None and name.endswith(".weight") and t.dtype == FP8_DTYPE:
+                yield from self._block_half(name, "weight", t)
+            elif name.endswith(".weight_scale"):
                 yield name, self._row_scales(name, t)
             elif name.endswith(".weight") and self._target_is_fp8(name):
                 if t.dtype == FP8_DTYPE:
@@ -102,6 +169,25 @@ class CheckpointStream:
                 raise ValueError(f"{name}: an FP8 tensor for a layer radixrt keeps in the model dtype")
             else:
                 yield name, t
+
+    def _block_half(self, weight_name: str, half: str, t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """Hold one half of a block-wise weight; with both, yield it in the form its parameter takes."""
+        halves = self._halves.setdefault(weight_name, {})
+        halves[half] = t
+        if len(halves) < 2:
+            return
+        del self._halves[weight_name]
+        w, scale_inv = halves["weight"], halves["scale_inv"]
+        try:
+            if self._target_is_fp8(weight_name):
+                w = w.to(self._target(weight_name)[0].device)
+                q, s = requantize_blockwise(w, scale_inv, self.weight_block)
+                yield weight_name, q
+                yield weight_name + "_scale", s
+            else:  # a layer radixrt keeps in the model dtype (or an unknown name: load_weights says so)
+                yield weight_name, dequantize_blockwise(w, scale_inv, self.weight_block)
+        except ValueError as e:
+            raise ValueError(f"{weight_name}: {e}") from None
 
     def _target(self, name: str) -> tuple[torch.Tensor, int]:
         """(our parameter, rows the tensor fills) for an HF weight name. Raises KeyError if unknown."""
