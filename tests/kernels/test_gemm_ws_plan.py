@@ -151,3 +151,90 @@ def test_decode_graph_calls_read_the_mode_once(monkeypatch):
     monkeypatch.setenv("RADIXRT_GEMM_WS", "bogus")  # anything else: auto (the TUNED shapes)
     with L.decode_graph_calls():
         assert L._gemm_ws_mode == "auto"
+
+
+def test_tuned_file_is_read_at_import(tmp_path):
+    """RADIXRT_GEMM_WS_TUNED names a file whose entries join TUNED when kernels/gemm_ws.py is imported
+    (the lab's winners routed without a code change); a malformed file fails the import, naming the
+    variable (a typo must not silently route nothing)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    good = tmp_path / "tuned.json"
+    good.write_text('{"64,4608,3584": [64, 128, 3, 2], "64,37888,3584,silu": [128, 64, 4, 1]}')
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"64,4608": [64, 128, 3, 2]}')
+    code = ("from radixrt.kernels import gemm_ws as G; print(G.TUNED[(64, 4608, 3584)]); "
+            "print(G.TUNED_GATED[(64, 37888, 3584)])")
+
+    def run(path):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              cwd=Path(__file__).resolve().parents[2],
+                              env={**os.environ, "RADIXRT_GEMM_WS_TUNED": str(path)})
+
+    ok = run(good)
+    assert ok.returncode == 0 and "block_n=64, block_k=128, stages=3, splits=2" in ok.stdout, ok.stderr
+    assert "block_n=128, block_k=64, stages=4, splits=1" in ok.stdout
+    refused = run(bad)
+    assert refused.returncode != 0 and "RADIXRT_GEMM_WS_TUNED" in refused.stderr, refused.stderr
+
+
+def test_linear_routing_rules_with_a_stand_in_device(monkeypatch):
+    """Linear._gemm_ws's host-side rules, with `supported` and the device properties stood in for (the
+    kernels recorded, not run): "auto" routes only the TUNED shapes, "0" none; a TUNED config that does
+    not fit, a strided bias or a bias of another dtype fall back (None: the caller's F.linear); the
+    SwiGLU form takes no bias and one split whatever the config says; the split-K workspace is the
+    shared one, of workspace_need's size."""
+    import types
+
+    from radixrt.models import linear as L
+
+    ws = _ws()
+    calls = []
+    monkeypatch.setattr(ws, "supported", lambda x, w: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda dev: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(ws, "gemm_ws", lambda x, w, b, config, partials, counters:
+                        calls.append(("plain", config, partials.numel(), counters.numel())) or "y")
+    monkeypatch.setattr(ws, "gemm_silu_ws", lambda x, w, config: calls.append(("gated", config)) or "g")
+    monkeypatch.setattr(L, "_gemm_ws_scratch", {})
+    monkeypatch.setattr(L, "_gemm_ws_retired", [])
+    m, n, k = 64, 512, 256
+    lin = L.Linear(k, n)
+    x = torch.zeros(m, k)
+    split = ws.GemmWsConfig(128, 64, 4, 2)
+    monkeypatch.setattr(ws, "TUNED", {})
+
+    def route(mode: str, gated: bool = False):
+        monkeypatch.setenv("RADIXRT_GEMM_WS", mode)
+        with L.decode_graph_calls():
+            return lin._gemm_ws(x, gated=gated)
+
+    assert route("auto") is None and calls == []  # not in TUNED
+    monkeypatch.setattr(ws, "TUNED", {(64, n, k): split})
+    assert route("0") is None and calls == []
+    assert route("auto") == "y"
+    need_p, need_c = ws.workspace_need(split, m, n, k)
+    assert need_p > 0 and calls == [("plain", split, need_p, need_c)]
+    calls.clear()
+    monkeypatch.setattr(ws, "TUNED", {(64, n, k): ws.GemmWsConfig(128, 128, 8, 1)})  # 384 KiB of ring
+    assert route("auto") is None and route("all") is None and calls == []
+    monkeypatch.setattr(ws, "TUNED", {(64, n, k): split})
+    bias = lin.bias
+    lin.bias = torch.nn.Parameter(torch.zeros(2 * n)[::2])  # strided
+    assert route("auto") is None
+    lin.bias = torch.nn.Parameter(torch.zeros(n, dtype=torch.float16))  # not x's dtype
+    assert route("auto") is None and calls == []
+    lin.bias = bias
+    monkeypatch.setattr(ws, "TUNED_GATED", {(64, n, k): ws.GemmWsConfig(64, 64, 3, 1)})
+    assert route("auto", gated=True) is None and calls == []  # a bias: no SwiGLU form
+    lin.bias = None
+    assert route("auto", gated=True) == "g"
+    assert calls == [("gated", ws.GemmWsConfig(64, 64, 3, 1))]  # TUNED_GATED's config
+    calls.clear()
+    monkeypatch.setattr(ws, "TUNED_GATED", {})  # the plain GEMM in TUNED, the SwiGLU form not measured faster
+    assert route("auto", gated=True) is None and calls == []
+    assert route("all", gated=True) == "g"
+    assert calls == [("gated", ws.GemmWsConfig(128, 64, 4, 1))]  # "all": the plain config at one split
