@@ -59,8 +59,9 @@ class ServerArgs:
         default="auto", choices=["auto", "fp8", "none"])
     kv_cache_dtype: str = _flag(
         "auto: the KV pool in the model dtype; fp8_e4m3: float8_e4m3fn with one scale per layer for "
-        "K and one for V (the checkpoint's k_scale / v_scale, else 1.0); triton backend only.",
-        default="auto", choices=["auto", "fp8_e4m3"])
+        "K and one for V (the checkpoint's k_scale / v_scale, else 1.0); triton backend only. fp8 "
+        "(vLLM's name) means fp8_e4m3.",
+        default="auto", choices=["auto", "fp8_e4m3", "fp8"])
     attention_backend: str = _flag(
         "sdpa (torch's fused CPU kernels), torch (plain reference) or triton. Default: triton on cuda, "
         "sdpa on cpu.", default="auto", choices=["auto", "sdpa", "torch", "triton"])
@@ -130,6 +131,8 @@ class ServerArgs:
         "Default: off (the think block stays in the text).", choices=list(REASONING_PARSERS))
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype == "fp8":  # vLLM's name for the same format
+            self.kv_cache_dtype = "fp8_e4m3"
         checks = [
             (self.page_size >= 1, "--page-size must be >= 1"),
             (self.max_running_requests >= 1, "--max-running-requests must be >= 1"),

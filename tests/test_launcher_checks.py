@@ -28,9 +28,22 @@ def test_triton_backend_without_cuda_is_refused(model_dir: Path, monkeypatch: py
     check_args_against_model(ServerArgs(device="cpu", attention_backend="triton"), model_dir)
 
 
+def test_kv_cache_dtype_fp8_is_vllms_name_for_fp8_e4m3() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = ServerArgs.from_cli_args(parser.parse_args(["--kv-cache-dtype", "fp8"]))
+    assert args.kv_cache_dtype == "fp8_e4m3"
+    assert ServerArgs(kv_cache_dtype="fp8").to_dict()["kv_cache_dtype"] == "fp8_e4m3"
+    with pytest.raises(SystemExit):  # e5m2 pools are not served: argparse names the choices
+        parser.parse_args(["--kv-cache-dtype", "fp8_e5m2"])
+
+
 @pytest.mark.parametrize("backend", ["auto", "sdpa", "torch"])
-def test_fp8_kv_cache_needs_the_triton_backend(model_dir: Path, backend: str) -> None:
-    args = ServerArgs(device="cpu", attention_backend=backend, kv_cache_dtype="fp8_e4m3")
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8"])
+def test_fp8_kv_cache_needs_the_triton_backend(model_dir: Path, backend: str, kv_dtype: str) -> None:
+    args = ServerArgs(device="cpu", attention_backend=backend, kv_cache_dtype=kv_dtype)
     with pytest.raises(ValueError, match="fp8_e4m3 needs --attention-backend triton"):
         check_args_against_model(args, model_dir)
     check_args_against_model(ServerArgs(device="cpu", attention_backend=backend), model_dir)
