@@ -379,16 +379,26 @@ def _block_dequantized(q: torch.Tensor, s: torch.Tensor, bn: int, bk: int) -> to
 
 
 def _save_blockwise(src: Path, dst: Path, block: list[int], *, drop: str | None = None,
-                    bad_scale: str | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """src's checkpoint in the block-wise FP8 format (Qwen3-FP8's: quant_method fp8, fmt e4m3,
-    weight_block_size), the linears and the untied LM head quantized, in two shards that split
-    weights from their scale_inv both ways; returns {weight name: (codes, scale_inv)}."""
+                    bad_scale: str | None = None,
+                    style: str = "fp8") -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """src's checkpoint in a block-wise FP8 format, the linears and the untied LM head quantized, in
+    two shards that split weights from their scales both ways; returns {weight name: (codes,
+    scales)}. style "fp8": Qwen3-FP8's (quant_method fp8, fmt e4m3, weight_block_size,
+    `*.weight_scale_inv`); "ct": compressed-tensors' weights strategy "block" (block_structure,
+    `*.weight_scale`)."""
     from safetensors.torch import load_file, save_file
 
     dst.mkdir()
     cfg = json.loads((src / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-                                  "weight_block_size": block}
+    if style == "fp8":
+        cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                      "weight_block_size": block}
+    else:
+        weights = {"type": "float", "num_bits": 8, "strategy": "block", "block_structure": block}
+        cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "float-quantized",
+                                      "config_groups": {"group_0": {"weights": weights,
+                                                                    "targets": ["Linear"]}}}
+    suffix = "_scale_inv" if style == "fp8" else "_scale"
     (dst / "config.json").write_text(json.dumps(cfg))
     shards: list[dict[str, torch.Tensor]] = [{}, {}]
     blocks = {}
@@ -400,7 +410,7 @@ def _save_blockwise(src: Path, dst: Path, block: list[int], *, drop: str | None 
                 s = s[:, :1].contiguous()
             shards[i % 2][name] = q
             if name != drop:
-                shards[(i + 1) % 2][name + "_scale_inv"] = s  # the other shard
+                shards[(i + 1) % 2][name + suffix] = s  # the other shard
         else:
             shards[i % 2][name] = t
     for i, tensors in enumerate(shards):
@@ -466,3 +476,28 @@ def test_blockwise_fp8_checkpoint_errors(tmp_path: Path) -> None:
     (tmp_path / "noblock" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="weight_scale_inv.*weight_block_size"):
         load_model(tmp_path / "noblock", torch.float32, "cpu", "auto")
+
+
+def test_compressed_tensors_block_checkpoint_loads_like_the_fp8_format(tmp_path: Path) -> None:
+    """llm-compressor's FP8_BLOCK (compressed-tensors, weights strategy "block", scales in
+    `*.weight_scale`) loads to the same weights as the same blocks in Qwen3-FP8's format; groups
+    that mix block scales with others, or carry a malformed block_structure, are refused."""
+    src = tmp_path / "fp32"
+    save_tiny_model("qwen3", src, tie_word_embeddings=False)
+    _save_blockwise(src, tmp_path / "fp8", [32, 48])
+    _save_blockwise(src, tmp_path / "ct", [32, 48], style="ct")
+    a, _ = load_model(tmp_path / "fp8", torch.float32, "cpu", "auto")
+    b, _ = load_model(tmp_path / "ct", torch.float32, "cpu", "auto")
+    for (name, p), (name_b, q) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert name == name_b and p.dtype == q.dtype
+        assert torch.equal(p.view(torch.uint8) if p.dtype == FP8_DTYPE else p,
+                           q.view(torch.uint8) if q.dtype == FP8_DTYPE else q), name
+    assert any(p.dtype == FP8_DTYPE for p in b.state_dict().values())
+    channel = {"type": "float", "num_bits": 8, "strategy": "channel"}
+    for groups in ({"g0": {"weights": {"type": "float", "num_bits": 8, "strategy": "block",
+                                       "block_structure": [32, 48]}}, "g1": {"weights": channel}},
+                   {"g0": {"weights": {"type": "float", "num_bits": 8, "strategy": "block",
+                                       "block_structure": [32]}}}):
+        with pytest.raises(ValueError, match="block"):
+            checkpoint_quantization({"quantization_config": {"quant_method": "compressed-tensors",
+                                                             "config_groups": groups}})

@@ -6,11 +6,13 @@ Formats read (config.json `quantization_config`, all with float8_e4m3fn `*.weigh
     (per-channel), fp8 without `weight_block_size` (per-tensor), modelopt FP8;
   - block-wise scales: quant_method "fp8" with `weight_block_size` [bn, bk] and a
     `*.weight_scale_inv` [ceil(N / bn), ceil(K / bk)] per weight, w = w_fp8 * scale_inv of its block
-    (the format of Qwen3's and DeepSeek-V3's FP8 releases). radixrt's FP8 kernels take one scale per
-    output channel, so each such weight is dequantized at load and quantized again per channel
-    (`requantize_blockwise`: a second rounding, bounded like any per-channel quantization of the
-    dequantized values); a block-quantized weight of a layer radixrt keeps in the model dtype is
-    dequantized into it. vLLM and SGLang keep the blocks and run block-scaled GEMMs instead.
+    (the format of Qwen3's and DeepSeek-V3's FP8 releases), or compressed-tensors weights of strategy
+    "block" (`block_structure` [bn, bk], the same grid as `*.weight_scale`; llm-compressor's
+    FP8_BLOCK). radixrt's FP8 kernels take one scale per output channel, so each such weight is
+    dequantized at load and quantized again per channel (`requantize_blockwise`: a second rounding,
+    bounded like any per-channel quantization of the dequantized values); a block-quantized weight
+    of a layer radixrt keeps in the model dtype is dequantized into it. vLLM and SGLang keep the
+    blocks and run block-scaled GEMMs instead.
 Static activation scales (`*.input_scale`) are dropped: radixrt always quantizes activations per
 token at run time. Per-tensor scales are expanded to one per row, so q, k and v (and gate, up) keep
 their own scales inside the fused parameters.
@@ -22,6 +24,7 @@ KV-cache scales (`self_attn.k_scale` / `v_scale`, older `kv_scale`, compressed-t
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -33,7 +36,7 @@ from radixrt.models.quant.fp8 import FP8_DTYPE, quantize_per_channel
 
 _KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:(k|v|kv)_scale|(k|v)_proj\.output_scale)$")
 _DROPPED = (".input_scale", ".weight_zero_point", ".input_zero_point")
-_CT_STRATEGIES = ("tensor", "channel")
+_CT_STRATEGIES = ("tensor", "channel", "block")
 
 
 def checkpoint_quantization(cfg: dict[str, Any]) -> str | None:
@@ -61,24 +64,40 @@ def checkpoint_quantization(cfg: dict[str, Any]) -> str | None:
             w = group.get("weights") or {}
             fp8 = w.get("type") == "float" and int(w.get("num_bits", 0)) == 8
             if not fp8 or w.get("strategy") not in _CT_STRATEGIES:
-                raise ValueError(f"compressed-tensors group {name!r} ({w}) is not FP8 with per-tensor or "
-                                 "per-channel weight scales")
+                raise ValueError(f"compressed-tensors group {name!r} ({w}) is not FP8 with per-tensor, "
+                                 "per-channel or block weight scales")
+        weight_block(cfg)  # raises on block groups of different or malformed block_structure
         return "fp8"
     raise ValueError(f"unsupported quantization_config (quant_method {method!r}); radixrt reads FP8 "
                      "checkpoints (compressed-tensors, fbgemm_fp8, fp8, modelopt)")
 
 
 def weight_block(cfg: dict[str, Any]) -> tuple[int, int] | None:
-    """(bn, bk) of a block-wise FP8 checkpoint's `quantization_config.weight_block_size`, else None.
+    """(bn, bk) of a block-wise FP8 checkpoint, else None: `quantization_config.weight_block_size`
+    (quant_method fp8), or compressed-tensors groups of weights strategy "block" and their
+    `block_structure` (their scales are `*.weight_scale` [ceil(N / bn), ceil(K / bk)]).
 
     Raises:
-        ValueError: a weight_block_size that is not two positive integers."""
-    block = (cfg.get("quantization_config") or {}).get("weight_block_size")
-    if not block:
-        return None
+        ValueError: a block size that is not two positive integers; compressed-tensors groups that
+            mix block scales with others or with another block size."""
+    q = cfg.get("quantization_config") or {}
+    if q.get("quant_method") == "compressed-tensors":
+        groups = [g.get("weights") or {} for g in (q.get("config_groups") or {}).values()]
+        blocks = {json.dumps(w.get("block_structure")) for w in groups if w.get("strategy") == "block"}
+        if not blocks:
+            return None
+        if len(blocks) > 1 or any(w.get("strategy") != "block" for w in groups):
+            raise ValueError("compressed-tensors groups mix block scales with other scales or block sizes; "
+                             "radixrt reads one block size for every group")
+        return _block_size(json.loads(blocks.pop()), "block_structure")
+    block = q.get("weight_block_size")
+    return _block_size(block, "weight_block_size") if block else None
+
+
+def _block_size(block: Any, what: str) -> tuple[int, int]:
     if (not isinstance(block, (list, tuple)) or len(block) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
-        raise ValueError(f"weight_block_size {block!r} must be two positive integers [rows, columns]")
+        raise ValueError(f"{what} {block!r} must be two positive integers [rows, columns]")
     return int(block[0]), int(block[1])
 
 
@@ -152,6 +171,8 @@ class CheckpointStream:
                     raise ValueError(f"{name}: a block-wise FP8 scale, but config.json's quantization_config "
                                      "has no weight_block_size")
                 yield from self._block_half(name.removesuffix("_scale_inv"), "scale_inv", t)
+            elif self.weight_block is not None and name.endswith(".weight_scale"):
+                yield from self._block_half(name.removesuffix("_scale"), "scale_inv", t)  # compressed-tensors
             elif self.weight_block is not None and name.endswith(".weight") and t.dtype == FP8_DTYPE:
                 yield from self._block_half(name, "weight", t)
             elif name.endswith(".weight_scale"):
