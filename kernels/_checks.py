@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from . import switches
 
 # The FP8 format of quantized weights, activations and KV pools (e4m3, no infinities) and its
 # largest finite value.
@@ -56,6 +56,6 @@ def gluon_route_open(q: torch.Tensor, switched_on: bool, int32: tuple[torch.Tens
     metadata (the kernels index their rings with it) and the given scales 1.0 (the extend and cascade
     kernels' pools are never FP8; the decode kernel passes none, it applies them). The caller adds
     its kernel's own checks."""
-    if not switched_on or not q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+    if not switched_on or not q.is_cuda or switches.interpreting():
         return False
     return all(t.dtype == torch.int32 for t in int32) and all(float(s) == 1.0 for s in scales)

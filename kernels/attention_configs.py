@@ -49,10 +49,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import switches
 from ._checks import check, next_pow2
 
 ENV_VAR = "RADIXRT_ATTN_CONFIG"
@@ -334,5 +334,5 @@ def overriding(table: dict) -> Iterator[None]:
         set_overrides(saved)
 
 
-if os.environ.get(ENV_VAR):
-    load_overrides(os.environ[ENV_VAR])
+if switches.attn_config_file():
+    load_overrides(switches.attn_config_file())

@@ -27,13 +27,13 @@ writes the output.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from . import switches
 from ._checks import check, dot_precision, gluon_route_open, next_pow2
 from .attention_configs import attention_config
 from .decode_attention import (
@@ -211,7 +211,7 @@ def _use_ws(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, pag
     """Whether stage A takes the Gluon kernel (see run_prefix_stage): opted in, int32 metadata, no
     V scale (its pool is never FP8; k_scale is folded into qk_scale, 1.0 for such a pool)."""
     metadata = (page_table, group_members, group_starts, group_prefix_lens)
-    if not gluon_route_open(q, os.environ.get("RADIXRT_CASCADE_WS", "0") == "1", metadata, (v_scale,)):
+    if not gluon_route_open(q, switches.cascade_ws(), metadata, (v_scale,)):
         return False
     try:  # Gluon's Hopper API (Triton >= 3.6); without it, the Triton kernel
         from . import cascade_prefix_ws

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from . import switches
 from ._checks import (
     FP8_DTYPE,
     check,
@@ -438,7 +438,7 @@ def _ws_shape_rule(head_dim: int, num_kv_splits: int, max_seq_len: int | None, k
     graph's key can carry it (decode_launch_variant): one split over an FP8 pool, head dim 128, a
     known max_seq_len >= DECODE_WS_MIN_SEQ, RADIXRT_DECODE_WS not "0", a Hopper GPU."""
     return (kv_fp8 and num_kv_splits == 1 and head_dim == 128 and max_seq_len is not None
-            and max_seq_len >= DECODE_WS_MIN_SEQ and os.environ.get("RADIXRT_DECODE_WS", "1") != "0"
+            and max_seq_len >= DECODE_WS_MIN_SEQ and switches.decode_ws()
             and _gluon_decode_device(device))
 
 

@@ -13,12 +13,12 @@ page.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from . import switches
 from ._checks import (
     FP8_DTYPE,
     check,
@@ -176,7 +176,7 @@ def _use_ws(q, k_new, v_new, k_buffer, v_buffer, page_table, prefix_lens, extend
             v_scale: float) -> bool:
     """Whether extend_attention routes to the Gluon kernel (see its docstring for the rule). The
     kernel takes int32 metadata and no K/V scales (its pool is never FP8)."""
-    switched_on = bool(min_extend_len) and os.environ.get("RADIXRT_EXTEND_WS", "1") != "0"
+    switched_on = bool(min_extend_len) and switches.extend_ws()
     metadata = (page_table, prefix_lens, extend_lens, extend_start_loc)
     if not gluon_route_open(q, switched_on, metadata, (k_scale, v_scale)):
         return False

@@ -36,7 +36,6 @@ in TUNED here.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +46,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from . import switches
 from ._checks import check, next_pow2
 from .extend_attention_ws import _is_hopper, _smem_layout
 
@@ -119,8 +119,8 @@ def load_tuned(path: str | Path) -> tuple[dict[tuple[int, int, int], GemmWsConfi
                          f"splits]}} (\"MP,N,K,silu\" for the SwiGLU form): {e}") from e
 
 
-if os.environ.get(TUNED_ENV):
-    _plain, _gated = load_tuned(os.environ[TUNED_ENV])
+if switches.gemm_ws_tuned_file():
+    _plain, _gated = load_tuned(switches.gemm_ws_tuned_file())
     TUNED.update(_plain)
     TUNED_GATED.update(_gated)
 

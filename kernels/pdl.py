@@ -25,20 +25,21 @@ TRITON_INTERPRET and on CPU tensors.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from . import switches
+
 # Read at every launch (kernel launchers call use_pdl), so a test or a bench can switch PDL off and on
 # in one process; CUDA graphs keep the setting they were captured with.
-enabled = os.environ.get("RADIXRT_PDL", "1") != "0"
+enabled = switches.pdl_enabled()
 
 
 @functools.cache
 def _capable(device_index: int) -> bool:
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if switches.interpreting():
         return False
     if not hasattr(tl.extra.cuda, "gdc_wait") or not hasattr(tl.extra.cuda, "gdc_launch_dependents"):
         return False

@@ -273,6 +273,16 @@ class Env:
     # RADIXRT_ROPE_STORE=0: the Triton attention backend's forward_rope runs the rotary and K/V-store
     # kernels apart instead of kernels.rope_store_kv (the same values; worker/attention_triton.py)
     rope_store: bool = True
+    # RADIXRT_CPU_NATIVE=0: the native CPU kernels are not compiled nor used (worker/cpu_native.py)
+    cpu_native: bool = True
+    # RADIXRT_NATIVE_DIR: where the native CPU library is built (default ~/.cache/radixrt/native);
+    # CC: the C compiler for it (default cc, else gcc)
+    native_dir: Path | None = None
+    cc: str | None = None
+    # TRITON_INTERPRET=1 (Triton's own switch, set before the kernels are decorated): Triton kernels
+    # run on the CPU in its interpreter (the tests); the launcher then allows the triton backend
+    # without a GPU and the Triton backend takes its fused paths on CPU tensors
+    triton_interpret: bool = False
 
     @classmethod
     def read(cls) -> Env:
@@ -297,6 +307,10 @@ class Env:
             gemm_ws={"0": "0", "false": "0", "all": "all"}.get(
                 os.environ.get("RADIXRT_GEMM_WS", "auto").strip().lower(), "auto"),
             rope_store=os.environ.get("RADIXRT_ROPE_STORE", "1") not in ("0", "false"),
+            cpu_native=os.environ.get("RADIXRT_CPU_NATIVE", "1") not in ("0", "false"),
+            native_dir=Path(d) if (d := os.environ.get("RADIXRT_NATIVE_DIR")) else None,
+            cc=os.environ.get("CC") or None,
+            triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
         )
 
 

@@ -24,7 +24,6 @@ Children run in their own session (the terminal's Ctrl-C reaches only the launch
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -246,7 +245,7 @@ def check_args_against_model(args: ServerArgs, model_dir: Path) -> None:
             model's limit; a --tp-size that does not divide the model.
     """
     backend = args.resolved_attention_backend()
-    if backend == "triton" and args.resolved_device() != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if backend == "triton" and args.resolved_device() != "cuda" and not Env.read().triton_interpret:
         raise ValueError("--attention-backend triton needs a CUDA device (the device here is cpu; use sdpa "
                          "or torch)")
     if args.kv_cache_dtype == "fp8_e4m3" and backend != "triton":

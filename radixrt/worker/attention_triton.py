@@ -22,8 +22,6 @@ sequence only runs empty programs (and a wider merge).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from radixrt.attention.base import AttentionBackend, ForwardMeta, KVPool
@@ -93,7 +91,9 @@ class TritonAttnBackend(AttentionBackend):
         self._meta: ForwardMeta | None = None
         # forward_rope's fused kernel (kernels.rope_store_kv); RADIXRT_ROPE_STORE=0 keeps the rotary
         # and K/V-store kernels apart (the same values; a switch for comparing the two on a GPU)
-        self.fuse_rope_store = Env.read().rope_store
+        env = Env.read()
+        self.fuse_rope_store = env.rope_store
+        self._interpreting = env.triton_interpret  # Triton kernels on CPU tensors (the tests)
         self._num_kv_splits = 1
         self._num_prefix_splits = 1
         self._num_q_heads: int | None = None
@@ -202,7 +202,7 @@ class TritonAttnBackend(AttentionBackend):
         (kernels.rope_store_kv: q and k rotated in place, k and v written to the pool's slots), then
         attention as `forward`; tensors the kernel cannot take (CPU tensors outside Triton's
         interpreter) and a backend built with RADIXRT_ROPE_STORE=0 go the unfused way."""
-        if not self.fuse_rope_store or not (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        if not self.fuse_rope_store or not (q.is_cuda or self._interpreting):
             return super().forward_rope(q, k, v, positions, cos_sin_cache, layer_id, scale)
         meta, k_buffer, v_buffer, kv_scales = self._layer(layer_id)
         rope_store_kv(q, k, v, positions, cos_sin_cache, k_buffer, v_buffer, meta.out_cache_loc, **kv_scales)

@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from radixrt.config import Env
+
 log = logging.getLogger(__name__)
 
 
@@ -51,7 +53,7 @@ SPLIT_TOKENS = 512
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("RADIXRT_NATIVE_DIR") or Path.home() / ".cache" / "radixrt" / "native")
+    return Env.read().native_dir or Path.home() / ".cache" / "radixrt" / "native"
 
 
 def _cpu_flags() -> str:
@@ -67,7 +69,7 @@ def _cpu_flags() -> str:
 
 
 def _compile() -> ctypes.CDLL | None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = Env.read().cc or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         log.info("native CPU kernels off: no C compiler found")
         return None
@@ -118,7 +120,7 @@ def load() -> ctypes.CDLL | None:
     global _lib, _tried
     if not _tried:
         _tried = True
-        if os.environ.get("RADIXRT_CPU_NATIVE", "1") != "0":
+        if Env.read().cpu_native:
             try:
                 _lib = _compile()
             except OSError as e:
