@@ -60,7 +60,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
     lm_head_quantization (--lm-head-quantization; only with FP8 decoder linears): "auto" quantizes the
     LM head too (quant/fp8.py quantize_lm_head, after loading) unless the checkpoint itself is FP8,
     "fp8" always, "none" never.
-    The model gets `kv_cache_scales`: {layer: {"k": s, "v": s}} from the checkpoint (empty if none).
+    The model gets `kv_cache_scales`: {layer: {"k": s, "v": s}} from the checkpoint (empty if none)
+    and `quantization`: the weight format in effect, "fp8" (the flag's or the checkpoint's) or None.
     tp: this rank's slice of the model (parallel/layout.py): each rank reads only its slices of the
     safetensors; dummy weights are drawn at full size in the same order as with no tp and sliced,
     so the ranks' shards are slices of the --tp-size 1 weights. The returned config is the rank's.
@@ -89,6 +90,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
     model = model.requires_grad_(False)
     model.tie_weights()  # to_empty materialises shared parameters separately
     model.kv_cache_scales = {}
+    model.quantization = quant  # the weight format in effect ("fp8" or None), for the server's info
     if load_format == "dummy" and tp is None:
         _init_dummy(model, seed, dtype)
     elif load_format == "dummy":

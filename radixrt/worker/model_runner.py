@@ -306,6 +306,7 @@ class ModelRunner:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."),
+            "quantization": getattr(self.model, "quantization", None),
             "model_type": self.config.model_type,
             "attention_backend": self.backend_name,
             "cuda_graph": self.graphs is not None,

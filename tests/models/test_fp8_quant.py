@@ -428,6 +428,8 @@ def test_blockwise_fp8_checkpoint_loads_per_channel(tmp_path: Path) -> None:
     save_tiny_model("qwen3", src, tie_word_embeddings=False)
     blocks = _save_blockwise(src, dst, [32, 48])
     m_blk, _ = load_model(dst, torch.float32, "cpu", "auto")
+    assert m_blk.quantization == "fp8"  # detected from config.json, no flag
+    assert load_model(src, torch.float32, "cpu", "auto")[0].quantization is None
     checked = 0
     for name, (q, s) in blocks.items():
         want = _block_dequantized(q, s, 32, 48)

@@ -46,6 +46,7 @@ class FakeScheduler:
     controls: list[str] = field(default_factory=list)
     batch_rids: bool = False  # send all live requests in one batch (exercises the per-rid split)
     burst: bool = False  # send each request's whole script at once, one TokenOutBatch per token
+    worker_info: dict = field(default_factory=dict)  # the "worker" facts of get_server_info's answer
 
     def start(self) -> FakeScheduler:
         self._stop = threading.Event()
@@ -94,7 +95,8 @@ class FakeScheduler:
             live.pop(msg.rid, None)
         elif isinstance(msg, protocol.ControlReq):
             self.controls.append(msg.kind)
-            data = {"scheduler": {"num_running_reqs": len(live), "num_waiting_reqs": 0}}
+            data = {"scheduler": {"num_running_reqs": len(live), "num_waiting_reqs": 0},
+                    **({"worker": self.worker_info} if self.worker_info else {})}
             tx.send(protocol.ControlResp(req_id=msg.req_id, ok=True, data=data))
 
     def _emit(self, live: dict[str, _Live], tx: Sender) -> None:

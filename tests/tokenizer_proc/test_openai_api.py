@@ -177,3 +177,16 @@ def test_control_routes(fr: Front) -> None:
     assert info["scheduler"]["num_running_reqs"] == 0 and info["context_length"] == 512
     assert httpx.post(fr.base_url + "/flush_cache").status_code == 200
     assert {"health", "get_server_info", "flush_cache"} <= set(fr.sched.controls)
+
+
+def test_server_info_shows_the_settings_in_effect(fr: Front) -> None:
+    """Where a flag said auto or nothing, /get_server_info shows what the worker resolved: an FP8
+    checkpoint detected from its config reads quantization "fp8" without --quantization."""
+    info = httpx.get(fr.base_url + "/get_server_info").json()
+    assert info["quantization"] is None and info["attention_backend"] == "auto"
+    fr.sched.worker_info = {"quantization": "fp8", "attention_backend": "sdpa", "device": "cpu"}
+    try:
+        info = httpx.get(fr.base_url + "/get_server_info").json()
+    finally:
+        fr.sched.worker_info = {}
+    assert (info["quantization"], info["attention_backend"], info["device"]) == ("fp8", "sdpa", "cpu")
