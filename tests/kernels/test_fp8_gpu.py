@@ -444,3 +444,20 @@ def test_cascade_attention_fp8_pool(num_kv_splits: int, kv_dot: str) -> None:
         out = cascade_decode_attention(*args, num_kv_splits, 4, c.max_group_size, k_scale=0.02,
                                        v_scale=0.03)
     _attn_close(out, cascade_decode_attention_ref(*args, k_scale=0.02, v_scale=0.03))
+
+
+@pytest.mark.parametrize("n, k", [(3584, 18944), (4608, 3584), (200, 300)])  # down, qkv, partial blocks
+def test_blockwise_requantization_on_the_gpu_equals_the_cpu(n: int, k: int) -> None:
+    """A block-wise FP8 checkpoint's weight (128 x 128 blocks, as Qwen3-FP8 ships) requantized per
+    channel on the GPU (where the loader does it for an FP8 parameter on CUDA) gives the CPU's codes
+    and scales."""
+    from radixrt.models.quant.checkpoint import requantize_blockwise
+
+    gen = torch.Generator().manual_seed(n * k)
+    codes = (torch.randn(n, k, generator=gen) * 100).clamp(-448, 448).to(FP8)
+    scale_inv = torch.rand(-(-n // 128), -(-k // 128), generator=gen) * 1e-3 + 1e-5
+    q_cpu, s_cpu = requantize_blockwise(codes, scale_inv, (128, 128))
+    q_gpu, s_gpu = requantize_blockwise(codes.cuda(), scale_inv, (128, 128))
+    assert q_gpu.is_cuda and s_gpu.is_cuda
+    assert torch.equal(s_gpu.cpu(), s_cpu)
+    assert torch.equal(q_gpu.cpu().view(torch.uint8), q_cpu.view(torch.uint8))
