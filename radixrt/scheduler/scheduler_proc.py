@@ -203,9 +203,14 @@ class SchedulerLoop:
         as good a sign of life as the one-token probe that would otherwise wait behind it."""
         for msg in self.rx_tok.recv_all():
             if isinstance(msg, ControlReq) and msg.kind == "health":
-                if time.perf_counter() - pass_wait_start < BUSY_HEALTHY_S:
+                waited = time.perf_counter() - pass_wait_start
+                if waited < BUSY_HEALTHY_S:
                     self.tx_tok.send(ControlResp(msg.req_id, True, {"busy": True}))
-                    continue
+                else:  # the worker is stuck (hung device, stopped process): not healthy. Handing
+                    # the probe to `handle` would answer "busy" forever while requests exist
+                    self.tx_tok.send(ControlResp(msg.req_id, False, {
+                        "message": f"the worker has not finished a pass in {waited:.0f} s"}))
+                continue
             self.handle(msg)
 
     def flush_outputs(self) -> None:

@@ -128,3 +128,31 @@ def test_arrivals_during_a_pass_are_taken_in_as_they_come(monkeypatch) -> None:
         assert len(second.req_rows) == 2  # "late" joins the pass right after the long one
     finally:
         addrs.cleanup()
+
+
+def test_health_fails_once_a_pass_has_run_past_the_busy_limit(monkeypatch) -> None:
+    """A worker that never returns a pass (hung device, SIGSTOPped process) must fail /health once
+    the pass has run BUSY_HEALTHY_S; before, the probe fell through to `handle`, which answers
+    "busy" while requests run, so /health stayed 200 forever (repro/worker_stop.py)."""
+    from radixrt.scheduler import scheduler_proc
+
+    monkeypatch.setattr(scheduler_proc, "BUSY_HEALTHY_S", 0.5)
+    addrs = IpcAddresses.create()
+    try:
+        worker_in, tok_in, to_sched, results = _running_loop(addrs)
+        sampling = {"temperature": 0.0, "max_new_tokens": 2, "ignore_eos": True}
+        to_sched.send(protocol.GenerateReq(rid="r", input_ids=np.arange(1, 40, dtype=np.int32),
+                                           sampling=sampling))
+        first = worker_in.recv(timeout_ms=5000)
+        assert first is not None
+        to_sched.send(protocol.ControlReq(req_id="h1", kind="health"))
+        early = tok_in.recv(timeout_ms=2000)
+        assert early is not None and early.req_id == "h1" and early.ok
+        time.sleep(0.8)  # the worker "hangs": no result for longer than BUSY_HEALTHY_S
+        to_sched.send(protocol.ControlReq(req_id="h2", kind="health"))
+        late = tok_in.recv(timeout_ms=2000)
+        assert late is not None and late.req_id == "h2" and not late.ok
+        assert "has not finished a pass" in late.data["message"]
+        results.send(_result(first))
+    finally:
+        addrs.cleanup()
