@@ -89,26 +89,36 @@ def make_specs(prompts: list[list[int]], n: int, sampling: dict[str, Any], stop:
             for p, ids in enumerate(prompts) for j in range(n)]
 
 
+def _refused(ctx: ServingContext, err: APIError) -> APIError:
+    """`err`, after counting the request it refuses in the metrics as RequestHandle counts an
+    APIError: "rejected" below status 500, "error" from it (the 503 of a shutdown)."""
+    if ctx.on_done is not None:
+        ctx.on_done(None, "rejected" if err.status < 500 else "error")
+    return err
+
+
 def new_handle(ctx: ServingContext, specs: list[SampleSpec], *, stream: bool, return_logprob: bool = False,
                top_logprobs_num: int = 0) -> RequestHandle:
     """A handle for `specs`.
 
     Raises:
         APIError: 503 while shutting down; 400 when `specs` alone exceed what the server can ever
-            take at once; 429 when the server already tracks too many samples.
+            take at once; 429 when the server already tracks too many samples. Each refusal is
+            counted in the metrics (`_refused`), as the scheduler's refusals are.
     """
     if ctx.manager.closing:
-        raise APIError(503, "server is shutting down")
+        raise _refused(ctx, APIError(503, "server is shutting down"))
     # A request's samples reach the scheduler together and all wait there first, so more than
     # --max-queued-requests of them are refused there whatever runs: never admitted, not worth a retry
     # (and more than running + queued are refused here)
     most = min(ctx.manager.max_inflight, ctx.args.max_queued_requests)
     if len(specs) > most:
-        raise APIError(400, f"the request has {len(specs)} samples (prompts x n); this server takes at "
-                       f"most {most} at once (--max-queued-requests, and --max-running-requests + "
-                       "--max-queued-requests in flight)", param="n")
+        raise _refused(ctx, APIError(
+            400, f"the request has {len(specs)} samples (prompts x n); this server takes at most {most} "
+            "at once (--max-queued-requests, and --max-running-requests + --max-queued-requests in "
+            "flight)", param="n"))
     if not ctx.manager.has_capacity(len(specs)):
-        raise APIError(429, "too many requests in flight; retry later")
+        raise _refused(ctx, APIError(429, "too many requests in flight; retry later"))
     return RequestHandle(ctx.manager, ctx.tokenizer, specs, stream=stream, return_logprob=return_logprob,
                          top_logprobs_num=top_logprobs_num, on_done=ctx.on_done,
                          timeout_s=ctx.args.request_timeout)

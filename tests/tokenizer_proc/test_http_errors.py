@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .fakes import Front, start_front
+from .fakes import Front, start_front, wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -182,9 +182,46 @@ def test_malformed_input_ids_in_generate(fr: Front) -> None:
     assert "-7" in err["message"], err
 
 
+def _rejected_count(fr: Front) -> float:
+    for line in httpx.get(fr.base_url + "/metrics").text.splitlines():
+        if line.startswith('radixrt_requests_total{outcome="rejected"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_more_samples_than_the_server_ever_takes_is_400_not_429(fr: Front) -> None:
     """prompts x n above --max-running-requests + --max-queued-requests can never be admitted:
-    a 400 naming the limit, not a 429 inviting a retry."""
+    a 400 naming the limit, not a 429 inviting a retry; counted as a rejected request."""
+    before = _rejected_count(fr)
     body = {"model": fr.served_model, "prompt": [[5]] * 5000, "max_tokens": 1}
     _err(httpx.post(fr.base_url + "/v1/completions", json=body), 400, param="n")
     assert not fr.sched.received
+    assert _rejected_count(fr) == before + 1
+
+
+def test_front_end_429_when_full_is_counted_as_rejected(tokenizer: Any, tok_model_dir: Any) -> None:
+    """With --max-running-requests 1 and --max-queued-requests 1 the front end tracks 2 samples: a
+    third request gets 429 before it reaches the scheduler, and /metrics counts it as rejected."""
+    import threading
+
+    f = start_front(tokenizer, tok_model_dir, lambda req: ([28] * 10_000, None), max_running_requests=1,
+                    max_queued_requests=1)
+    f.sched.interval_s = 0.01
+    try:
+        body = {"model": f.served_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}
+
+        def hold() -> None:  # two requests that stay in flight until the front stops
+            try:
+                httpx.post(f.base_url + CHAT, json=body, timeout=20)
+            except httpx.HTTPError:
+                pass
+
+        for _ in range(2):
+            threading.Thread(target=hold, daemon=True).start()
+        assert wait_for(lambda: len(f.sched.received) == 2)
+        before = _rejected_count(f)
+        _err(httpx.post(f.base_url + CHAT, json=body), 429)
+        assert len(f.sched.received) == 2  # refused in the front end
+        assert _rejected_count(f) == before + 1
+    finally:
+        f.stop()
