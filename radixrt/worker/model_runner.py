@@ -296,8 +296,10 @@ class ModelRunner:
             "page_size": self.page_size,
             "max_req_rows": self.max_req_rows,
             "max_pages_per_req": self.max_pages_per_req,
-            # a request must fit in the pool on its own, or it could never be admitted
-            "context_length": min(self.context_len, pool.usable_tokens),
+            # a request must fit in the pool on its own, or it could never be admitted, with one page
+            # to spare: a request that shares a cached prefix ending inside a page copies that page
+            # (copy on write) while the tree keeps the original, locked on its path
+            "context_length": min(self.context_len, pool.usable_tokens - self.page_size),
             "vocab_size": self.config.vocab_size,
             "eos_token_ids": list(self.config.eos_token_ids),
             "kv_bytes_per_token": pool.kv_bytes_per_token,

@@ -108,3 +108,27 @@ def test_engine_prompt_forms_and_bad_sampling_params(model_dir: Path, prompts, u
         pass
     assert [(r.num_tokens, len(r.sb)) for r in seen] == [(48, 1)]
     assert seen[0].process_ms > 0 and eng.pipeline.in_flight is None and eng.scheduler.is_idle
+
+
+def test_a_request_at_the_context_limit_fits_beside_a_cached_mid_page_prefix(model_dir: Path) -> None:
+    """A pool no larger than the model's context caps the context at the pool less one page: a
+    request that shares a cached prefix ending inside a page copies that page (copy on write) while
+    the tree keeps the original, so it needs one page more than its own tokens. Before the cap, a
+    prompt that fit the pool alone was refused, and a decode up to the context cut short, when it
+    shared such a prefix (found by a break test: --max-total-tokens 2048)."""
+    eng = Engine(model_path=str(model_dir), max_total_tokens=512, page_size=16, chunked_prefill_size=128,
+                 device="cpu")
+    ctx = eng.scheduler.context_len
+    assert ctx == 512 - 16
+    rng = random.Random(3)
+    base = [rng.randrange(100, 20000) for _ in range(200)]  # 12 pages + 8 tokens, cached below
+    eng.generate([base], {"temperature": 0.0, "max_new_tokens": 1})
+    prompt = base + [rng.randrange(100, 20000) for _ in range(ctx - 1 - len(base))]
+    out = eng.generate([prompt], {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True})[0]
+    assert out["meta_info"].get("error") is None and out["meta_info"]["completion_tokens"] == 1
+    assert out["meta_info"]["cached_tokens"] >= 192  # the shared prefix was used (whole pages at least)
+    decode = eng.generate([base[:199] + [5]], {"temperature": 0.0, "max_new_tokens": ctx - 200,
+                                               "ignore_eos": True})[0]
+    assert decode["meta_info"]["completion_tokens"] == ctx - 200  # up to the context, not cut short
+    eng.scheduler.check_invariants()
+    assert eng.scheduler.kv.stats()["num_protected_pages"] == 0

@@ -53,8 +53,9 @@ def test_worker_round_trip(tmp_path: Path) -> None:
         info = ready.info
         assert info["page_size"] == 16 and info["num_pages"] == 256 // 16 + 1
         assert info["vocab_size"] == BASE["vocab_size"] and info["max_req_rows"] == 4
-        # a request must fit in the pool on its own: the context length is capped at the pool size
-        assert info["context_length"] == min(BASE["max_position_embeddings"], info["pool_tokens"]) == 256
+        # a request must fit in the pool on its own, with a page to spare for a copy-on-write page:
+        # the context length is capped at the pool size less one page
+        assert info["pool_tokens"] == 256 and info["context_length"] == 256 - 16
         assert info["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # K+V, layers, kv heads, head_dim, fp32
         to_worker = Sender(ctx, addrs.worker_in)
         to_worker.send(_batch())
