@@ -65,8 +65,19 @@ def test_default_configs_fit(n, k, m):
     mp = ws.rows_padded(m)
     assert ws.fits(cfg, mp) and ws.shared_memory_bytes(cfg, mp) <= ws.SMEM_LIMIT
     tiles = -(-n // cfg.block_n)
-    _, _, used = ws.split_plan(k, cfg)
+    total, per, used = ws.split_plan(k, cfg)
     assert tiles * used <= max(132, tiles)  # no second partial wave made by splitting
+    assert used == 1 or per >= 4  # a split streams at least 4 K steps (its ring's fill is paid over them)
+
+
+@pytest.mark.parametrize("n,k", [(256, 512), (128, 1024), (512, 1024)])
+def test_default_split_streams_at_least_four_k_steps(n, k):
+    """Few tiles leave many SMs idle, but a split of fewer than 4 K steps pays its ring's fill and
+    its partial's round trip for too little work: the default stops at one split per 4 steps."""
+    ws = _ws()
+    cfg = ws.default_config(64, n, k, 132)
+    total, per, used = ws.split_plan(k, cfg)
+    assert used > 1 and per >= 4 and used == total // 4
 
 
 def test_rows_padded_buckets():
