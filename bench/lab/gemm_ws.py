@@ -192,6 +192,39 @@ def gated_wins(g: dict) -> bool:
     return fused < math.inf and unfused / fused >= MIN_SPEEDUP
 
 
+def report(out: dict) -> dict[str, list[int]]:
+    """Print the cases' table and the TUNED / TUNED_GATED lines of the winners (gemm_ws at least
+    MIN_SPEEDUP faster than F.linear; gemm_silu_ws per gated_wins), and return them as a TUNED file's
+    entries ({"MP,N,K": [block_n, block_k, stages, splits]}, "MP,N,K,silu" for the SwiGLU form)."""
+    print("\n| linear | M | F.linear us | gemm_ws us (config) | ratio | TB/s weights, F.linear -> gemm_ws |")
+    print("|---|---|---|---|---|---|")
+    tuned, entries = [], {}
+    for c in out["cases"]:
+        if "best" not in c:
+            continue
+        b = c["best"]
+        gb = c["n"] * c["k"] * 2 / 1e3
+        cfg = G.GemmWsConfig(**b["config"])
+        print(f"| {c['name']} | {c['m']} | {c['torch_us']:.1f} | {b['us']:.1f} ({cfg.block_n}x{cfg.block_k}x"
+              f"{cfg.stages}, {b['splits_used']} splits) | {b['us'] / c['torch_us']:.3f} | "
+              f"{gb / c['torch_us']:.2f} -> {gb / b['us']:.2f} |")
+        if c["torch_us"] / b["us"] >= MIN_SPEEDUP:
+            tuned.append(f"    ({c['mp']}, {c['n']}, {c['k']}): GemmWsConfig({cfg.block_n}, {cfg.block_k}, "
+                         f"{cfg.stages}, {cfg.splits}),  # {b['us']:.1f} vs F.linear {c['torch_us']:.1f} us")
+            # cases of one MP share a key: the first measured (M = MP, the graphs' padded batch) holds it
+            entries.setdefault(f"{c['mp']},{c['n']},{c['k']}",
+                               [cfg.block_n, cfg.block_k, cfg.stages, cfg.splits])
+    print("\nTUNED lines:\n" + "\n".join(tuned))
+    for g in out.get("gated", []):
+        if not gated_wins(g):
+            continue
+        cfg = G.GemmWsConfig(**g["config"])
+        print(f"TUNED_GATED line: ({g['mp']}, {g['n']}, {g['k']}): GemmWsConfig({cfg.block_n}, "
+              f"{cfg.block_k}, {cfg.stages}, 1),  # {g['forms']['gemm_silu_ws']['us']:.1f} us")
+        entries.setdefault(f"{g['mp']},{g['n']},{g['k']},silu", [cfg.block_n, cfg.block_k, cfg.stages, 1])
+    return entries
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", default="128,64,100")
@@ -215,32 +248,9 @@ def main() -> int:
     out["gated"] = [run_gated(m, best_gate_up.get(m)) for m in (int(v) for v in args.m.split(","))
                     if time.time() < deadline + 30]
     common.write_json(args.out, out)
-    print("\n| linear | M | F.linear us | gemm_ws us (config) | ratio | TB/s weights, F.linear -> gemm_ws |")
-    print("|---|---|---|---|---|---|")
-    tuned = []
-    for c in out["cases"]:
-        if "best" not in c:
-            continue
-        b = c["best"]
-        gb = c["n"] * c["k"] * 2 / 1e3
-        cfg = G.GemmWsConfig(**b["config"])
-        print(f"| {c['name']} | {c['m']} | {c['torch_us']:.1f} | {b['us']:.1f} ({cfg.block_n}x{cfg.block_k}x"
-              f"{cfg.stages}, {b['splits_used']} splits) | {b['us'] / c['torch_us']:.3f} | "
-              f"{gb / c['torch_us']:.2f} -> {gb / b['us']:.2f} |")
-        if c["torch_us"] / b["us"] >= MIN_SPEEDUP:
-            tuned.append(f"    ({c['mp']}, {c['n']}, {c['k']}): GemmWsConfig({cfg.block_n}, {cfg.block_k}, "
-                         f"{cfg.stages}, {cfg.splits}),  # {b['us']:.1f} vs F.linear {c['torch_us']:.1f} us")
-    print("\nTUNED lines:\n" + "\n".join(tuned))
+    entries = report(out)
     common.write_json(args.out, out)
-    gated = [g for g in out["gated"] if gated_wins(g)]
-    for g in gated:
-        cfg = G.GemmWsConfig(**g["config"])
-        print(f"TUNED_GATED line: ({g['mp']}, {g['n']}, {g['k']}): GemmWsConfig({cfg.block_n}, "
-              f"{cfg.block_k}, {cfg.stages}, 1),  # {g['forms']['gemm_silu_ws']['us']:.1f} us")
-    if args.tuned_out:  # the same winners as a TUNED file (kernels/gemm_ws.py TUNED_ENV)
-        entries = {f"{c['mp']},{c['n']},{c['k']}": list(c["best"]["config"].values())
-                   for c in out["cases"] if "best" in c and c["torch_us"] / c["best"]["us"] >= MIN_SPEEDUP}
-        entries.update({f"{g['mp']},{g['n']},{g['k']},silu": list(g["config"].values()) for g in gated})
+    if args.tuned_out:  # the winners as a TUNED file (kernels/gemm_ws.py TUNED_ENV)
         common.write_json(args.tuned_out, entries)
     return 0
 
