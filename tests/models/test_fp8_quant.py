@@ -503,3 +503,50 @@ def test_compressed_tensors_block_checkpoint_loads_like_the_fp8_format(tmp_path:
         with pytest.raises(ValueError, match="block"):
             checkpoint_quantization({"quantization_config": {"quant_method": "compressed-tensors",
                                                              "config_groups": groups}})
+
+
+def test_non_finite_negative_or_non_float_scales_are_refused(tmp_path: Path) -> None:
+    """A NaN / inf / negative weight scale (per-channel or block-wise), an integer or FP8 scale
+    tensor, and a NaN or zero KV-cache scale: each a ModelLoadError naming the tensor. Before, they
+    loaded: NaN weights (the server answered "\\u0000..." to every chat) or sign-flipped ones."""
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "fp32"
+    save_tiny_model("qwen3", src, tie_word_embeddings=False)
+    name = "model.layers.1.mlp.down_proj.weight"
+    cases = [("_scale_inv", lambda s: torch.full_like(s, float("nan")), "not finite"),
+             ("_scale_inv", lambda s: torch.full_like(s, float("inf")), "not finite"),
+             ("_scale_inv", lambda s: -s, "not finite and >= 0"),
+             ("_scale_inv", lambda s: torch.ones_like(s, dtype=torch.int32), "dtype torch.int32"),
+             ("_scale_inv", lambda s: s.to(FP8_DTYPE), "dtype torch.float8_e4m3fn")]
+    for i, (suffix, bad, match) in enumerate(cases):
+        dst = tmp_path / f"blk{i}"
+        _save_blockwise(src, dst, [32, 48])
+        for f in dst.glob("*.safetensors"):
+            tensors = load_file(f)
+            if name + suffix in tensors:
+                tensors[name + suffix] = bad(tensors[name + suffix])
+                save_file(tensors, f)
+        with pytest.raises(ModelLoadError, match=f"down_proj.weight{suffix}.*{match}"):
+            load_model(dst, torch.float32, "cpu", "auto")
+    # per-channel (fbgemm_fp8) scales and KV-cache scales
+    tensors = load_file(src / "model.safetensors")
+    for kv, match in ((None, "weight_scale: 64 of 64 scales are not finite"),
+                      (float("nan"), "k_scale.*not finite and > 0"), (0.0, "k_scale.*not finite and > 0")):
+        dst = tmp_path / f"pc{kv}"
+        dst.mkdir()
+        cfg = json.loads((src / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": "fbgemm_fp8"}
+        (dst / "config.json").write_text(json.dumps(cfg))
+        out = {}
+        for k, t in tensors.items():
+            if k.endswith("proj.weight"):
+                out[k], s = quantize_per_channel(t)
+                out[k + "_scale"] = s.fill_(float("nan")) if (k == name and kv is None) else s
+            else:
+                out[k] = t
+        if kv is not None:
+            out["model.layers.0.self_attn.k_scale"] = torch.tensor(kv)
+        save_file(out, dst / "model.safetensors")
+        with pytest.raises(ModelLoadError, match=match):
+            load_model(dst, torch.float32, "cpu", "auto")

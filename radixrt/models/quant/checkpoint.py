@@ -147,8 +147,10 @@ class CheckpointStream:
 
     Raises (while iterating):
         ValueError: a block-wise scale in a checkpoint without weight_block_size, an FP8 tensor
-            without scales for a layer kept in the model dtype, or a scale whose size matches
-            neither one value nor one per row (nor the blocks).
+            without scales for a layer kept in the model dtype, a scale whose size matches
+            neither one value nor one per row (nor the blocks), or a weight or KV-cache scale that
+            is not a float tensor of finite values >= 0 (> 0 for KV-cache scales): NaN / inf scales
+            would load as NaN weights and serve garbage.
     """
 
     def __init__(self, model: nn.Module, weight_block: tuple[int, int] | None = None) -> None:
@@ -170,8 +172,10 @@ class CheckpointStream:
                 if self.weight_block is None:
                     raise ValueError(f"{name}: a block-wise FP8 scale, but config.json's quantization_config "
                                      "has no weight_block_size")
+                _check_scales(name, t)
                 yield from self._block_half(name.removesuffix("_scale_inv"), "scale_inv", t)
             elif self.weight_block is not None and name.endswith(".weight_scale"):
+                _check_scales(name, t)
                 yield from self._block_half(name.removesuffix("_scale"), "scale_inv", t)  # compressed-tensors
             elif self.weight_block is not None and name.endswith(".weight") and t.dtype == FP8_DTYPE:
                 yield from self._block_half(name, "weight", t)
@@ -227,6 +231,7 @@ class CheckpointStream:
         if not self._target_is_fp8(weight_name):
             raise ValueError(f"{name}: an FP8 scale for a layer radixrt keeps in the model dtype")
         _, rows = self._target(weight_name)
+        _check_scales(name, t)
         s = t.float().reshape(-1)
         if s.numel() == 1:
             return s.expand(rows).contiguous()
@@ -240,7 +245,24 @@ class CheckpointStream:
         if m is None:
             return False
         layer, which = int(m.group(1)), m.group(2) or m.group(3)
+        _check_scales(name, t, positive=True)
         value = float(t.float().max())
         for key in ("k", "v") if which == "kv" else (which,):
             self.kv_scales.setdefault(layer, {})[key] = value
         return True
+
+
+def _check_scales(name: str, t: torch.Tensor, positive: bool = False) -> None:
+    """Raise ValueError (naming the tensor) unless `t` is a non-empty float tensor (fp32, fp16 or bf16:
+    not FP8, whose few codes cannot hold a scale, nor an integer type) of finite values >= 0
+    (> 0 with `positive`, for KV-cache scales, which divide)."""
+    if not t.is_floating_point() or t.element_size() < 2:
+        raise ValueError(f"{name}: scales of dtype {t.dtype} (expected float32, float16 or bfloat16)")
+    if t.numel() == 0:
+        raise ValueError(f"{name}: an empty scale tensor")
+    tf = t.float()
+    bad = ~torch.isfinite(tf) | ((tf <= 0) if positive else (tf < 0))
+    if bad.any():
+        first = tf.reshape(-1)[bad.reshape(-1)][0].item()
+        raise ValueError(f"{name}: {int(bad.sum())} of {t.numel()} scales are not finite and "
+                         f"{'> 0' if positive else '>= 0'} (e.g. {first})")
