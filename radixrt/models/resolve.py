@@ -22,6 +22,7 @@ from pathlib import Path
 
 from radixrt.config import DEFAULT_MODEL_NAME
 from radixrt.models.model_config import ModelConfig, parse_config, read_eos_ids, read_json
+from radixrt.models.quant.qconfig import checkpoint_quantization
 from radixrt.models.registry import find_spec, supported_architectures
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")  # rope_scaling types models/rope.py implements
@@ -76,7 +77,8 @@ def check_model_dir(model_dir: Path, load_format: str) -> None:
     """Cheap validity checks of a HF model directory.
 
     Raises:
-        ModelLoadError: no config.json, unsupported architecture or rope scaling, no weights.
+        ModelLoadError: no config.json (or not a JSON object), unsupported architecture or rope
+            scaling, a quantization_config radixrt cannot serve, no weights.
     """
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
@@ -85,6 +87,9 @@ def check_model_dir(model_dir: Path, load_format: str) -> None:
         cfg = read_json(cfg_path)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"unreadable config.json in {model_dir}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"bad config.json in {model_dir}: a JSON object expected, "
+                             f"got {type(cfg).__name__}")
     archs = cfg.get("architectures") or []
     if find_spec(archs) is None:
         raise ModelLoadError(f"unsupported architecture {archs or cfg.get('model_type')!r} in {cfg_path} "
@@ -94,6 +99,10 @@ def check_model_dir(model_dir: Path, load_format: str) -> None:
         rope_type = scaling.get("rope_type", scaling.get("type"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ModelLoadError(f"unsupported rope_scaling type {rope_type!r} in {cfg_path}")
+    try:  # torch-free: a quantization_config the worker would refuse fails here, before any child starts
+        checkpoint_quantization(cfg)
+    except ValueError as e:
+        raise ModelLoadError(f"{model_dir}: {e}") from None
     if load_format != "dummy" and not any(model_dir.glob("*.safetensors")):
         raise ModelLoadError(f"no *.safetensors weights in {model_dir} (use --load-format dummy "
                              "for random weights)")

@@ -24,81 +24,21 @@ KV-cache scales (`self_attn.k_scale` / `v_scale`, older `kv_scale`, compressed-t
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import torch
 from torch import nn
 
+from radixrt.models.quant import qconfig
 from radixrt.models.quant.fp8 import FP8_DTYPE, quantize_per_channel
 
 _KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:(k|v|kv)_scale|(k|v)_proj\.output_scale)$")
 _DROPPED = (".input_scale", ".weight_zero_point", ".input_zero_point")
-_CT_STRATEGIES = ("tensor", "channel", "block")
 
-
-def checkpoint_quantization(cfg: dict[str, Any]) -> str | None:
-    """"fp8" when config.json's `quantization_config` describes FP8 e4m3 weights with per-tensor or
-    per-channel scales (formats: module docstring), None when there is no quantization_config.
-
-    Raises:
-        ValueError: a quantization_config radixrt cannot serve (message names it).
-    """
-    q = cfg.get("quantization_config")
-    if not q:
-        return None
-    method = q.get("quant_method")
-    if method == "fbgemm_fp8":
-        return "fp8"
-    if method == "fp8":
-        if str(q.get("fmt", "e4m3")).lower() != "e4m3":
-            raise ValueError(f"FP8 format {q['fmt']!r} is not supported; radixrt reads e4m3 weights")
-        weight_block(cfg)  # raises on a malformed block size
-        return "fp8"
-    if method == "modelopt" and str(q.get("quant_algo", "")).upper() == "FP8":
-        return "fp8"
-    if method == "compressed-tensors":
-        for name, group in (q.get("config_groups") or {}).items():
-            w = group.get("weights") or {}
-            fp8 = w.get("type") == "float" and int(w.get("num_bits", 0)) == 8
-            if not fp8 or w.get("strategy") not in _CT_STRATEGIES:
-                raise ValueError(f"compressed-tensors group {name!r} ({w}) is not FP8 with per-tensor, "
-                                 "per-channel or block weight scales")
-        weight_block(cfg)  # raises on block groups of different or malformed block_structure
-        return "fp8"
-    raise ValueError(f"unsupported quantization_config (quant_method {method!r}); radixrt reads FP8 "
-                     "checkpoints (compressed-tensors, fbgemm_fp8, fp8, modelopt)")
-
-
-def weight_block(cfg: dict[str, Any]) -> tuple[int, int] | None:
-    """(bn, bk) of a block-wise FP8 checkpoint, else None: `quantization_config.weight_block_size`
-    (quant_method fp8), or compressed-tensors groups of weights strategy "block" and their
-    `block_structure` (their scales are `*.weight_scale` [ceil(N / bn), ceil(K / bk)]).
-
-    Raises:
-        ValueError: a block size that is not two positive integers; compressed-tensors groups that
-            mix block scales with others or with another block size."""
-    q = cfg.get("quantization_config") or {}
-    if q.get("quant_method") == "compressed-tensors":
-        groups = [g.get("weights") or {} for g in (q.get("config_groups") or {}).values()]
-        blocks = {json.dumps(w.get("block_structure")) for w in groups if w.get("strategy") == "block"}
-        if not blocks:
-            return None
-        if len(blocks) > 1 or any(w.get("strategy") != "block" for w in groups):
-            raise ValueError("compressed-tensors groups mix block scales with other scales or block sizes; "
-                             "radixrt reads one block size for every group")
-        return _block_size(json.loads(blocks.pop()), "block_structure")
-    block = q.get("weight_block_size")
-    return _block_size(block, "weight_block_size") if block else None
-
-
-def _block_size(block: Any, what: str) -> tuple[int, int]:
-    if (not isinstance(block, (list, tuple)) or len(block) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
-        raise ValueError(f"{what} {block!r} must be two positive integers [rows, columns]")
-    return int(block[0]), int(block[1])
+# quantization_config readers (torch-free, in qconfig.py for the launcher), re-exported
+checkpoint_quantization = qconfig.checkpoint_quantization
+weight_block = qconfig.weight_block
 
 
 def dequantize_blockwise(w_fp8: torch.Tensor, scale_inv: torch.Tensor,
