@@ -11,22 +11,28 @@ the kernel to kill it when the launcher dies (PR_SET_PDEATHSIG), so no process o
 
 from __future__ import annotations
 
-import ctypes
-import logging
-import os
 import signal
-import sys
-import traceback
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-import orjson
-import zmq
+# Until main() takes over, SIGINT ends this process quietly: the launcher sends it to the tokenizer
+# process when a sibling fails at start-up (a model that cannot be loaded), often while this child is
+# still importing its modules, where Python's default handler printed a KeyboardInterrupt traceback.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-from radixrt.config import ServerArgs
-from radixrt.ipc import IpcAddresses, Sender
-from radixrt.protocol import Fatal
+import ctypes  # noqa: E402 - after the signal disposition above
+import logging  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import orjson  # noqa: E402
+import zmq  # noqa: E402
+
+from radixrt.config import ServerArgs  # noqa: E402
+from radixrt.ipc import IpcAddresses, Sender  # noqa: E402
+from radixrt.protocol import Fatal  # noqa: E402
 
 ROLES = ("worker", "scheduler", "tokenizer")
 _PR_SET_PDEATHSIG = 1

@@ -74,7 +74,10 @@ def run_worker(args: ServerArgs, addrs: IpcAddresses, model_dir: Path, tp_rank: 
     try:
         runner, inbox, results = _start(args, addrs, ctx, Path(model_dir), tp_rank)
     except Exception as e:  # report any start-up failure as one line, then exit non-zero
-        log.exception("worker start-up failed")
+        if isinstance(e, ModelLoadError):  # the user's input, one line meant for them: no traceback
+            log.error("worker start-up failed: %s", e)
+        else:
+            log.exception("worker start-up failed")
         code = 2 if isinstance(e, ModelLoadError) else 1  # a bad model is the user's input error
         to_launcher.send(protocol.Fatal(process=name, message=_one_line(e), exit_code=code))
         to_launcher.sock.close(linger=1000)

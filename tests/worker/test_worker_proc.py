@@ -106,3 +106,51 @@ def test_cpu_threads_default_env_and_errors(monkeypatch) -> None:
         monkeypatch.setenv("RADIXRT_CPU_THREADS", bad)
         with pytest.raises(ValueError):
             cpu_threads()
+
+
+def test_model_load_error_is_one_line_without_traceback(tmp_path: Path) -> None:
+    """A model the worker cannot load (here a vocab_size that disagrees with the embedding) is the
+    user's input error: Fatal, exit 2, and one log line, no traceback (before: a full traceback on
+    the server's stderr under the launcher's one-line error)."""
+    from tests.models.tiny import save_tiny_model
+
+    save_tiny_model("llama", tmp_path)
+    (tmp_path / "config.json").write_text(
+        (tmp_path / "config.json").read_text().replace('"vocab_size": 300', '"vocab_size": 200'))
+    args = ServerArgs(device="cpu", max_total_tokens=256)
+    addrs = IpcAddresses.create()
+    ctx = zmq.Context()
+    try:
+        launcher = Receiver(ctx, addrs.launcher_in, protocol.CHILD_TO_LAUNCHER)
+        spec = {"args": args.to_dict(), "addrs": addrs.to_dict(), "model_dir": str(tmp_path), "extra": {}}
+        proc = subprocess.Popen([sys.executable, "-m", "radixrt.child", "worker"], stdin=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        proc.stdin.write(orjson.dumps(spec).decode())
+        proc.stdin.close()
+        msg = launcher.recv(timeout_ms=60_000)
+        assert isinstance(msg, protocol.Fatal) and "(300, 64) != expected (200, 64)" in msg.message
+        assert proc.wait(timeout=30) == 2
+        err = proc.stderr.read()
+        assert "Traceback" not in err and "embed_tokens" in err, err
+    finally:
+        ctx.destroy(linger=0)
+        addrs.cleanup()
+
+
+def test_sigint_while_a_child_imports_ends_it_quietly() -> None:
+    """The launcher SIGINTs the tokenizer process when a sibling fails at start-up, often while it is
+    still importing; it must end without a KeyboardInterrupt traceback (seen under every worker-side
+    ModelLoadError before)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "radixrt.child", "tokenizer"], stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # the interpreter is up; child.py is importing its modules (seconds on CPU)
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
