@@ -178,7 +178,8 @@ def fill_from_safetensors(model: torch.nn.Module, model_dir: Path,
     given, runs after the last file and before the check for missing weights (it may raise).
 
     Raises:
-        ModelLoadError: no weights, a corrupt file, tensors that do not fit the config, missing ones.
+        ModelLoadError: no weights, a corrupt file, tensors that do not fit the config, missing ones,
+            a tensor found in two files.
     """
     from safetensors import safe_open
 
@@ -189,7 +190,12 @@ def fill_from_safetensors(model: torch.nn.Module, model_dir: Path,
     for f in files:
         try:
             with safe_open(str(f), framework="pt", device="cpu") as st:
-                filled |= model.load_weights(read(st))
+                got = model.load_weights(read(st))
+            again = got & filled
+            if again:  # one tensor in two shards: whichever came last would win, silently
+                raise ValueError(f"tensors already loaded from another file: {', '.join(sorted(again)[:5])}"
+                                 f"{' ...' if len(again) > 5 else ''}")
+            filled |= got
         except (KeyError, ValueError) as e:
             raise ModelLoadError(f"weights in {f} do not match config.json: {e}") from None
         except Exception as e:  # safetensors raises its own error type for a corrupt file

@@ -107,3 +107,36 @@ def test_missing_tensor_is_reported(tmp_path: Path) -> None:
     save_file(tensors, f, metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match="up_proj|gate_up_proj"):
         load_model(tmp_path / "m", torch.float32, "cpu", "auto")
+
+
+def test_a_tensor_in_two_shards_is_refused(tmp_path: Path) -> None:
+    """The same tensor in two safetensors files (a bad re-shard): a ModelLoadError naming it, not the
+    last file's copy silently winning (seen with a second, zeroed embed_tokens; and with a block-wise
+    FP8 weight present twice, the second replaced the first before its scale came)."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.models.test_fp8_quant import _save_blockwise
+    from tests.models.tiny import save_tiny_model
+
+    src = tmp_path / "src"
+    save_tiny_model("qwen3", src, tie_word_embeddings=False)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text((src / "config.json").read_text())
+    tensors = load_file(src / "model.safetensors")
+    save_file(tensors, plain / "model-00001-of-00002.safetensors")
+    save_file({"model.embed_tokens.weight": torch.zeros_like(tensors["model.embed_tokens.weight"])},
+              plain / "model-00002-of-00002.safetensors")
+    with pytest.raises(ModelLoadError, match="already loaded from another file: model.embed_tokens.weight"):
+        load_model(plain, torch.float32, "cpu", "auto")
+
+    blk = tmp_path / "blk"
+    _save_blockwise(src, blk, [32, 48])
+    name = "model.layers.1.mlp.down_proj.weight"
+    files = sorted(blk.glob("*.safetensors"))
+    shards = [load_file(f) for f in files]
+    home = 0 if name in shards[0] else 1
+    shards[1 - home][name] = shards[home][name]  # beside its scale, in the other file
+    save_file(shards[1 - home], files[1 - home])
+    with pytest.raises(ModelLoadError, match="down_proj.weight: its weight appears twice"):
+        load_model(blk, torch.float32, "cpu", "auto")

@@ -138,6 +138,9 @@ class CheckpointStream:
     def _block_half(self, weight_name: str, half: str, t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """Hold one half of a block-wise weight; with both, yield it in the form its parameter takes."""
         halves = self._halves.setdefault(weight_name, {})
+        if half in halves:  # the same tensor twice (in two shards) before its other half came
+            what = 'scale' if half == 'scale_inv' else 'weight'
+            raise ValueError(f"{weight_name}: its {what} appears twice in the checkpoint")
         halves[half] = t
         if len(halves) < 2:
             return
