@@ -89,7 +89,7 @@ def parse_config(cfg: dict[str, Any], flags: dict[str, Any], eos_ids: list[int])
         num_layers=int(cfg["num_hidden_layers"]),
         num_heads=num_heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-        head_dim=int(cfg.get("head_dim") or hidden // num_heads),
+        head_dim=int(cfg.get("head_dim") or (hidden // num_heads if num_heads > 0 else 0)),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=scaling,

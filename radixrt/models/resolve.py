@@ -112,8 +112,18 @@ def parse_config_safe(cfg: dict, model_dir: Path) -> tuple[ModelConfig, dict | N
     spec = find_spec(cfg.get("architectures"))
     try:
         mc = parse_config(cfg, spec.flags if spec else {}, read_eos_ids(model_dir))
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise ModelLoadError(f"bad config.json in {model_dir}: missing or invalid {e}") from None
+    # sizes a model cannot have: a zero / negative one built an empty model, or (max_position_embeddings
+    # 0) a server whose context length was 0, refusing every request
+    for what, value, least in (("vocab_size", mc.vocab_size, 1), ("hidden_size", mc.hidden_size, 1),
+                               ("intermediate_size", mc.intermediate_size, 1),
+                               ("num_hidden_layers", mc.num_layers, 1),
+                               ("num_attention_heads", mc.num_heads, 1),
+                               ("num_key_value_heads", mc.num_kv_heads, 1), ("head_dim", mc.head_dim, 1),
+                               ("max_position_embeddings", mc.max_position_embeddings, 2)):
+        if value < least:
+            raise ModelLoadError(f"bad config.json in {model_dir}: {what} {value} (must be >= {least})")
     return mc, mc.rope_scaling
 
 

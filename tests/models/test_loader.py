@@ -140,3 +140,15 @@ def test_a_tensor_in_two_shards_is_refused(tmp_path: Path) -> None:
     save_file(shards[1 - home], files[1 - home])
     with pytest.raises(ModelLoadError, match="down_proj.weight: its weight appears twice"):
         load_model(blk, torch.float32, "cpu", "auto")
+
+
+@pytest.mark.parametrize("field,value", [("max_position_embeddings", 0), ("num_attention_heads", 0),
+                                         ("num_hidden_layers", -1), ("vocab_size", 0)])
+def test_config_sizes_a_model_cannot_have_are_refused(tmp_path: Path, field: str, value: int) -> None:
+    """Checked with the config, before any child starts (exit 2): before, num_attention_heads 0
+    without head_dim raised ZeroDivisionError (a traceback from the launcher), and
+    max_position_embeddings 0 started a server of context length 0 that refused every request."""
+    cfg = {**BASE, "architectures": ["LlamaForCausalLM"], "model_type": "llama", field: value}
+    model_dir = write_config(tmp_path / "m", **cfg)
+    with pytest.raises(ModelLoadError, match=f"{field} {value} \\(must be >= "):
+        resolve.check_model_dir(model_dir, "dummy")
