@@ -346,7 +346,7 @@ class LlamaForCausalLM(nn.Module):
 
         Raises:
             KeyError: a tensor name this model does not know.
-            ValueError: a shape mismatch.
+            ValueError: a shape mismatch, or an integer / bool tensor for a float parameter.
         """
         params = dict(self.named_parameters())
         filled: set[str] = set()
@@ -360,6 +360,8 @@ class LlamaForCausalLM(nn.Module):
             dst = p.data if rows is None else p.data[rows[0]:rows[1]]
             if tuple(dst.shape) != tuple(w.shape):
                 raise ValueError(f"{name}: shape {tuple(w.shape)} != expected {tuple(dst.shape)}")
+            if p.dtype.is_floating_point and not w.is_floating_point():  # int8 / bool: cast silently before
+                raise ValueError(f"{name}: a {w.dtype} tensor for a {p.dtype} parameter")
             dst.copy_(w.to(dtype=p.dtype))
             filled.add(target if rows is None else f"{target}[{rows[0]}:{rows[1]}]")
         return filled

@@ -152,3 +152,22 @@ def test_config_sizes_a_model_cannot_have_are_refused(tmp_path: Path, field: str
     model_dir = write_config(tmp_path / "m", **cfg)
     with pytest.raises(ModelLoadError, match=f"{field} {value} \\(must be >= "):
         resolve.check_model_dir(model_dir, "dummy")
+
+
+def test_integer_or_bool_tensor_for_a_float_parameter_is_refused(tmp_path: Path) -> None:
+    """An int8 embedding or a bool norm (a wrongly converted checkpoint) was cast to float and loaded
+    silently; now a ModelLoadError naming the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.models.tiny import save_tiny_model
+
+    save_tiny_model("llama", tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    for name, bad in (("model.embed_tokens.weight", lambda t: (t * 100).to(torch.int8)),
+                      ("model.norm.weight", lambda t: t > 0)):
+        good = tensors[name]
+        tensors[name] = bad(good)
+        save_file(tensors, tmp_path / "model.safetensors")
+        with pytest.raises(ModelLoadError, match=f"{name}: a torch.(int8|bool) tensor for a torch.float32"):
+            load_model(tmp_path, torch.float32, "cpu", "auto")
+        tensors[name] = good
