@@ -60,6 +60,9 @@ def _as_id_list(v: Any) -> list[int]:
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     params = cfg.get("rope_parameters")
+    for key in ("rope_parameters", "rope_scaling"):  # a string or a list crashed later (AttributeError)
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise ValueError(f"{key} (an object or null expected, got {cfg[key]!r})")
     if isinstance(params, dict):  # transformers >= 5: theta and scaling in one dict
         theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         rope_type = params.get("rope_type", params.get("type", "default"))
@@ -74,7 +77,8 @@ def parse_config(cfg: dict[str, Any], flags: dict[str, Any], eos_ids: list[int])
     """Build a ModelConfig from a config.json dict plus registry flags (see registry.py).
 
     Raises:
-        KeyError: a required field is missing.
+        KeyError: a required field is missing. ValueError: rope_parameters / rope_scaling not an
+            object (nor null).
     """
     theta, scaling = _rope(cfg)
     num_heads = int(cfg["num_attention_heads"])

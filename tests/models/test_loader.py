@@ -171,3 +171,13 @@ def test_integer_or_bool_tensor_for_a_float_parameter_is_refused(tmp_path: Path)
         with pytest.raises(ModelLoadError, match=f"{name}: a torch.(int8|bool) tensor for a torch.float32"):
             load_model(tmp_path, torch.float32, "cpu", "auto")
         tensors[name] = good
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+def test_rope_scaling_that_is_not_an_object_is_refused(tmp_path: Path, key: str) -> None:
+    """rope_scaling "linear" was an AttributeError traceback from the launcher (exit 1); rope_parameters
+    "linear" was ignored here and crashed the tokenizer process (transformers validates it), exit 1."""
+    cfg = {**BASE, "architectures": ["LlamaForCausalLM"], "model_type": "llama", key: "linear"}
+    model_dir = write_config(tmp_path / "m", **cfg)
+    with pytest.raises(ModelLoadError, match=f"{key} \\(an object or null expected, got 'linear'\\)"):
+        resolve.check_model_dir(model_dir, "dummy")
