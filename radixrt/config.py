@@ -164,6 +164,27 @@ class ServerArgs:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
+        self._check_pool_context()
+
+    def _check_pool_context(self) -> None:
+        """With --max-total-tokens, the context length the pool allows (the worker's rule: the pool less
+        one page, kept for a copy-on-write page) must hold a request (>= 2 tokens) and any
+        --context-length given; before, the worker lowered the context silently (to 1 token with
+        --page-size 1 --max-total-tokens 2, a server that refused every request).
+
+        Raises:
+            ValueError: naming the flags."""
+        if self.max_total_tokens is None:
+            return
+        pool_context = (-(-self.max_total_tokens // self.page_size) - 1) * self.page_size
+        if pool_context < 2:
+            raise ValueError(f"--max-total-tokens {self.max_total_tokens} with --page-size {self.page_size} "
+                             f"leaves a context of {pool_context} token(s) (the pool less one page); "
+                             "at least 2 needed")
+        if self.context_length is not None and self.context_length > pool_context:
+            raise ValueError(f"--context-length {self.context_length} exceeds what --max-total-tokens "
+                             f"{self.max_total_tokens} holds with --page-size {self.page_size}: "
+                             f"{pool_context} tokens (the pool less one page)")
 
     # ----- resolution of "auto" values (no side effects) -----
     def resolved_device(self) -> str:

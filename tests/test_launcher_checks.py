@@ -62,3 +62,17 @@ def test_stop_signal_handler_raises_once(monkeypatch):
     assert first.value.args == (signal.SIGTERM,)
     assert launcher._raise_stop(signal.SIGTERM, None) is None
     assert launcher._raise_stop(signal.SIGINT, None) is None
+
+
+def test_context_length_the_pool_cannot_hold_is_refused() -> None:
+    """The worker caps the context at the pool less one page; a --context-length above that, or a
+    pool whose context would be under 2 tokens, is a flag error (exit 2 from the CLI), not a server
+    that silently serves a shorter context (or, at 1 token, refuses every request)."""
+    from radixrt.config import ServerArgs
+
+    ServerArgs(context_length=48, max_total_tokens=64, page_size=16)  # 4 pages: 3 for the context
+    ServerArgs(context_length=2, max_total_tokens=3, page_size=1)
+    with pytest.raises(ValueError, match="--context-length 64 exceeds .* 48 tokens"):
+        ServerArgs(context_length=64, max_total_tokens=64, page_size=16)
+    with pytest.raises(ValueError, match="leaves a context of 1 token"):
+        ServerArgs(max_total_tokens=2, page_size=1)
