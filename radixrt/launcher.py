@@ -242,7 +242,7 @@ def check_args_against_model(args: ServerArgs, model_dir: Path) -> None:
         ValueError: --device cuda without a CUDA device (or fewer than --tp-size); the triton
             attention backend without a CUDA device (unless TRITON_INTERPRET=1, the tests' Triton
             interpreter); --kv-cache-dtype fp8_e4m3 on another backend; --context-length above the
-            model's limit; a --tp-size that does not divide the model.
+            model's limit; a --tp-size that does not divide the model, or > 1 with an FP8 checkpoint.
     """
     backend = args.resolved_attention_backend()
     if backend == "triton" and args.resolved_device() != "cuda" and not Env.read().triton_interpret:
@@ -257,12 +257,17 @@ def check_args_against_model(args: ServerArgs, model_dir: Path) -> None:
             raise ValueError("--device cuda: no CUDA device is available (torch sees none)")
         if torch.cuda.device_count() < args.tp_size:
             raise ValueError(f"--tp-size {args.tp_size}: only {torch.cuda.device_count()} CUDA devices")
+    config = orjson.loads((model_dir / "config.json").read_bytes())
     if args.tp_size > 1:
+        from radixrt.models.quant.qconfig import checkpoint_quantization
         from radixrt.models.resolve import read_model_config
         from radixrt.parallel.layout import check_divisible
 
         check_divisible(read_model_config(model_dir), args.tp_size)
-    limit = orjson.loads((model_dir / "config.json").read_bytes()).get("max_position_embeddings")
+        if checkpoint_quantization(config):  # FP8 weights (even dummy ones): the worker would refuse them
+            raise ValueError(f"an FP8 checkpoint (quantization_config in {model_dir / 'config.json'}) with "
+                             f"--tp-size {args.tp_size} is not supported yet")
+    limit = config.get("max_position_embeddings")
     if args.context_length is not None and limit and args.context_length > int(limit):
         raise ValueError(f"--context-length {args.context_length} exceeds the model's "
                          f"max_position_embeddings ({limit})")

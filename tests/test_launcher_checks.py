@@ -76,3 +76,19 @@ def test_context_length_the_pool_cannot_hold_is_refused() -> None:
         ServerArgs(context_length=64, max_total_tokens=64, page_size=16)
     with pytest.raises(ValueError, match="leaves a context of 1 token"):
         ServerArgs(max_total_tokens=2, page_size=1)
+
+
+def test_fp8_checkpoint_with_tensor_parallelism_is_refused_before_any_child(tmp_path: Path) -> None:
+    """An FP8 checkpoint (detected from quantization_config, no --quantization flag) with --tp-size 2:
+    refused here, naming the checkpoint; before, the workers refused it after every child had started,
+    blaming a "--quantization fp8" the user never gave."""
+    from tests.models.tiny import BASE
+
+    cfg = {**BASE, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+           "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    (tmp_path / "config.json").write_bytes(orjson.dumps(cfg))
+    with pytest.raises(ValueError, match="an FP8 checkpoint .* with --tp-size 2 is not supported"):
+        check_args_against_model(ServerArgs(device="cpu", tp_size=2), tmp_path)
+    del cfg["quantization_config"]
+    (tmp_path / "config.json").write_bytes(orjson.dumps(cfg))
+    check_args_against_model(ServerArgs(device="cpu", tp_size=2), tmp_path)

@@ -75,7 +75,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device | str, 
     quant = resolve_quantization(model_dir, quantization)
     cls = find_spec([cfg.architecture]).model_class()
     if tp is not None and quant is not None:
-        raise ModelLoadError(f"--quantization {quant} with --tp-size {tp.size} is not supported yet")
+        what = f"--quantization {quantization}" if quantization else f"an FP8 checkpoint ({model_dir})"
+        raise ModelLoadError(f"{what} with --tp-size {tp.size} is not supported yet")
     with torch.device("meta"):
         try:
             model = cls(cfg) if tp is None else cls(cfg, tp)
