@@ -92,3 +92,17 @@ def test_fp8_checkpoint_with_tensor_parallelism_is_refused_before_any_child(tmp_
     del cfg["quantization_config"]
     (tmp_path / "config.json").write_bytes(orjson.dumps(cfg))
     check_args_against_model(ServerArgs(device="cpu", tp_size=2), tmp_path)
+
+
+def test_the_launcher_imports_neither_torch_nor_the_grammar_stack() -> None:
+    """The launcher resolves the model and checks flags before any child starts; torch (seconds on a
+    cold start) is imported only where a flag needs the device (`resolved_device`). A tool-parser
+    import pulled it, and xgrammar, into every start through radixrt.config (session of 2026-12-04)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, radixrt.launcher, radixrt.cli; "
+            "print(sorted(m for m in ('torch', 'xgrammar', 'radixrt.constrained') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

@@ -10,8 +10,8 @@ Usage in the chat handler (one parser per request, one stream per choice):
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from .tool_grammar import ToolPlan
 from .tool_parser_base import (
     CallsOnly,
     ParsedOutput,
@@ -23,6 +23,9 @@ from .tool_parser_base import (
     new_call_id,
 )
 from .tool_parser_formats import HermesParser, Llama3JsonParser, PythonicParser
+
+if TYPE_CHECKING:  # tool_grammar imports radixrt.constrained (torch); the launcher imports this module
+    from .tool_grammar import ToolPlan
 
 __all__ = [
     "TOOL_PARSERS", "ParsedOutput", "StreamDelta", "ToolCall", "ToolCallDelta", "ToolCallStream",
