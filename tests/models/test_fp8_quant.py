@@ -550,3 +550,18 @@ def test_non_finite_negative_or_non_float_scales_are_refused(tmp_path: Path) -> 
         save_file(out, dst / "model.safetensors")
         with pytest.raises(ModelLoadError, match=match):
             load_model(dst, torch.float32, "cpu", "auto")
+
+
+def test_kv_cache_scale_for_a_layer_the_model_lacks_is_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    save_tiny_model("llama", tmp_path)  # two layers
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.1.self_attn.k_scale"] = torch.tensor(0.5)
+    save_file(tensors, tmp_path / "model.safetensors")
+    model, _ = load_model(tmp_path, torch.float32, "cpu", "auto", quantization="fp8")
+    assert model.kv_cache_scales == {1: {"k": 0.5}}
+    tensors["model.layers.9.self_attn.v_scale"] = torch.tensor(0.5)
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"KV-cache scales .* layers \[9\] of a 2-layer model"):
+        load_model(tmp_path, torch.float32, "cpu", "auto", quantization="fp8")

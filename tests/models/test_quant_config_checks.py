@@ -36,6 +36,14 @@ MALFORMED = [
 ]
 
 
+def test_compressed_tensors_without_groups_quantizes_nothing() -> None:
+    """A sparsity-only compressed-tensors config (no config_groups) describes dense weights."""
+    for q in ({"quant_method": "compressed-tensors"},
+              {"quant_method": "compressed-tensors", "config_groups": {},
+               "sparsity_config": {"format": "dense"}}):
+        assert checkpoint_quantization({"quantization_config": q}) is None
+
+
 @pytest.mark.parametrize("qc", MALFORMED, ids=[json.dumps(q)[:40] for q in MALFORMED])
 def test_malformed_quantization_config_is_a_value_error(qc: object) -> None:
     with pytest.raises(ValueError):

@@ -44,7 +44,7 @@ def _ct_weights(q: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def checkpoint_quantization(cfg: dict[str, Any]) -> str | None:
     """"fp8" when config.json's `quantization_config` describes FP8 e4m3 weights with per-tensor,
     per-channel or block-wise scales (formats: checkpoint.py), None when there is no
-    quantization_config.
+    quantization_config or it quantizes nothing (compressed-tensors without config_groups).
 
     Raises:
         ValueError: a quantization_config radixrt cannot serve or a malformed one (message names it).
@@ -63,7 +63,10 @@ def checkpoint_quantization(cfg: dict[str, Any]) -> str | None:
     if method == "modelopt" and str(q.get("quant_algo", "")).upper() == "FP8":
         return "fp8"
     if method == "compressed-tensors":
-        for name, w in _ct_weights(q).items():
+        groups = _ct_weights(q)
+        if not groups:  # no quantization groups (e.g. a sparsity-only config): the weights are dense
+            return None
+        for name, w in groups.items():
             bits = w.get("num_bits")
             bits_ok = isinstance(bits, int) and not isinstance(bits, bool) and bits == 8
             fp8 = w.get("type") == "float" and bits_ok
