@@ -112,6 +112,10 @@ class ModelRunner:
                                 self.kv_dtype, self.device)
         if self.kv_dtype == torch.float8_e4m3fn:  # the checkpoint's per-layer scales, else 1.0
             self.pool.set_kv_scales(getattr(self.model, "kv_cache_scales", {}))
+        if self.served_context_len < self.context_len:  # said once, where an operator looks
+            log.warning("context length %d (the model's or --context-length) capped at %d: the KV pool "
+                        "holds %d tokens, less one page kept for a copy-on-write page",
+                        self.context_len, self.served_context_len, self.pool.usable_tokens)
         self.backend = backend_for(args, self.pool, c.num_heads)
         self._prefault = self.device.type == "cpu" and Env.read().kv_prefault
         self._prefault_s = 0.0  # idle time spent in prefault_step
@@ -288,6 +292,14 @@ class ModelRunner:
         """Execute one ForwardBatch and sample (launch + finish); see protocol.ForwardBatch."""
         return self.finish(self.launch(batch))
 
+    @property
+    def served_context_len(self) -> int:
+        """The context length requests get: the model's (or --context-length), capped so that a request
+        fits in the pool on its own, or it could never be admitted, with one page to spare: a request
+        that shares a cached prefix ending inside a page copies that page (copy on write) while the
+        tree keeps the original, locked on its path (docs/memory.md, "Copy-on-write")."""
+        return min(self.context_len, self.pool.usable_tokens - self.page_size)
+
     def info(self) -> dict[str, Any]:
         """Facts for the Ready message (scheduler and tokenizer size themselves from these)."""
         pool = self.pool
@@ -296,10 +308,7 @@ class ModelRunner:
             "page_size": self.page_size,
             "max_req_rows": self.max_req_rows,
             "max_pages_per_req": self.max_pages_per_req,
-            # a request must fit in the pool on its own, or it could never be admitted, with one page
-            # to spare: a request that shares a cached prefix ending inside a page copies that page
-            # (copy on write) while the tree keeps the original, locked on its path
-            "context_length": min(self.context_len, pool.usable_tokens - self.page_size),
+            "context_length": self.served_context_len,
             "vocab_size": self.config.vocab_size,
             "eos_token_ids": list(self.config.eos_token_ids),
             "kv_bytes_per_token": pool.kv_bytes_per_token,

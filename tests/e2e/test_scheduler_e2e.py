@@ -110,7 +110,7 @@ def test_engine_prompt_forms_and_bad_sampling_params(model_dir: Path, prompts, u
     assert seen[0].process_ms > 0 and eng.pipeline.in_flight is None and eng.scheduler.is_idle
 
 
-def test_a_request_at_the_context_limit_fits_beside_a_cached_mid_page_prefix(model_dir: Path) -> None:
+def test_a_request_at_the_context_limit_fits_beside_a_cached_mid_page_prefix(model_dir: Path, caplog) -> None:
     """A pool no larger than the model's context caps the context at the pool less one page: a
     request that shares a cached prefix ending inside a page copies that page (copy on write) while
     the tree keeps the original, so it needs one page more than its own tokens. Before the cap, a
@@ -120,6 +120,7 @@ def test_a_request_at_the_context_limit_fits_beside_a_cached_mid_page_prefix(mod
                  device="cpu")
     ctx = eng.scheduler.context_len
     assert ctx == 512 - 16
+    assert "capped at 496: the KV pool holds 512 tokens" in caplog.text  # said where an operator looks
     rng = random.Random(3)
     base = [rng.randrange(100, 20000) for _ in range(200)]  # 12 pages + 8 tokens, cached below
     eng.generate([base], {"temperature": 0.0, "max_new_tokens": 1})
