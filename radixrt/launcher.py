@@ -74,6 +74,7 @@ class Launcher:
         self.ctx = zmq.Context()
         self.rx = Receiver(self.ctx, self.addrs.launcher_in, CHILD_TO_LAUNCHER, bind=True)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.ready: set[str] = set()  # children that sent Ready (the tokenizer then serves HTTP)
 
     def spawn(self, role: str, extra: dict[str, Any], name: str | None = None,
               env: dict[str, str] | None = None, keep_stdin: bool = False) -> None:
@@ -152,6 +153,7 @@ class Launcher:
                     raise LaunchError(f"{msg.process} speaks protocol {msg.protocol_version}, "
                                       f"launcher {PROTOCOL_VERSION}")
                 infos[msg.process] = msg.info
+                self.ready.add(msg.process)
                 log.info("%s process ready (pid %d)", msg.process, msg.pid)
         return infos
 
@@ -188,11 +190,14 @@ class Launcher:
         return healthy
 
     def shutdown(self, crashed: bool = False) -> None:
-        """Stop every live child (crashed: the tokenizer with SIGINT, no drain), SIGKILL after a
-        grace period, remove the ipc directory."""
+        """Stop every live child (crashed: a serving tokenizer process with SIGINT, which ends its
+        streams without a drain), SIGKILL after a grace period, remove the ipc directory. A child
+        that has not sent Ready (a start that failed) gets SIGTERM, whose default action ends it
+        while it still imports: it ignores SIGINT then (child.py), and ran out the grace period."""
         for role, proc in self.procs.items():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGINT if crashed and role == "tokenizer" else signal.SIGTERM)
+                serving = role == "tokenizer" and role in self.ready
+                proc.send_signal(signal.SIGINT if crashed and serving else signal.SIGTERM)
         deadline = time.monotonic() + (CRASH_STOP_GRACE_S if crashed else STOP_GRACE_S)
         for proc in self.procs.values():
             try:

@@ -106,3 +106,23 @@ def test_the_launcher_imports_neither_torch_nor_the_grammar_stack() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize("ready", [False, True], ids=["starting", "serving"])
+def test_crash_stop_signals_a_tokenizer_by_whether_it_serves(tmp_path: Path, ready: bool) -> None:
+    """After a sibling failed: a tokenizer process still starting gets SIGTERM (its default action
+    ends it while it imports; it ignores SIGINT then, and used to run out the 3 s grace period before
+    a SIGKILL), a serving one SIGINT (it ends its streams without a drain)."""
+    import signal
+    import subprocess
+    import sys
+
+    from radixrt.launcher import Launcher
+
+    launcher = Launcher(ServerArgs(device="cpu"), tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+    launcher.procs["tokenizer"] = child
+    if ready:
+        launcher.ready.add("tokenizer")
+    launcher.shutdown(crashed=True)
+    assert child.returncode == -(signal.SIGINT if ready else signal.SIGTERM)
