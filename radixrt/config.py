@@ -310,29 +310,39 @@ class Env:
         cache = os.environ.get("RADIXRT_CACHE_DIR") or str(Path.home() / ".cache" / "radixrt")
         return cls(
             cache_dir=Path(cache),
-            debug_invariants=os.environ.get("RADIXRT_DEBUG_INVARIANTS", "0") not in ("", "0", "false"),
-            skinny_gemm=os.environ.get("RADIXRT_SKINNY_GEMM", "1") not in ("0", "false"),
+            debug_invariants=_switch("RADIXRT_DEBUG_INVARIANTS", False),
+            skinny_gemm=_switch("RADIXRT_SKINNY_GEMM", True),
             fp8_skinny_max_rows=int(os.environ.get("RADIXRT_FP8_SKINNY_MAX_ROWS", "16")),
-            fp8_triton_gemm=os.environ.get("RADIXRT_FP8_TRITON_GEMM", "1") not in ("0", "false"),
-            fp8_fast_accum=os.environ.get("RADIXRT_FP8_FAST_ACCUM", "1") not in ("0", "false"),
-            fp8_fused_quant=os.environ.get("RADIXRT_FP8_FUSED_QUANT", "1") not in ("0", "false"),
-            fp8_fused_norm=os.environ.get("RADIXRT_FP8_FUSED_NORM", "1") not in ("0", "false"),
-            cpu_packed_linear=os.environ.get("RADIXRT_CPU_PACKED_LINEAR", "1") not in ("0", "false"),
-            cpu_native_linear={"0": "0", "false": "0", "1": "1", "true": "1"}.get(
+            fp8_triton_gemm=_switch("RADIXRT_FP8_TRITON_GEMM", True),
+            fp8_fast_accum=_switch("RADIXRT_FP8_FAST_ACCUM", True),
+            fp8_fused_quant=_switch("RADIXRT_FP8_FUSED_QUANT", True),
+            fp8_fused_norm=_switch("RADIXRT_FP8_FUSED_NORM", True),
+            cpu_packed_linear=_switch("RADIXRT_CPU_PACKED_LINEAR", True),
+            cpu_native_linear={"0": "0", "false": "0", "off": "0", "1": "1", "true": "1", "on": "1"}.get(
                 os.environ.get("RADIXRT_CPU_NATIVE_LINEAR", "auto").strip().lower(), "auto"),
             cpu_threads=_positive_int_or_none("RADIXRT_CPU_THREADS"),
             pass_trace=Path(trace) if (trace := os.environ.get("RADIXRT_PASS_TRACE")) else None,
-            kv_prefault=os.environ.get("RADIXRT_KV_PREFAULT", "1") not in ("0", "false"),
-            l2_prefetch=os.environ.get("RADIXRT_L2_PREFETCH", "0") not in ("", "0", "false"),
+            kv_prefault=_switch("RADIXRT_KV_PREFAULT", True),
+            l2_prefetch=_switch("RADIXRT_L2_PREFETCH", False),
             l2_prefetch_mb=_positive_int_or_none("RADIXRT_L2_PREFETCH_MB") or 24,
-            gemm_ws={"0": "0", "false": "0", "all": "all"}.get(
+            gemm_ws={"0": "0", "false": "0", "off": "0", "all": "all"}.get(
                 os.environ.get("RADIXRT_GEMM_WS", "auto").strip().lower(), "auto"),
-            rope_store=os.environ.get("RADIXRT_ROPE_STORE", "1") not in ("0", "false"),
-            cpu_native=os.environ.get("RADIXRT_CPU_NATIVE", "1") not in ("0", "false"),
+            rope_store=_switch("RADIXRT_ROPE_STORE", True),
+            cpu_native=_switch("RADIXRT_CPU_NATIVE", True),
             native_dir=Path(d) if (d := os.environ.get("RADIXRT_NATIVE_DIR")) else None,
             cc=os.environ.get("CC") or None,
             triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
         )
+
+
+def _switch(name: str, default: bool) -> bool:
+    """Environment variable `name` as an on / off switch: "0", "false" or "off" (any case, spaces
+    trimmed) is off, any other non-empty value on, unset or empty the default (the rule of
+    kernels/switches.py's `flag` too)."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value not in ("0", "false", "off")
 
 
 def _positive_int_or_none(name: str) -> int | None:

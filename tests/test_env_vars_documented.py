@@ -29,3 +29,20 @@ def test_every_variable_the_code_reads_is_in_the_table():
     assert code, "found no RADIXRT_ variable in the code: the scan is broken"
     assert not code - table, f"not in docs/api.md's Environment variables table: {sorted(code - table)}"
     assert not table - code, f"in the table but read nowhere: {sorted(table - code)}"
+
+
+def test_radixrt_switches_take_the_documented_off_values(monkeypatch):
+    """docs/api.md: switches take 0, false or off (any case) for off; radixrt's Env and kernels/'s
+    switches read them alike."""
+    from radixrt.config import Env
+    from radixrt.kernels import switches
+
+    for value, want in (("off", False), ("OFF", False), (" False ", False), ("0", False), ("1", True),
+                        ("on", True), ("", True)):
+        monkeypatch.setenv("RADIXRT_ROPE_STORE", value)
+        monkeypatch.setenv("RADIXRT_PDL", value)
+        assert Env.read().rope_store is want and switches.pdl_enabled() is want, value
+    monkeypatch.setenv("RADIXRT_GEMM_WS", "Off")
+    monkeypatch.setenv("RADIXRT_CPU_NATIVE_LINEAR", "on")
+    env = Env.read()
+    assert env.gemm_ws == "0" and env.cpu_native_linear == "1"
