@@ -168,11 +168,6 @@ def _load_safetensors(model: torch.nn.Module, model_dir: Path) -> dict[int, dict
 
     fill_from_safetensors(model, model_dir, lambda st: stream((k, st.get_tensor(k)) for k in st.keys()),
                           all_read=all_read)
-    num_layers = model.config.num_layers
-    extra = sorted(layer for layer in stream.kv_scales if layer >= num_layers)
-    if extra:
-        raise ModelLoadError(f"KV-cache scales in {model_dir} for layers {extra[:5]} of a "
-                             f"{num_layers}-layer model")
     return stream.kv_scales
 
 

@@ -72,10 +72,13 @@ class PagedKVPool:
 
     def set_kv_scales(self, scales: dict[int, dict[str, float]]) -> None:
         """Per-layer FP8 scales {layer: {"k": s, "v": s}} (missing entries stay 1.0); set before the
-        first pass (CUDA graphs bake them in). Raises ValueError on a scale <= 0 or a bad layer."""
+        first pass (CUDA graphs bake them in). Raises ValueError on a scale that is not finite and
+        > 0, or a layer the model does not have."""
         for layer, kv in scales.items():
-            if not 0 <= layer < self.num_layers or any(v <= 0 for v in kv.values()):
-                raise ValueError(f"bad KV-cache scales for layer {layer}: {kv}")
+            if not 0 <= layer < self.num_layers:
+                raise ValueError(f"KV-cache scales for layer {layer} of a {self.num_layers}-layer model")
+            if not all(math.isfinite(v) and v > 0 for v in kv.values()):
+                raise ValueError(f"KV-cache scales of layer {layer} must be finite and > 0, got {kv}")
             self.k_scales[layer] = float(kv.get("k", self.k_scales[layer]))
             self.v_scales[layer] = float(kv.get("v", self.v_scales[layer]))
 

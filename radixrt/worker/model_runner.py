@@ -28,6 +28,7 @@ from radixrt import protocol
 from radixrt.attention.base import ForwardMeta
 from radixrt.config import Env, ServerArgs
 from radixrt.models.loader import load_model, read_model_config
+from radixrt.models.resolve import ModelLoadError
 from radixrt.protocol import ForwardMode
 from radixrt.worker import sampler
 from radixrt.worker.device_batch import DeviceBatch
@@ -111,7 +112,11 @@ class ModelRunner:
         self.pool = PagedKVPool(num_pages, self.page_size, c.num_layers, c.num_kv_heads, c.head_dim,
                                 self.kv_dtype, self.device)
         if self.kv_dtype == torch.float8_e4m3fn:  # the checkpoint's per-layer scales, else 1.0
-            self.pool.set_kv_scales(getattr(self.model, "kv_cache_scales", {}))
+            try:
+                self.pool.set_kv_scales(getattr(self.model, "kv_cache_scales", {}))
+            except ValueError as e:
+                raise ModelLoadError(f"{model_dir}: {e} (the checkpoint's KV-cache scales, which "
+                                     "--kv-cache-dtype fp8_e4m3 uses)") from None
         if self.served_context_len < self.context_len:  # said once, where an operator looks
             log.warning("context length %d (the model's or --context-length) capped at %d: the KV pool "
                         "holds %d tokens, less one page kept for a copy-on-write page",

@@ -531,8 +531,9 @@ def test_non_finite_negative_or_non_float_scales_are_refused(tmp_path: Path) -> 
             load_model(dst, torch.float32, "cpu", "auto")
     # per-channel (fbgemm_fp8) scales and KV-cache scales
     tensors = load_file(src / "model.safetensors")
-    for kv, match in ((None, "weight_scale: 64 of 64 scales are not finite"),
-                      (float("nan"), "k_scale.*not finite and > 0"), (0.0, "k_scale.*not finite and > 0")):
+    bad_kv = "layer 0 must be finite and > 0"
+    for kv, match in ((None, "weight_scale: 64 of 64 scales are not finite"), (float("nan"), bad_kv),
+                      (0.0, bad_kv)):
         dst = tmp_path / f"pc{kv}"
         dst.mkdir()
         cfg = json.loads((src / "config.json").read_text())
@@ -548,20 +549,32 @@ def test_non_finite_negative_or_non_float_scales_are_refused(tmp_path: Path) -> 
         if kv is not None:
             out["model.layers.0.self_attn.k_scale"] = torch.tensor(kv)
         save_file(out, dst / "model.safetensors")
-        with pytest.raises(ModelLoadError, match=match):
-            load_model(dst, torch.float32, "cpu", "auto")
+        if kv is None:
+            with pytest.raises(ModelLoadError, match=match):
+                load_model(dst, torch.float32, "cpu", "auto")
+        else:  # a bad KV-cache scale matters only to an FP8 KV pool, which refuses it
+            assert load_model(dst, torch.float32, "cpu", "auto")[0].kv_cache_scales[0]["k"] != 1.0
+            with pytest.raises(ModelLoadError, match=match):
+                _fp8_kv_runner(dst)
 
 
-def test_kv_cache_scale_for_a_layer_the_model_lacks_is_refused(tmp_path: Path) -> None:
+def _fp8_kv_runner(model_dir: Path) -> ModelRunner:
+    return ModelRunner(ServerArgs(device="cpu", page_size=4, max_total_tokens=256, max_running_requests=2,
+                                  attention_backend="triton", kv_cache_dtype="fp8_e4m3"), model_dir)
+
+
+def test_kv_cache_scale_for_a_layer_the_model_lacks_is_refused_by_an_fp8_pool(tmp_path: Path) -> None:
+    """KV-cache scales are used only by an FP8 KV pool: a checkpoint with one for a layer the model
+    lacks loads for a pool in the model dtype (as it did before FP8 KV existed) and is refused,
+    naming the layer, for an FP8 pool."""
     from safetensors.torch import load_file, save_file
 
     save_tiny_model("llama", tmp_path)  # two layers
     tensors = load_file(tmp_path / "model.safetensors")
     tensors["model.layers.1.self_attn.k_scale"] = torch.tensor(0.5)
-    save_file(tensors, tmp_path / "model.safetensors")
-    model, _ = load_model(tmp_path, torch.float32, "cpu", "auto", quantization="fp8")
-    assert model.kv_cache_scales == {1: {"k": 0.5}}
     tensors["model.layers.9.self_attn.v_scale"] = torch.tensor(0.5)
     save_file(tensors, tmp_path / "model.safetensors")
-    with pytest.raises(ModelLoadError, match=r"KV-cache scales .* layers \[9\] of a 2-layer model"):
-        load_model(tmp_path, torch.float32, "cpu", "auto", quantization="fp8")
+    model, _ = load_model(tmp_path, torch.float32, "cpu", "auto")
+    assert model.kv_cache_scales == {1: {"k": 0.5}, 9: {"v": 0.5}}
+    with pytest.raises(ModelLoadError, match="layer 9 of a 2-layer model"):
+        _fp8_kv_runner(tmp_path)

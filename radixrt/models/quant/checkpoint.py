@@ -188,24 +188,26 @@ class CheckpointStream:
         if m is None:
             return False
         layer, which = int(m.group(1)), m.group(2) or m.group(3)
-        _check_scales(name, t, positive=True)
+        if not t.is_floating_point() or t.numel() == 0:
+            raise ValueError(f"{name}: a KV-cache scale of dtype {t.dtype} and {t.numel()} values")
+        # kept as read: only an FP8 KV pool uses them, and it checks them (PagedKVPool.set_kv_scales)
         value = float(t.float().max())
         for key in ("k", "v") if which == "kv" else (which,):
             self.kv_scales.setdefault(layer, {})[key] = value
         return True
 
 
-def _check_scales(name: str, t: torch.Tensor, positive: bool = False) -> None:
+def _check_scales(name: str, t: torch.Tensor) -> None:
     """Raise ValueError (naming the tensor) unless `t` is a non-empty float tensor (fp32, fp16 or bf16:
-    not FP8, whose few codes cannot hold a scale, nor an integer type) of finite values >= 0
-    (> 0 with `positive`, for KV-cache scales, which divide)."""
+    not FP8, whose few codes cannot hold a scale, nor an integer type) of finite values >= 0 (a weight
+    scale of 0 is a zero row or block)."""
     if not t.is_floating_point() or t.element_size() < 2:
         raise ValueError(f"{name}: scales of dtype {t.dtype} (expected float32, float16 or bfloat16)")
     if t.numel() == 0:
         raise ValueError(f"{name}: an empty scale tensor")
     tf = t.float()
-    bad = ~torch.isfinite(tf) | ((tf <= 0) if positive else (tf < 0))
+    bad = ~torch.isfinite(tf) | (tf < 0)
     if bad.any():
         first = tf.reshape(-1)[bad.reshape(-1)][0].item()
-        raise ValueError(f"{name}: {int(bad.sum())} of {t.numel()} scales are not finite and "
-                         f"{'> 0' if positive else '>= 0'} (e.g. {first})")
+        raise ValueError(f"{name}: {int(bad.sum())} of {t.numel()} scales are not finite and >= 0 "
+                         f"(e.g. {first})")
