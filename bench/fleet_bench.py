@@ -147,7 +147,10 @@ def fleet_config(ns: argparse.Namespace, sizes: dict[str, int], model_path: str 
     if ns.quick:
         args += ["--device", "cpu"]
     else:
-        args += ["--load-format", "dummy", "--mem-fraction-static", str(mem), "--context-length", "8192"]
+        # the pool less one page is the most context a --max-total-tokens pool holds (ServerArgs)
+        context = 8192 if not pool else min(8192, pool - 16)
+        args += ["--load-format", "dummy", "--mem-fraction-static", str(mem),
+                 "--context-length", str(context)]
     gpus = [] if ns.quick else ["0"] * replicas
     return FleetConfig(models=[ModelSpec(MODEL, model_path, replicas=replicas, args=args, gpus=gpus)],
                        port=free_port(), api_key=KEY, log_dir=log_dir)  # the fleet's default policy

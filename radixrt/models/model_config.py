@@ -92,8 +92,10 @@ def parse_config(cfg: dict[str, Any], flags: dict[str, Any], eos_ids: list[int])
         intermediate_size=int(cfg["intermediate_size"]),
         num_layers=int(cfg["num_hidden_layers"]),
         num_heads=num_heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-        head_dim=int(cfg.get("head_dim") or (hidden // num_heads if num_heads > 0 else 0)),
+        # absent or null: the MHA / hidden-split defaults; an explicit 0 stays 0 and is refused
+        num_kv_heads=int(num_heads if cfg.get("num_key_value_heads") is None else cfg["num_key_value_heads"]),
+        head_dim=int((hidden // num_heads if num_heads > 0 else 0) if cfg.get("head_dim") is None
+                     else cfg["head_dim"]),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=scaling,

@@ -143,7 +143,8 @@ def test_a_tensor_in_two_shards_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("field,value", [("max_position_embeddings", 0), ("num_attention_heads", 0),
-                                         ("num_hidden_layers", -1), ("vocab_size", 0)])
+                                         ("num_hidden_layers", -1), ("vocab_size", 0),
+                                         ("num_key_value_heads", 0), ("head_dim", 0)])
 def test_config_sizes_a_model_cannot_have_are_refused(tmp_path: Path, field: str, value: int) -> None:
     """Checked with the config, before any child starts (exit 2): before, num_attention_heads 0
     without head_dim raised ZeroDivisionError (a traceback from the launcher), and

@@ -56,7 +56,7 @@ def checkpoint_quantization(cfg: dict[str, Any]) -> str | None:
     if method == "fbgemm_fp8":
         return "fp8"
     if method == "fp8":
-        if str(q.get("fmt", "e4m3")).lower() != "e4m3":
+        if str(q.get("fmt") or "e4m3").lower() != "e4m3":  # absent or null: e4m3
             raise ValueError(f"FP8 format {q['fmt']!r} is not supported; radixrt reads e4m3 weights")
         weight_block(cfg)  # raises on a malformed block size
         return "fp8"
