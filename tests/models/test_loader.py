@@ -140,6 +140,20 @@ def test_a_tensor_in_two_shards_is_refused(tmp_path: Path) -> None:
     save_file(shards[1 - home], files[1 - home])
     with pytest.raises(ModelLoadError, match="down_proj.weight: its weight appears twice"):
         load_model(blk, torch.float32, "cpu", "auto")
+    # a weight paired with its scale in one file, then the weight again in the other (a reviewer's case:
+    # reported as a weight without its scale before)
+    shards = [load_file(f) for f in files]  # files are read in sorted order: shard 0 first
+    weight = shards[0].get(name, shards[1].get(name))
+    scale = shards[0].get(name + "_scale_inv", shards[1].get(name + "_scale_inv"))
+    for t in shards:
+        t.pop(name, None)
+        t.pop(name + "_scale_inv", None)
+    shards[0][name], shards[0][name + "_scale_inv"] = weight, scale  # the pair complete in the first file
+    shards[1][name] = weight  # and the weight once more in the second
+    for f, t in zip(files, shards, strict=True):
+        save_file(t, f)
+    with pytest.raises(ModelLoadError, match="down_proj.weight: its weight appears twice"):
+        load_model(blk, torch.float32, "cpu", "auto")
 
 
 @pytest.mark.parametrize("field,value", [("max_position_embeddings", 0), ("num_attention_heads", 0),

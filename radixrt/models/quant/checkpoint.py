@@ -99,6 +99,7 @@ class CheckpointStream:
         self.kv_scales: dict[int, dict[str, float]] = {}
         self.weight_block = weight_block
         self._halves: dict[str, dict[str, torch.Tensor]] = {}  # weight name -> "weight" / "scale_inv"
+        self._paired: set[str] = set()  # block-wise weights already yielded
 
     def unpaired(self) -> list[str]:
         """Block-wise weights (or scales) whose other half has not come yet, by weight name."""
@@ -138,13 +139,14 @@ class CheckpointStream:
     def _block_half(self, weight_name: str, half: str, t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """Hold one half of a block-wise weight; with both, yield it in the form its parameter takes."""
         halves = self._halves.setdefault(weight_name, {})
-        if half in halves:  # the same tensor twice (in two shards) before its other half came
+        if half in halves or weight_name in self._paired:  # the same tensor twice (in two shards)
             what = 'scale' if half == 'scale_inv' else 'weight'
             raise ValueError(f"{weight_name}: its {what} appears twice in the checkpoint")
         halves[half] = t
         if len(halves) < 2:
             return
         del self._halves[weight_name]
+        self._paired.add(weight_name)
         w, scale_inv = halves["weight"], halves["scale_inv"]
         try:
             if self._target_is_fp8(weight_name):
@@ -153,6 +155,10 @@ class CheckpointStream:
                 yield weight_name, q
                 yield weight_name + "_scale", s
             else:  # a layer radixrt keeps in the model dtype (or an unknown name: load_weights says so)
+                try:  # on the parameter's device (a GPU's dequantization is faster than the CPU's)
+                    w = w.to(self._target(weight_name)[0].device)
+                except KeyError:
+                    pass
                 yield weight_name, dequantize_blockwise(w, scale_inv, self.weight_block)
         except ValueError as e:
             raise ValueError(f"{weight_name}: {e}") from None
