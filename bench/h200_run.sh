@@ -290,6 +290,9 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
         tests/worker/test_gpu_model.py::test_decode_graph_linears_take_the_gluon_gemm
       stage gemm-ws 230 python3 bench/lab/gemm_ws.py --m "${GEMM_M:-128,64,100}" --budget-s "${GEMM_BUDGET:-190}" \
         --out "$OUT/gemm-ws.json" --tuned-out "$OUT/gemm-ws-tuned.json" ;;
+    # the bf16 noise of a 64-request decode step's logits per path (graph / eager, Gluon route on / off)
+    # against a float32 runner: the scale the Gluon routes' GPU tests compare at (~1.5 min)
+    graph-noise) stage graph-noise 150 python3 bench/lab/graph_eager_noise.py --out "$OUT/graph-noise.json" ;;
     # rotary + K/V store in one launch against the two it replaced, 28 calls per graph (~30 s)
     rope-store) stage rope-store 90 python3 bench/lab/rope_store.py --out "$OUT/rope-store.json" ;;
     # the batch-1 step of bf16 and FP8 Engines with the fused kernel (default) and with the two kernels

@@ -85,7 +85,8 @@ class GemmWsConfig:
 
 
 # Measured configs per (MP, N, K) on an H200 (bench/lab/gemm_ws.py prints these lines); a shape routes
-# to this kernel only where its entry beat F.linear there. Empty until measured. TUNED_GATED: the
+# to this kernel only where its entry beat F.linear there (H200, 2026-12-05, Qwen2.5-7B's decode linears
+# at 64 and 128 rows: none by the lab's margin; its time 0.994-1.43x F.linear's). TUNED_GATED: the
 # SwiGLU form's (gemm_silu_ws, one split) configs per (MP, 2I, K), where the lab measured it faster
 # than the gate_up GEMM followed by the SiLU kernel; `Linear.silu_and_mul` takes it only there.
 # TUNED_ENV names a JSON file of more entries, {"MP,N,K": [block_n, block_k, stages, splits]} and
@@ -93,7 +94,10 @@ class GemmWsConfig:
 # its measured winners without a code change. A malformed file raises ValueError at import (a typo
 # must not silently route nothing).
 TUNED: dict[tuple[int, int, int], GemmWsConfig] = {}
-TUNED_GATED: dict[tuple[int, int, int], GemmWsConfig] = {}
+TUNED_GATED: dict[tuple[int, int, int], GemmWsConfig] = {
+    # H200, 2026-12-05: 71.4 us against 75.0 us for F.linear + silu_and_mul (Qwen2.5-7B gate_up, 64 rows)
+    (64, 37888, 3584): GemmWsConfig(128, 128, 4, 1),
+}
 TUNED_ENV = "RADIXRT_GEMM_WS_TUNED"
 
 

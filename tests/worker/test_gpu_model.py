@@ -38,6 +38,18 @@ def hf_model(tiny_dir: Path):
     return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).cuda().eval()
 
 
+def _assert_bf16_paths_agree(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Two bf16 paths' logits [B, V] for one step (different kernels, so different rounding) agree
+    within bf16 noise. H200, 2026-12-05 (bench/lab/graph_eager_noise.py, these tests' models, logits
+    |mean| ~2, |max| ~11): the Gluon routes against the Triton / cuBLAS ones differ by max 0.11-0.14,
+    mean 0.020, argmax 98-100% the same, while each bf16 path is max 0.76 (mean 0.087) from a float32
+    runner, with or without the Gluon route. A wrong tile, row or page moves the mean by ~2."""
+    d = (got.float() - want.float()).abs()
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    mean, worst = d.mean().item(), d.max().item()
+    assert mean < 0.05 and worst < 0.4 and agree >= 0.9, (mean, worst, agree)
+
+
 def _prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(5)
     return [torch.randint(0, 300, (n,), generator=g).tolist() for n in PROMPT_LENS]
@@ -295,7 +307,7 @@ def test_decode_graph_linears_take_the_gluon_gemm(tmp_path: Path, monkeypatch: p
     eager_logits = runner.forward_logits(step)
     runner.graphs = graphs
     assert plain == [] and gated == []  # neither the replay nor an eager pass calls it from Python
-    torch.testing.assert_close(graph_logits, eager_logits, atol=3e-2, rtol=3e-2)
+    _assert_bf16_paths_agree(graph_logits, eager_logits)
 
 
 def test_fp8_kv_decode_graph_takes_the_gluon_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -341,4 +353,4 @@ def test_fp8_kv_decode_graph_takes_the_gluon_kernel(tmp_path: Path, monkeypatch:
     graphs, runner.graphs = runner.graphs, None
     eager_logits = runner.forward_logits(step)
     runner.graphs = graphs
-    torch.testing.assert_close(graph_logits, eager_logits, atol=2e-2, rtol=2e-2)
+    _assert_bf16_paths_agree(graph_logits, eager_logits)

@@ -134,8 +134,11 @@ class NormedAct:
 
 
 def _scales(amax: torch.Tensor) -> torch.Tensor:
-    """amax (float32) -> scale = amax / 448, and 1.0 where amax == 0 (all-zero rows stay zero)."""
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    """amax (float32) -> scale = amax / 448, and 1.0 where amax == 0 (all-zero rows stay zero).
+    Divided element by element (a tensor divisor): CUDA turns a division by a Python number into a
+    multiplication by its reciprocal, which differs from the CPU's quotient in the last bit, and a
+    checkpoint must load to the same scales on either device."""
+    return torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
 
 
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,7 +156,7 @@ def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"quantize_per_channel takes a [N, K] weight, got {tuple(w.shape)}")
     wf = w.float()
     scale = _scales(wf.abs().amax(dim=1))
-    inv = 1.0 / scale
+    inv = torch.ones_like(scale) / scale  # (element-wise on every device, as in _scales)
     q = (wf * inv[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
 
