@@ -17,6 +17,8 @@ import zmq
 
 from radixrt import protocol
 
+STOP_REASON_FILE = "stop_reason"  # IpcAddresses.write_stop_reason / read_stop_reason
+
 
 @dataclass(frozen=True, slots=True)
 class IpcAddresses:
@@ -43,6 +45,25 @@ class IpcAddresses:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def write_stop_reason(self, reason: str) -> None:
+        """Leave `reason` (one line for clients, e.g. "the scheduler process exited unexpectedly") in
+        the directory before the launcher stops a serving tokenizer process after a crash; that
+        process ends its in-flight requests with it (`read_stop_reason`). Best effort: an unwritable
+        directory leaves the plain "server is shutting down"."""
+        try:
+            with open(os.path.join(self.dir, STOP_REASON_FILE), "w") as f:
+                f.write(reason)
+        except OSError:
+            pass
+
+    def read_stop_reason(self) -> str | None:
+        """The reason `write_stop_reason` left, or None (a graceful stop, or a signal from outside)."""
+        try:
+            with open(os.path.join(self.dir, STOP_REASON_FILE)) as f:
+                return f.read().strip() or None
+        except OSError:
+            return None
 
     def worker_in_for(self, rank: int) -> str:
         """Tensor-parallel rank `rank`'s scheduler -> worker endpoint (rank 0: `worker_in`)."""

@@ -49,11 +49,13 @@ FRONT_ROLES = ("scheduler", "tokenizer")  # the children that wait for the worke
 
 
 class LaunchError(RuntimeError):
-    """A child failed; the message is one line for the user, `exit_code` the server's exit status."""
+    """A child failed; the message is one line for the user, `exit_code` the server's exit status,
+    `reason` (when a serving child died) the shorter line that clients with requests in flight get."""
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
+    def __init__(self, message: str, exit_code: int = 1, reason: str | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.reason = reason
 
 
 class _Stop(Exception):
@@ -161,7 +163,8 @@ class Launcher:
         for role, proc in self.procs.items():
             code = proc.poll()
             if code is not None:
-                raise LaunchError(f"{role} process exited unexpectedly with code {code}")
+                raise LaunchError(f"{role} process exited unexpectedly with code {code}",
+                                  reason=f"the {role} process exited unexpectedly")
 
     def monitor(self) -> None:
         """Return only by exception: LaunchError when a child dies, _Stop on a signal."""
@@ -169,7 +172,8 @@ class Launcher:
             self.check_children()
             msg = self.rx.recv(timeout_ms=int(POLL_S * 1000))
             if isinstance(msg, Fatal):
-                raise LaunchError(f"{msg.process} process failed: {msg.message}")
+                raise LaunchError(f"{msg.process} process failed: {msg.message}",
+                                  reason=f"the {msg.process} process failed")
 
     def drain(self) -> bool:
         """Graceful first step: SIGTERM the tokenizer process alone and wait until it has exited
@@ -183,8 +187,10 @@ class Launcher:
         deadline = time.monotonic() + self.args.graceful_shutdown_timeout + STOP_GRACE_S
         healthy = True
         while tok.poll() is None and time.monotonic() < deadline:
-            if healthy and any(p.poll() is not None for r, p in self.procs.items() if r != "tokenizer"):
+            dead = [r for r, p in self.procs.items() if r != "tokenizer" and p.poll() is not None]
+            if healthy and dead:
                 healthy = False
+                self.addrs.write_stop_reason(f"the {dead[0]} process exited unexpectedly")
                 tok.send_signal(signal.SIGINT)
             time.sleep(POLL_S)
         return healthy
@@ -313,6 +319,8 @@ def launch_server(args: ServerArgs) -> int:
     except LaunchError as e:
         print(f"radixrt: error: {e}", file=sys.stderr, flush=True)
         code, crashed = e.exit_code, True
+        if e.reason:  # for the requests in flight, before the tokenizer process is told to stop
+            launcher.addrs.write_stop_reason(e.reason)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -126,3 +126,35 @@ def test_crash_stop_signals_a_tokenizer_by_whether_it_serves(tmp_path: Path, rea
         launcher.ready.add("tokenizer")
     launcher.shutdown(crashed=True)
     assert child.returncode == -(signal.SIGINT if ready else signal.SIGTERM)
+
+
+def test_a_dead_sibling_leaves_its_reason_for_the_requests_in_flight(tmp_path: Path) -> None:
+    """A child that exited is a LaunchError whose `reason` names it for clients; during a graceful
+    drain the launcher leaves that reason in the ipc directory before it SIGINTs the tokenizer
+    process, which ends its requests with "server is shutting down: <reason>"
+    (tests/tokenizer_proc/test_process.py)."""
+    import signal
+    import subprocess
+    import sys
+
+    from radixrt.launcher import Launcher, LaunchError
+
+    launcher = Launcher(ServerArgs(device="cpu", graceful_shutdown_timeout=30), tmp_path)
+    try:
+        dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        dead.wait()
+        launcher.procs["scheduler"] = dead
+        with pytest.raises(LaunchError, match="scheduler process exited unexpectedly with code 3") as e:
+            launcher.check_children()
+        assert e.value.reason == "the scheduler process exited unexpectedly"
+        assert launcher.addrs.read_stop_reason() is None  # nothing left before the launcher writes it
+        tok = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+                                "time.sleep(60)"], stdout=subprocess.PIPE)
+        assert tok.stdout is not None and tok.stdout.readline() == b"up\n"  # SIGTERM ignored from here on
+        launcher.procs["tokenizer"] = tok
+        assert launcher.drain() is False  # the drain saw the dead scheduler and SIGINTed the tokenizer
+        assert tok.wait(timeout=10) != 0 and tok.returncode != -signal.SIGKILL
+        assert launcher.addrs.read_stop_reason() == "the scheduler process exited unexpectedly"
+    finally:
+        launcher.shutdown(crashed=True)

@@ -37,7 +37,7 @@ from radixrt import protocol
 from radixrt.config import DEFAULT_MODEL_NAME, PROTOCOL_VERSION, ServerArgs
 from radixrt.ipc import IpcAddresses, Sender
 
-from .manager import TokenizerManager
+from .manager import SHUTDOWN_ERROR, TokenizerManager
 from .server import create_app
 from .serving_context import ServingContext
 
@@ -151,13 +151,16 @@ async def serve(ctx: ServingContext, sock: socket.socket, on_started: Any = None
 
 async def _end_streams_on_exit(server: uvicorn.Server, ctx: ServingContext) -> None:
     """As soon as shutdown starts (SIGTERM/SIGINT or `should_exit`), end every in-flight request with
-    503 "server is shutting down": a stream gets an SSE error event and `data: [DONE]` (then uvicorn
-    closes the connection), a non-streamed request a 503 JSON error. The launcher stops the scheduler at
-    the same time, so no more tokens would come; waiting out the grace period would only delay the exit."""
+    503 "server is shutting down" (after a sibling process died, with the launcher's reason: "server is
+    shutting down: the scheduler process exited unexpectedly"): a stream gets an SSE error event and
+    `data: [DONE]` (then uvicorn closes the connection), a non-streamed request a 503 JSON error. The
+    launcher stops the scheduler at the same time, so no more tokens would come; waiting out the grace
+    period would only delay the exit."""
     while not server.should_exit:
         await asyncio.sleep(0.05)
     ctx.manager.closing = True
-    n = ctx.manager.fail_all()
+    reason = ctx.manager.addrs.read_stop_reason()  # left by the launcher when a sibling died
+    n = ctx.manager.fail_all(f"{SHUTDOWN_ERROR}: {reason}" if reason else SHUTDOWN_ERROR)
     if n:
         logger.info("shutting down: ended %d in-flight samples with an error", n)
 

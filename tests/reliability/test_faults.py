@@ -85,7 +85,9 @@ def test_sigkill_of_a_child_under_load(role: str, model_dir: Path, tmp_path: Pat
         else:
             assert err is None and lines[-1] == "data: [DONE]", (lines[-3:], err)
             event = orjson.loads(lines[-2].removeprefix("data: "))
-            assert event["error"]["type"] == "service_unavailable", event
+            want = f"server is shutting down: the {role} process exited unexpectedly"
+            assert event["error"] == {"message": want, "type": "service_unavailable", "param": None,
+                                      "code": None}, event
     deadline = time.monotonic() + 10
     while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 import zmq
 
 from radixrt import protocol
@@ -82,8 +83,12 @@ def test_port_in_use_is_a_fatal_start_up_error(tok_model_dir: Path, tmp_path: Pa
         addrs.cleanup()
 
 
-def test_sigterm_ends_in_flight_requests_with_an_error(tok_model_dir: Path, tmp_path: Path) -> None:
-    """Shutdown: a stream in flight gets an SSE error event and [DONE]; a non-streamed request a 503."""
+@pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "sibling-died"])
+def test_sigterm_ends_in_flight_requests_with_an_error(tok_model_dir: Path, tmp_path: Path,
+                                                       crash: bool) -> None:
+    """Shutdown: a stream in flight gets an SSE error event and [DONE]; a non-streamed request a 503.
+    After a sibling died (the launcher leaves its reason in the ipc directory, then sends SIGINT) the
+    message names it."""
     import threading
     import time
 
@@ -115,16 +120,19 @@ def test_sigterm_ends_in_flight_requests_with_an_error(tok_model_dir: Path, tmp_
             t.start()
         assert streaming.wait(20) and wait_for(lambda: len(sched.received) == 2, 20)
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        if crash:
+            addrs.write_stop_reason("the scheduler process exited unexpectedly")
+        proc.send_signal(signal.SIGINT if crash else signal.SIGTERM)
+        want = "server is shutting down" + (": the scheduler process exited unexpectedly" if crash else "")
         for t in threads:
             t.join(20)
         assert proc.wait(timeout=20) == 0, (tmp_path / "tok.log").read_text()
         assert time.monotonic() - t0 < 4  # no waiting out the graceful-shutdown period
         assert lines[-1] == "data: [DONE]", lines
         err = orjson.loads(lines[-2].removeprefix("data: "))["error"]
-        assert err["message"] == "server is shutting down" and err["type"] == "service_unavailable", err
+        assert err["message"] == want and err["type"] == "service_unavailable", err
         assert plain[0].status_code == 503
-        assert plain[0].json()["error"]["message"] == "server is shutting down"
+        assert plain[0].json()["error"]["message"] == want
     finally:
         if proc.poll() is None:
             proc.kill()
