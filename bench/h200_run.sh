@@ -318,7 +318,7 @@ print(','.join(n for n in d.FP8_RULES if n.startswith('ws')))")
             --only "${GEMM_ENGINE_ONLY:-shared-prefix,random}" --out "$OUT/gemm-ws-engine-off-$r.json"
         done
       fi ;;
-    # the decode step at 64 / 128 requests of a bf16 Engine with the Gluon GEMM's TUNED / TUNED_GATED shapes
+    # the decode step at 48 / 64 / 128 requests of a bf16 Engine with the Gluon GEMM's TUNED / TUNED_GATED shapes
     # routed (RADIXRT_GEMM_WS=auto, the default) against cuBLAS alone, four alternated rounds (~2-3 min)
     gemm-ws-step) stage gemm-ws-step 300 python3 bench/lab/gemm_ws_step.py --rounds 4 --out "$OUT/gemm-ws-step.json" ;;
     # issue 19 part 4: the shared-prefix batch-128 decode pass kernel by kernel, cascade on and off (~3 min)

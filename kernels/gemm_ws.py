@@ -95,7 +95,8 @@ class GemmWsConfig:
 # must not silently route nothing).
 TUNED: dict[tuple[int, int, int], GemmWsConfig] = {}
 TUNED_GATED: dict[tuple[int, int, int], GemmWsConfig] = {
-    # H200, 2026-12-05: 71.4 us against 75.0 us for F.linear + silu_and_mul (Qwen2.5-7B gate_up, 64 rows)
+    # H200, 2026-12-05: 71.4 us against 75.0 us for F.linear + silu_and_mul (Qwen2.5-7B gate_up, 64 rows;
+    # decode graphs of 33-64 requests pad to it; not yet measured in the Engine: bench/lab/gemm_ws_step.py)
     (64, 37888, 3584): GemmWsConfig(128, 128, 4, 1),
 }
 TUNED_ENV = "RADIXRT_GEMM_WS_TUNED"

@@ -149,7 +149,8 @@ class Launcher:
                 raise LaunchError(f"timed out waiting for {sorted(roles - infos.keys())} to start")
             msg = self.rx.recv(timeout_ms=int(POLL_S * 1000))
             if isinstance(msg, Fatal):
-                raise LaunchError(f"{msg.process} process failed to start: {msg.message}", msg.exit_code)
+                raise LaunchError(f"{msg.process} process failed to start: {msg.message}", msg.exit_code,
+                                  reason=f"the {msg.process} process failed to start")
             if isinstance(msg, Ready):
                 if msg.protocol_version != PROTOCOL_VERSION:
                     raise LaunchError(f"{msg.process} speaks protocol {msg.protocol_version}, "
@@ -317,6 +318,8 @@ def launch_server(args: ServerArgs) -> int:
             print("radixrt: error: a server process died during the graceful shutdown", file=sys.stderr)
             code = crashed = 1
     except LaunchError as e:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a stop signal now must not skip the reason
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print(f"radixrt: error: {e}", file=sys.stderr, flush=True)
         code, crashed = e.exit_code, True
         if e.reason:  # for the requests in flight, before the tokenizer process is told to stop

@@ -133,7 +133,6 @@ def test_a_dead_sibling_leaves_its_reason_for_the_requests_in_flight(tmp_path: P
     drain the launcher leaves that reason in the ipc directory before it SIGINTs the tokenizer
     process, which ends its requests with "server is shutting down: <reason>"
     (tests/tokenizer_proc/test_process.py)."""
-    import signal
     import subprocess
     import sys
 
@@ -148,13 +147,46 @@ def test_a_dead_sibling_leaves_its_reason_for_the_requests_in_flight(tmp_path: P
             launcher.check_children()
         assert e.value.reason == "the scheduler process exited unexpectedly"
         assert launcher.addrs.read_stop_reason() is None  # nothing left before the launcher writes it
-        tok = subprocess.Popen([sys.executable, "-c", "import signal, time; "
-                                "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
-                                "time.sleep(60)"], stdout=subprocess.PIPE)
-        assert tok.stdout is not None and tok.stdout.readline() == b"up\n"  # SIGTERM ignored from here on
+        # a stand-in tokenizer process: ignores SIGTERM (it would drain), and on SIGINT exits 7 if the
+        # reason was already there when the signal came (the order the real one relies on), else 8
+        tok = subprocess.Popen([sys.executable, "-c", """if True:
+            import os, signal, sys, time
+            from radixrt.ipc import IpcAddresses
+            addrs = IpcAddresses(dir=sys.argv[1], scheduler_in="", tokenizer_in="", worker_in="",
+                                 scheduler_results="", launcher_in="")
+            want = "the scheduler process exited unexpectedly"
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, lambda *a: os._exit(7 if addrs.read_stop_reason() == want else 8))
+            print("up", flush=True)
+            time.sleep(60)""", launcher.addrs.dir], stdout=subprocess.PIPE)
+        assert tok.stdout is not None and tok.stdout.readline() == b"up\n"  # the handlers are in place
         launcher.procs["tokenizer"] = tok
         assert launcher.drain() is False  # the drain saw the dead scheduler and SIGINTed the tokenizer
-        assert tok.wait(timeout=10) != 0 and tok.returncode != -signal.SIGKILL
-        assert launcher.addrs.read_stop_reason() == "the scheduler process exited unexpectedly"
+        assert tok.wait(timeout=10) == 7, "the reason was not there when the tokenizer process was told"
     finally:
+        launcher.shutdown(crashed=True)
+
+
+@pytest.mark.parametrize("during_start", [True, False], ids=["start-up", "serving"])
+def test_a_fatal_report_carries_a_reason_for_clients(tmp_path: Path, during_start: bool) -> None:
+    """A child's Fatal message, during start-up (the tokenizer process may already serve HTTP then)
+    or while serving, is a LaunchError whose `reason` names the process for the requests in flight."""
+    import zmq
+
+    from radixrt import protocol
+    from radixrt.ipc import Sender
+    from radixrt.launcher import Launcher, LaunchError
+
+    launcher = Launcher(ServerArgs(device="cpu"), tmp_path)
+    ctx = zmq.Context()
+    tx = Sender(ctx, launcher.addrs.launcher_in)
+    try:
+        tx.send(protocol.Fatal(process="worker", message="CUDA error: out of memory", exit_code=3))
+        with pytest.raises(LaunchError, match="worker process failed.*out of memory") as e:
+            launcher.wait_ready({"worker"}) if during_start else launcher.monitor()
+        want = "the worker process failed to start" if during_start else "the worker process failed"
+        assert e.value.reason == want and e.value.exit_code == (3 if during_start else 1)
+    finally:
+        tx.sock.close()
+        ctx.term()
         launcher.shutdown(crashed=True)

@@ -2,7 +2,7 @@
 default: the shapes of kernels/gemm_ws.py's TUNED / TUNED_GATED tables) against cuBLAS alone (=0),
 at the batch sizes whose decode graphs a table entry covers.
 
-    python3 bench/lab/gemm_ws_step.py [--batches 64,128] [--rounds 4] [--out F]  # ~2 min
+    python3 bench/lab/gemm_ws_step.py [--batches 48,64,128] [--rounds 4] [--out F]  # ~3 min
 
 Two Engines on the dummy Qwen2.5-7B kept alive in one process (the switch is read while an Engine
 captures its graphs), each batch's step time from two generate runs of different length (the
@@ -63,7 +63,7 @@ def step_ms(engine, batch: int) -> tuple[float, list[list[int]]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batches", default="64,128")
+    ap.add_argument("--batches", default="48,64,128")  # 48: a graph whose GEMMs pad to 64 rows
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", default=None)
     ns = ap.parse_args()
