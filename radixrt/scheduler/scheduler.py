@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from radixrt.memory.kv_manager import KVManager
+from radixrt.memory.kv_manager import KVManager, ReqKV
 from radixrt.protocol import ForwardResult, GenerateReq, TokenOutBatch
 from radixrt.sampling_params import SamplingParams, sampler_seed
 from radixrt.scheduler import chunking
@@ -328,21 +328,26 @@ class Scheduler:
                     self._finish_unfittable(req)
                     continue
                 break
-            start = kv.kv_len - take
-            cap.take(remaining, start, take)
-            self.waiting.remove(req)
-            req.kv, req.state = kv, ReqState.RUNNING
-            if req.num_retractions == 0:
-                req.cached_tokens = kv.cached_len
-            req.req_row, req.pages_sent = self.free_rows.pop(), 0
-            self.running.append(req)
+            cap.take(remaining, kv.kv_len - take, take)
+            self._start_running(req, kv, cow, slots, take, sb)
             admitted.append(req)
-            sb.cow_pairs.extend(cow)
-            sb.items.append(ScheduledItem(req=req, start=start, extend_len=take, slots=slots,
-                                          completes=start + take == req.seq_len,
-                                          is_prefill=not req.output_ids))
             budget -= take
             prefill_left -= take
+
+    def _start_running(self, req: Req, kv: ReqKV, cow: list[tuple[int, int]], slots: list[int], take: int,
+                       sb: ScheduledBatch) -> None:
+        """Move an admitted request (its KV reserved up to kv.kv_len, `take` new tokens of it in
+        this pass) from waiting to running, with a request row, and schedule its first item."""
+        start = kv.kv_len - take
+        self.waiting.remove(req)
+        req.kv, req.state = kv, ReqState.RUNNING
+        if req.num_retractions == 0:
+            req.cached_tokens = kv.cached_len
+        req.req_row, req.pages_sent = self.free_rows.pop(), 0
+        self.running.append(req)
+        sb.cow_pairs.extend(cow)
+        sb.items.append(ScheduledItem(req=req, start=start, extend_len=take, slots=slots,
+                                      completes=start + take == req.seq_len, is_prefill=not req.output_ids))
 
     # ------------------------------------------------------------------ results
     def resolve_grammar(self, sb: ScheduledBatch, res: ForwardResult) -> GrammarResolved:
