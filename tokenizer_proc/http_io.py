@@ -15,6 +15,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
 from .errors import APIError, ClientGone, bad_request
+from .json_limits import body_depth_error
 
 T = TypeVar("T")
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -79,7 +80,7 @@ async def read_json(request: Request, max_bytes: int) -> Any:
 
     Raises:
         APIError: 413 when larger than `max_bytes` (the client can read it: see _too_large); 400 when
-            empty or not valid JSON.
+            empty, not valid JSON, or nested deeper than json_limits.MAX_BODY_DEPTH.
         ClientDisconnect: the client went away before the body ended.
     """
     declared = request.headers.get("content-length")
@@ -93,10 +94,15 @@ async def read_json(request: Request, max_bytes: int) -> Any:
             raise await _too_large(request, max_bytes, len(buf), more)
     if not buf:
         raise bad_request("request body is empty; expected a JSON object")
+    raw = bytes(buf)
     try:
-        return orjson.loads(bytes(buf))
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise bad_request(f"request body is not valid JSON: {e}") from None
+    too_deep = body_depth_error(body, raw)
+    if too_deep:
+        raise bad_request(too_deep)
+    return body
 
 
 def json_response(obj: Any, status: int = 200) -> Response:

@@ -17,11 +17,11 @@ radix cache needs no explicit write).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .assistant_output import AssistantStream, Piece
 from .errors import APIError
+from .json_limits import loads_bounded
 from .protocol_errors import anthropic_error_body
 from .reasoning_parser import ReasoningParser
 from .request_state import SampleEvent
@@ -53,8 +53,8 @@ def stop_reason(finish_reason: str | None, matched_stop: Any, num_calls: int,
 
 def _input_object(arguments: str) -> Any:
     try:
-        value = json.loads(arguments) if arguments else {}
-    except ValueError:
+        value = loads_bounded(arguments) if arguments else {}
+    except ValueError:  # not JSON, or nested too deeply to serialize back
         return {}
     return value if isinstance(value, dict) else {}
 

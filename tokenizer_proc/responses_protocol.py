@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from .errors import APIError, bad_request, from_validation_error
@@ -93,6 +93,22 @@ class ResponsesRequest(_Strict):
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_shape(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        """OpenAI's limits: at most 16 pairs, keys of <= 64 characters, string values of <= 512 (the
+        response echoes it, so a nested value would also be echoed)."""
+        if v is None:
+            return v
+        if len(v) > 16:
+            raise ValueError(f"at most 16 key-value pairs, got {len(v)}")
+        for k, x in v.items():
+            if len(k) > 64:
+                raise ValueError(f"key {k[:64]!r}...: keys are at most 64 characters")
+            if not isinstance(x, str) or len(x) > 512:
+                raise ValueError(f"value of {k!r}: values are strings of at most 512 characters")
+        return v
 
     def unsupported(self) -> APIError | None:
         """A 400 for a field this server cannot honour (never silently ignored), else None."""

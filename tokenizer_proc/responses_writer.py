@@ -26,6 +26,7 @@ from typing import Any
 
 from .assistant_output import AssistantStream, Piece
 from .errors import APIError
+from .json_limits import loads_bounded
 from .openai_response import now_s
 from .reasoning_parser import ReasoningParser
 from .request_state import SampleEvent
@@ -201,6 +202,11 @@ class ResponsesWriter:
         for p in pieces:
             self._piece(p, parts)
         cut = "incomplete" if c.finish_reason == "length" else "completed"
+        it = self.open
+        if cut == "incomplete" and it is not None and it["kind"] == "call" and _is_object(it["text"]):
+            # the call was whole; what the limit cut came after it (a next call's unfinished header,
+            # which the parser drops): an agent must not skip this call as cut
+            self._close_item(parts, "completed")
         self._close_item(parts, cut)
         if not self.items:  # an empty answer is still one (empty) message
             self._open_item(parts, "text")
@@ -218,10 +224,20 @@ class ResponsesWriter:
         return parts
 
     def error_events(self, err: APIError) -> list[bytes]:
-        """A mid-stream error: an `error` event, then `response.failed`."""
+        """A mid-stream error: an `error` event, then `response.failed`, with the same code (the
+        error's own, else its type for a 4xx, "server_error" for a 5xx)."""
         parts: list[bytes] = []
-        self._emit(parts, "error", code=err.code or err.type, message=err.message, param=err.param)
+        code = err.code or (err.type if err.status < 500 else "server_error")
+        self._emit(parts, "error", code=code, message=err.message, param=err.param)
         failed = self.response("failed", self.items, None)
-        failed["error"] = {"code": err.code or "server_error", "message": err.message}
+        failed["error"] = {"code": code, "message": err.message}
         self._emit(parts, "response.failed", response=failed)
         return parts
+
+
+def _is_object(arguments: str) -> bool:
+    """Whether a call's arguments text is a whole JSON object."""
+    try:
+        return isinstance(loads_bounded(arguments), dict)
+    except ValueError:
+        return False

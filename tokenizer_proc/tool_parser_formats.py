@@ -15,6 +15,7 @@ import json
 import re
 from typing import Any
 
+from .json_limits import loads_bounded
 from .tool_parser_base import (
     CALL_HEADER,
     CallRecord,
@@ -105,8 +106,8 @@ class _JsonCallStream(ToolCallStream):
     def _whole_call(self, body: str, source: str) -> bool:
         """A call given as one JSON text: emit it, or its source as content; True if it was a call."""
         try:
-            call = call_from_json(json.loads(body))
-        except ValueError:
+            call = call_from_json(loads_bounded(body))
+        except ValueError:  # not JSON, or nested too deeply: the text stays content
             call = None
         if call is None:
             self.content.emit(source, hold_tail=True)

@@ -17,6 +17,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from radixrt.constrained.spec import MAX_JSON_DEPTH
+
+from .json_limits import container_depth, loads_bounded
 from .openai_base import ChatMessage, _Strict
 
 # OpenAI's rule for function names: letters, digits, underscores and dashes, at most 64 characters.
@@ -52,6 +55,9 @@ class FunctionDefinition(_Strict):
         required = v.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise ValueError("'required' must be a list of property names")
+        depth = container_depth(v)  # whatever tool_choice is: the schema is rendered into the prompt
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nests {depth} levels deep; at most {MAX_JSON_DEPTH} are supported")
         return v
 
 
@@ -101,11 +107,12 @@ class FunctionCall(_Strict):
         return json.dumps(self.arguments, ensure_ascii=False)
 
     def arguments_object(self) -> Any:
-        """The arguments as a JSON value (what HF chat templates expect); unparseable text stays text."""
+        """The arguments as a JSON value (what HF chat templates expect); unparseable text, or JSON
+        nested deeper than MAX_JSON_DEPTH, stays text."""
         if not isinstance(self.arguments, str):
             return self.arguments
         try:
-            return json.loads(self.arguments)
+            return loads_bounded(self.arguments)
         except ValueError:
             return self.arguments
 

@@ -147,15 +147,20 @@ def test_auto_with_a_strict_tool_constrains_only_calls(compiler: Any) -> None:
 
 
 def test_tools_nested_too_deeply_are_a_400_naming_tools() -> None:
-    """A forced tool whose parameters nest past the grammar depth limit: APIError 400, param "tools"
-    (json.dumps of the tag raised RecursionError near 500 levels: an HTTP 500 before)."""
-    from radixrt.tokenizer_proc.errors import APIError
+    """A tool whose parameters nest past the grammar depth limit is refused where the tools are read,
+    whatever tool_choice is (json.dumps of the tag raised RecursionError near 500 levels: an HTTP 500
+    before; then the check ran only when the grammar was built, i.e. for forced calls)."""
+    from pydantic import ValidationError
+
+    from radixrt.tokenizer_proc.errors import from_validation_error
 
     params: dict[str, Any] = {"type": "string"}
     for _ in range(500):
         params = {"type": "object", "properties": {"a": params}}
     tool = {"type": "function", "function": {"name": "f", "parameters": params}}
-    deep = ToolFields.model_validate({"tools": [tool], "tool_choice": "required"})
-    with pytest.raises(APIError) as info:
-        plan_tools(deep, "hermes")
-    assert info.value.status == 400 and info.value.param == "tools" and "levels deep" in str(info.value)
+    for choice in ("required", "auto", "none"):
+        with pytest.raises(ValidationError) as info:
+            ToolFields.model_validate({"tools": [tool], "tool_choice": choice})
+        err = from_validation_error(info.value)
+        assert err.status == 400 and err.param == "tools[0].function.parameters", err.param
+        assert "nests 1001 levels deep; at most 128 are supported" in err.message

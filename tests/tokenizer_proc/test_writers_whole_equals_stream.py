@@ -107,6 +107,44 @@ def test_responses_call_cut_by_max_tokens_is_an_incomplete_function_call() -> No
         ("function_call", "get_weather", '{"city":', "incomplete")]
 
 
+@pytest.mark.parametrize("step", [1, 7, 1000])
+def test_responses_whole_call_before_a_cut_header_stays_completed(step: int) -> None:
+    """max_tokens cut a second call's header, which the parser drops: the first call was whole, so it
+    is "completed" (break-it pass of 2026-12-05: it was marked "incomplete", and an agent that skips
+    cut calls lost it); the response is still incomplete."""
+    from radixrt.tokenizer_proc.tool_parser_base import CallsOnly
+
+    def forced() -> ResponsesWriter:  # tool_choice "required": the cut header is dropped
+        return ResponsesWriter({"id": "resp_x", "model": "m"}, get_reasoning_parser("qwen3"),
+                               CallsOnly(get_tool_parser("hermes")), count_tokens=len)
+
+    text = CALL.format("Paris") + '\n<tool_call>\n{"na'
+    w = forced()
+    for ev in _events(text, "length", step):
+        w.event(ev, [])
+    whole = forced().body(_collected(text, "length", step))
+    assert _strip_ids(whole) == _strip_ids(w.final)
+    assert whole["status"] == "incomplete" and whole["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [(i["type"], i["arguments"], i["status"]) for i in whole["output"]] == [
+        ("function_call", '{"city": "Paris"}', "completed")]
+    # not forced: the cut header is text, and that message is the incomplete item
+    auto = _responses_writer().body(_collected(text, "length", step))
+    assert [(i["type"], i["status"]) for i in auto["output"]] == [
+        ("function_call", "completed"), ("message", "incomplete")]
+
+
+def test_responses_error_events_carry_one_code() -> None:
+    """A mid-stream error's `error` event and its `response.failed` name the same code."""
+    from radixrt.tokenizer_proc.errors import APIError
+
+    for err, want in [(APIError(400, "no valid next token"), "invalid_request_error"),
+                      (APIError(500, "worker died"), "server_error"),
+                      (APIError(503, "shutting down", code="unavailable"), "unavailable")]:
+        events = _sse(_responses_writer().error_events(err))
+        assert [n for n, _ in events] == ["error", "response.failed"]
+        assert events[0][1]["code"] == want and events[1][1]["response"]["error"]["code"] == want, events
+
+
 def _streamed_blocks(events: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, Any]], str]:
     """Rebuild a message's blocks from its SSE events (input from the joined partial_json)."""
     blocks: list[dict[str, Any]] = []
