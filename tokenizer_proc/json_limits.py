@@ -14,23 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixrt.constrained.spec import MAX_JSON_DEPTH
+from radixrt.constrained.spec import MAX_JSON_DEPTH, json_depth
 
 MAX_BODY_DEPTH = 192  # > MAX_JSON_DEPTH (a schema's own limit) plus the levels around a tool's schema
-
-
-def container_depth(value: Any) -> int:
-    """Nesting depth of a parsed JSON value (a scalar 0, [] or {} 1, [[1]] 2), without recursion; a
-    container's scalars are skipped in one comprehension (a 100,000-id token list costs ~2 ms)."""
-    depth, level = 0, [value] if type(value) is dict or type(value) is list else []
-    while level:  # the containers at nesting `depth + 1`
-        depth += 1
-        nxt: list[Any] = []
-        for v in level:
-            items = v.values() if type(v) is dict else v
-            nxt.extend([x for x in items if type(x) is dict or type(x) is list])
-        level = nxt
-    return depth
 
 
 def body_depth_error(body: Any, raw: bytes) -> str | None:
@@ -38,7 +24,7 @@ def body_depth_error(body: Any, raw: bytes) -> str | None:
     body's bytes: with at most MAX_BODY_DEPTH brackets in all (the common case) nothing is walked."""
     if raw.count(b"[") + raw.count(b"{") <= MAX_BODY_DEPTH:
         return None
-    depth = container_depth(body)
+    depth = json_depth(body)
     if depth > MAX_BODY_DEPTH:
         return f"request body nests {depth} levels deep; at most {MAX_BODY_DEPTH} are supported"
     return None
@@ -54,6 +40,6 @@ def loads_bounded(text: str) -> Any:
         value = json.loads(text)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
-    if container_depth(value) > MAX_JSON_DEPTH:
+    if json_depth(value) > MAX_JSON_DEPTH:
         raise ValueError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
     return value

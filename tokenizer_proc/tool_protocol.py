@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from radixrt.constrained.spec import MAX_JSON_DEPTH
+from radixrt.constrained.spec import MAX_JSON_DEPTH, json_depth
 
-from .json_limits import container_depth, loads_bounded
+from .json_limits import loads_bounded
 from .openai_base import ChatMessage, _Strict
 
 # OpenAI's rule for function names: letters, digits, underscores and dashes, at most 64 characters.
@@ -55,7 +55,7 @@ class FunctionDefinition(_Strict):
         required = v.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise ValueError("'required' must be a list of property names")
-        depth = container_depth(v)  # whatever tool_choice is: the schema is rendered into the prompt
+        depth = json_depth(v)  # whatever tool_choice is: the schema is rendered into the prompt
         if depth > MAX_JSON_DEPTH:
             raise ValueError(f"nests {depth} levels deep; at most {MAX_JSON_DEPTH} are supported")
         return v

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from radixrt.constrained.spec import MAX_JSON_DEPTH, json_depth
-from tokenizer_proc.json_limits import MAX_BODY_DEPTH, body_depth_error, container_depth, loads_bounded
+from tokenizer_proc.json_limits import MAX_BODY_DEPTH, body_depth_error, loads_bounded
 from tokenizer_proc.messages_writer import _input_object
 from tokenizer_proc.tool_protocol import FunctionCall
 
@@ -37,7 +37,14 @@ def _nested_schema(levels: int) -> dict[str, Any]:
     return v
 
 
-def test_container_depth_is_json_depth() -> None:
+def test_json_depth_against_a_recursive_reference() -> None:
+    def ref(v: Any) -> int:
+        if isinstance(v, dict):
+            return 1 + max(map(ref, v.values()), default=0)
+        if isinstance(v, list):
+            return 1 + max(map(ref, v), default=0)
+        return 0
+
     rng = random.Random(0)
 
     def value(d: int) -> Any:
@@ -49,8 +56,8 @@ def test_container_depth_is_json_depth() -> None:
 
     for _ in range(2000):
         v = value(9)
-        assert container_depth(v) == json_depth(v), v
-    assert container_depth(_nested_list(900)) == 900
+        assert json_depth(v) == ref(v), v
+    assert json_depth(_nested_list(900)) == 900
 
 
 def test_body_depth_error_and_loads_bounded() -> None:
