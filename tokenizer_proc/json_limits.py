@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixrt.constrained.spec import MAX_JSON_DEPTH, json_depth
+from radixrt.json_depth import MAX_JSON_DEPTH, json_depth
 
 MAX_BODY_DEPTH = 192  # > MAX_JSON_DEPTH (a schema's own limit) plus the levels around a tool's schema
 

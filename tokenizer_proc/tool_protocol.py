@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from radixrt.constrained.spec import MAX_JSON_DEPTH, json_depth
+from radixrt.json_depth import MAX_JSON_DEPTH, json_depth
 
 from .json_limits import loads_bounded
 from .openai_base import ChatMessage, _Strict

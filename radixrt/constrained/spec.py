@@ -20,6 +20,7 @@ from typing import Any
 from radixrt.constrained.errors import GrammarError, xgrammar_message
 from radixrt.constrained.regex_check import check_regex, dot_excludes_newline
 from radixrt.constrained.schema_check import check_json_schema, parse_json
+from radixrt.json_depth import MAX_JSON_DEPTH, json_depth
 
 # JSON output is single-line with `json.dumps`' default separators (", " and ": "): the most common
 # layout in training data, and with no whitespace choice left a small model cannot loop on spaces or
@@ -90,25 +91,6 @@ def spec_from_request(*, response_format: dict[str, Any] | None = None, regex: s
         names = ", ".join(name for name, _ in found)
         raise GrammarError(f"only one output constraint may be set per request, got {names}")
     return found[0][1] if found else None
-
-
-MAX_JSON_DEPTH = 128  # nesting of a schema, tag or tool definition; far above any real one
-
-
-def json_depth(value: Any) -> int:
-    """Nesting depth of a parsed JSON value (a scalar 0, [] or {} 1, [[1]] 2), computed without
-    recursion, one nesting level at a time; a container's scalars are skipped in one comprehension
-    (a list of 100,000 token ids costs ~2 ms). Also the front end's body check
-    (tokenizer_proc/json_limits.py)."""
-    depth, level = 0, [value] if type(value) is dict or type(value) is list else []
-    while level:  # the containers at nesting `depth + 1`
-        depth += 1
-        nxt: list[Any] = []
-        for v in level:
-            items = v.values() if type(v) is dict else v
-            nxt.extend([x for x in items if type(x) is dict or type(x) is list])
-        level = nxt
-    return depth
 
 
 def dumps_checked(value: Any, what: str, **kwargs: Any) -> str:
