@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-MAX_JSON_DEPTH = 128  # nesting of a schema, tag or tool definition; far above any real one
+# Nesting of a JSON schema or a tool's parameters; far above any real one. jsonschema's checks and
+# xgrammar's compiler recurse per level: schemas of ~117 `items` levels raised Python's recursion
+# error inside them (a 400 quoting it; break-it pass of 2026-12-05, when this was 128).
+MAX_JSON_DEPTH = 64
+TAG_LEVELS = 8  # the levels a structural tag adds around the schemas it holds (tool calls' tags: 4)
 
 
 def json_depth(value: Any) -> int:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from radixrt.constrained.errors import GrammarError
 from radixrt.constrained.spec import dumps_checked
+from radixrt.json_depth import MAX_JSON_DEPTH, TAG_LEVELS
 
 from .errors import bad_request
 from .tool_prompt import CALL_CLOSE, CALL_OPEN, CALL_SEPARATOR
@@ -111,7 +112,9 @@ def tool_grammar(tools: Sequence[ToolDefinition], tool_choice: str | NamedToolCh
                 raise ValueError(f"tool_choice: function {tool_choice.function.name!r} is not in tools")
             parallel = False  # one call of the named function
         body = _forced(fmt, chosen, parallel)
-    text = dumps_checked({"type": "structural_tag", "format": body}, "tools", ensure_ascii=False)
+    # (each tool's parameters were held to MAX_JSON_DEPTH where the request was read: tool_protocol.py)
+    text = dumps_checked({"type": "structural_tag", "format": body}, "tools", MAX_JSON_DEPTH + TAG_LEVELS,
+                         ensure_ascii=False)
     return GrammarSpec("structural_tag", text), fmt.parser
 
 

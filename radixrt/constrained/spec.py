@@ -20,7 +20,7 @@ from typing import Any
 from radixrt.constrained.errors import GrammarError, xgrammar_message
 from radixrt.constrained.regex_check import check_regex, dot_excludes_newline
 from radixrt.constrained.schema_check import check_json_schema, parse_json
-from radixrt.json_depth import MAX_JSON_DEPTH, json_depth
+from radixrt.json_depth import MAX_JSON_DEPTH, TAG_LEVELS, json_depth
 
 # JSON output is single-line with `json.dumps`' default separators (", " and ": "): the most common
 # layout in training data, and with no whitespace choice left a small model cannot loop on spaces or
@@ -85,7 +85,8 @@ def spec_from_request(*, response_format: dict[str, Any] | None = None, regex: s
                               ("json_schema", json_schema, GrammarKind.JSON_SCHEMA),
                               ("structural_tag", structural_tag, GrammarKind.STRUCTURAL_TAG)):
         if value is not None:
-            text = value if isinstance(value, str) else dumps_checked(value, name)
+            limit = MAX_JSON_DEPTH + (TAG_LEVELS if kind is GrammarKind.STRUCTURAL_TAG else 0)
+            text = value if isinstance(value, str) else dumps_checked(value, name, limit)
             found.append((name, GrammarSpec(kind, text)))
     if len(found) > 1:
         names = ", ".join(name for name, _ in found)
@@ -93,15 +94,16 @@ def spec_from_request(*, response_format: dict[str, Any] | None = None, regex: s
     return found[0][1] if found else None
 
 
-def dumps_checked(value: Any, what: str, **kwargs: Any) -> str:
-    """`json.dumps(value, **kwargs)` of a grammar's JSON (schema, structural tag, tool parameters).
+def dumps_checked(value: Any, what: str, limit: int = MAX_JSON_DEPTH, **kwargs: Any) -> str:
+    """`json.dumps(value, **kwargs)` of a grammar's JSON (schema, structural tag, tool parameters);
+    `limit` MAX_JSON_DEPTH for a schema, plus TAG_LEVELS for a structural tag around schemas.
 
     Raises:
-        GrammarError: value nests deeper than MAX_JSON_DEPTH (json.dumps would hit Python's recursion
-            limit near 500 levels; the grammar compiler recurses too)."""
+        GrammarError: value nests deeper than `limit` (json.dumps would hit Python's recursion limit
+            near 500 levels; jsonschema and the grammar compiler recurse too)."""
     depth = json_depth(value)
-    if depth > MAX_JSON_DEPTH:
-        raise GrammarError(f"{what} nests {depth} levels deep; at most {MAX_JSON_DEPTH} are supported")
+    if depth > limit:
+        raise GrammarError(f"{what} nests {depth} levels deep; at most {limit} are supported")
     return json.dumps(value, **kwargs)
 
 
@@ -122,7 +124,8 @@ def _spec_from_response_format(rf: dict[str, Any]) -> GrammarSpec | None:
         return GrammarSpec(GrammarKind.JSON_SCHEMA,
                            schema if isinstance(schema, str) else dumps_checked(schema, "the JSON schema"))
     if kind == "structural_tag":
-        return GrammarSpec(GrammarKind.STRUCTURAL_TAG, dumps_checked(rf, "the structural tag"))
+        return GrammarSpec(GrammarKind.STRUCTURAL_TAG,
+                           dumps_checked(rf, "the structural tag", MAX_JSON_DEPTH + TAG_LEVELS))
     raise GrammarError(f"response_format type {kind!r} is not one of text, json_object, json_schema, "
                        "structural_tag")
 
@@ -171,7 +174,7 @@ def _prepare_structural_tag(text: str) -> str:
     legacy {"structures": [{"begin", "schema", "end"}], "triggers": [...]}), check every JSON
     schema inside, bound the whitespace of JSON contents, and return xgrammar's form as JSON."""
     tag = parse_json(text, "structural tag")
-    dumps_checked(tag, "the structural tag")  # the depth limit for tags sent as strings
+    dumps_checked(tag, "the structural tag", MAX_JSON_DEPTH + TAG_LEVELS)  # for tags sent as strings
     if not isinstance(tag, dict):
         raise GrammarError("structural tag must be a JSON object")
     if "structures" in tag:

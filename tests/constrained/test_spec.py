@@ -264,3 +264,18 @@ def test_deeply_nested_schemas_are_refused_in_one_line() -> None:
     assert "nests" in _refusal(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(_nested(100))))
     tag = {"type": "structural_tag", "format": {"type": "json_schema", "json_schema": _nested(80)}}
     assert "nests" in _refusal(GrammarSpec(GrammarKind.STRUCTURAL_TAG, json.dumps(tag)))  # a tag as a string
+
+
+def test_a_schema_at_the_depth_limit_compiles_and_one_past_it_is_refused() -> None:
+    """A chain of `items` (which jsonschema's checks and xgrammar recurse through) of exactly
+    MAX_JSON_DEPTH levels, sent as a string, passes the checks and xgrammar; one level more is a
+    GrammarError naming the depth, not a quoted RecursionError (break-it pass of 2026-12-05: at a
+    limit of 128, chains of 117+ levels failed inside jsonschema)."""
+    from radixrt.json_depth import MAX_JSON_DEPTH
+
+    def chain(levels: int) -> str:
+        return '{"items": ' * (levels - 1) + "{}" + "}" * (levels - 1)
+
+    assert validate_spec(GrammarSpec(GrammarKind.JSON_SCHEMA, chain(MAX_JSON_DEPTH)))
+    refusal = _refusal(GrammarSpec(GrammarKind.JSON_SCHEMA, chain(MAX_JSON_DEPTH + 1)))
+    assert f"nests {MAX_JSON_DEPTH + 1} levels deep; at most {MAX_JSON_DEPTH}" in refusal

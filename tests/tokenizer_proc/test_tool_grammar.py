@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from radixrt.json_depth import MAX_JSON_DEPTH, json_depth
 from radixrt.tokenizer_proc.tool_grammar import GrammarSpec, plan_tools, tool_grammar
 from radixrt.tokenizer_proc.tool_parsers import get_tool_parser
 from radixrt.tokenizer_proc.tool_protocol import NamedToolChoice, ToolDefinition, ToolFields
@@ -163,4 +164,27 @@ def test_tools_nested_too_deeply_are_a_400_naming_tools() -> None:
             ToolFields.model_validate({"tools": [tool], "tool_choice": choice})
         err = from_validation_error(info.value)
         assert err.status == 400 and err.param == "tools[0].function.parameters", err.param
-        assert "nests 1001 levels deep; at most 128 are supported" in err.message
+        assert f"nests 1001 levels deep; at most {MAX_JSON_DEPTH} are supported" in err.message
+
+
+@pytest.mark.parametrize("choice", ["required", "named", "auto-strict"])
+def test_tools_at_the_depth_limit_build_their_grammar(choice: str) -> None:
+    """Parameters of exactly MAX_JSON_DEPTH levels (a chain of `items`, which jsonschema and xgrammar
+    recurse through) are taken whatever tool_choice is: the forced grammar's tag adds its own levels
+    on top, and validating it neither refuses it nor hits Python's recursion limit (break-it pass of
+    2026-12-05: at 128 the forced form was refused as "132 levels", or quoted a RecursionError)."""
+    from radixrt.constrained.spec import validate_spec
+
+    params: dict[str, Any] = {}
+    for _ in range(MAX_JSON_DEPTH - 3):
+        params = {"items": params}
+    params = {"type": "object", "properties": {"x": params}}
+    assert json_depth(params) == MAX_JSON_DEPTH
+    fn = {"name": "f", "parameters": params, **({"strict": True} if choice == "auto-strict" else {})}
+    tool_choice: Any = {"required": "required", "named": {"type": "function", "function": {"name": "f"}},
+                        "auto-strict": "auto"}[choice]
+    fields = ToolFields.model_validate({"tools": [{"type": "function", "function": fn}],
+                                        "tool_choice": tool_choice})
+    plan = plan_tools(fields, "hermes")
+    assert plan.grammar is not None
+    validate_spec(plan.grammar)
