@@ -44,7 +44,8 @@ def _assert_bf16_paths_agree(got: torch.Tensor, want: torch.Tensor) -> None:
     |mean| ~2, |max| ~11): the Gluon routes against the Triton / cuBLAS ones differ by max 0.11-0.14,
     mean 0.020, argmax 98-100% the same, while each bf16 path is as far from a float32 runner with
     the Gluon route as without it (max 0.76 / mean 0.087 for the GEMM's model; 3.37 / 0.47 with an
-    FP8 pool). A wrong tile moves the mean by ~2, a wrong request row the max."""
+    FP8 pool). A wrong tile or request row would give logits unrelated to the right ones there,
+    differing by the logits' own scale (~2; reasoned, not measured)."""
     d = (got.float() - want.float()).abs()
     agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     mean, worst = d.mean().item(), d.max().item()

@@ -156,7 +156,7 @@ def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"quantize_per_channel takes a [N, K] weight, got {tuple(w.shape)}")
     wf = w.float()
     scale = _scales(wf.abs().amax(dim=1))
-    inv = torch.ones_like(scale) / scale  # (element-wise on every device, as in _scales)
+    inv = 1.0 / scale  # torch.reciprocal: a true division on CUDA too
     q = (wf * inv[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
 
