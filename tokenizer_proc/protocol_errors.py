@@ -10,6 +10,7 @@ the API-key check, 404 / 405 of the router, 500).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -53,11 +54,24 @@ def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
 
 
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
+def dotted(param: str) -> str:
+    """OpenAI-style path -> Anthropic's: "messages[0].content[1]" -> "messages.0.content.1"."""
+    return _INDEX.sub(r".\1", param)
+
+
 def anthropic_error(err: APIError, headers: dict[str, str] | None = None) -> Response:
-    """`err` as an Anthropic error response (same status; the parameter, if any, named in the message)."""
+    """`err` as an Anthropic error response (same status; the parameter, if any, named in the message
+    in Anthropic's dotted form, `messages.0.content`, also where chat code named it `messages[0]`)."""
     message = err.message
-    if err.param and err.param not in message:
-        message = f"{err.param}: {message}"
+    if err.param:
+        param = dotted(err.param)
+        if message.startswith(err.param):
+            message = param + message[len(err.param):]
+        elif param not in message:
+            message = f"{param}: {message}"
     return Response(orjson.dumps(anthropic_error_body(err.status, message)), status_code=err.status,
                     media_type="application/json", headers=headers)
 

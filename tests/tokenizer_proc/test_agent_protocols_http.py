@@ -5,6 +5,7 @@ API key as `x-api-key`, and each protocol's error shape."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,13 @@ BAD_MESSAGES = [
             {"type": "tool_result", "tool_use_id": "t1",
              "content": [{"type": "text", "text": "ok"}, {"type": "image", "source": {}}]}]}]}, 400,
      "messages.2.content.0.content.1.type"),
+    # named by pydantic or by chat code as `messages[0]`; Anthropic's paths are dotted (break-it, 12-05)
+    ({"max_tokens": 8, "messages": [5]}, 400, "messages.0"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"name": "f", "input_schema": {"type": "object"}}, {"input_schema": {"type": "object"}}]},
+     400, "tools.1.name"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stop_sequences": ["a", 5]},
+     400, "stop_sequences.1"),
 ]
 
 
@@ -276,6 +284,7 @@ def test_messages_bad_bodies_get_anthropic_errors(fr: Front, body: dict[str, Any
     assert data["type"] == "error" and set(data["error"]) == {"type", "message"}
     assert data["error"]["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
     assert field in data["error"]["message"]
+    assert not re.search(r"\[\d+\]", data["error"]["message"]), data  # no OpenAI-style `messages[0]`
 
 
 def test_api_key_as_x_api_key_and_anthropic_401(fr: Front) -> None:
