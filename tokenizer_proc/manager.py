@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 SHUTDOWN_ERROR = "503 server is shutting down"  # TokenChunk.error for every in-flight sample on shutdown
 _DRAIN_MAX = 256  # batches handled per wake-up of the receive loop before it yields to the event loop
+_DETACH_EVERY = 64  # an Inbox this many chunks behind its reader copies their logprobs out of the frames
 
 
 @dataclass(slots=True)
@@ -63,6 +64,24 @@ def _item(lst: list[Any], i: int) -> Any:
     return lst[i] if i < len(lst) else None
 
 
+def _own(a: np.ndarray | None) -> np.ndarray | None:
+    return a.copy() if a is not None and a.base is not None else a
+
+
+def _detach(chunks: list[TokenChunk]) -> None:
+    """Give `chunks`' logprob arrays their own memory.
+
+    `_dispatch` slices them out of the received batch's arrays, which are views of the ZeroMQ frame
+    (protocol.decode: np.frombuffer), so each pending chunk keeps the whole pass's frame alive: every
+    request's logprobs of that pass. A stream whose client does not read would otherwise hold a
+    frame per pass (at 256 requests x top_logprobs 20, ~40 KB per pass instead of its own ~160 B).
+    Called only for an Inbox whose reader is _DETACH_EVERY chunks behind, so a reader that keeps up
+    pays no copy.
+    """
+    for c in chunks:
+        c.logprobs, c.top_ids, c.top_logprobs = _own(c.logprobs), _own(c.top_ids), _own(c.top_logprobs)
+
+
 class Inbox:
     """What the receive loop delivered to one request and its reader has not taken yet.
 
@@ -78,6 +97,8 @@ class Inbox:
 
     def put_nowait(self, chunk: TokenChunk) -> None:
         self.items.append(chunk)
+        if len(self.items) % _DETACH_EVERY == 0:  # a reader this far behind: stop pinning frames
+            _detach(self.items[-_DETACH_EVERY:])
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
