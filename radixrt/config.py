@@ -129,6 +129,10 @@ class ServerArgs:
         "Split the model's <think>...</think> block from its answer (SGLang's flag): reasoning_content in "
         "chat completions, reasoning items in /v1/responses, thinking blocks in /v1/messages. "
         "Default: off (the think block stays in the text).", choices=list(REASONING_PARSERS))
+    trust_request_chat_template: bool = _flag(
+        "Accept a request's own Jinja chat template (`chat_template_kwargs.chat_template`; vLLM's flag). "
+        "Off by default: a template is code, and a short one can render a prompt of any size.",
+        default=False)
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype == "fp8":  # vLLM's name for the same format

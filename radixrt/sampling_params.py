@@ -6,12 +6,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+TOP_K_OFF = 1 << 30  # a top_k of at least this keeps every token: the same as -1
+MIN_REPETITION_PENALTY = 1e-6  # positive logits (|x| < ~1e30) divided by it stay finite in float32
+
 
 @dataclass(slots=True)
 class SamplingParams:
     """Sampling and stopping rules of one request (one choice).
 
-    temperature: 0 means greedy. top_k: -1 means off. max_new_tokens: None means up to the context
+    temperature: 0 means greedy. top_k: -1 means off, and so does any value of at least TOP_K_OFF (no
+    vocabulary is that large; SGLang reads -1 as 2^30 the same way), so the scheduler's int32 arrays
+    never see a larger one. max_new_tokens: None means up to the context
     length. stop: strings matched by the tokenizer process (across token boundaries); stop_token_ids
     and EOS (unless ignore_eos) are matched by the scheduler. seed: None means the scheduler picks one.
 
@@ -42,7 +47,9 @@ class SamplingParams:
             ("max_new_tokens", self.max_new_tokens is None or self.max_new_tokens >= 0, "must be >= 0"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
-            ("repetition_penalty", 0.0 < self.repetition_penalty <= 2.0, "must be in (0, 2]"),
+            # a floor that float32 represents (1e-300 became 0, then logits / 0 = inf and NaN samples)
+            ("repetition_penalty", MIN_REPETITION_PENALTY <= self.repetition_penalty <= 2.0,
+             f"must be in [{MIN_REPETITION_PENALTY:g}, 2]"),
             # vLLM's range (2^63 and up were accepted and aliased 0 and up); `sampler_seed` maps it
             # onto the sampler's 31 bits
             ("seed", self.seed is None or -(1 << 63) <= self.seed < (1 << 63),
@@ -51,6 +58,8 @@ class SamplingParams:
         for name, ok, msg in checks:
             if not ok:
                 raise ValueError(f"{name} {msg}")
+        if self.top_k >= TOP_K_OFF:
+            self.top_k = -1
 
     @property
     def greedy(self) -> bool:

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from radixrt.sampling_params import MIN_REPETITION_PENALTY
+
 from .openai_base import ChatMessage, TextPart, _Strict
 from .tool_protocol import ToolChatMessage, ToolFields
 
@@ -115,7 +117,7 @@ class SamplingFields(_Strict):
     # extensions (vLLM / SGLang)
     top_k: int | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, ge=MIN_REPETITION_PENALTY, le=2.0)
     ignore_eos: bool | None = False
     stop_token_ids: list[NonNegInt] | None = None
     skip_special_tokens: bool | None = True

@@ -55,6 +55,10 @@ async def chat_prompt_ids(ctx: ServingContext, req: ChatCompletionRequest, plan:
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
     kwargs = dict(req.chat_template_kwargs or {})
     template = kwargs.pop("chat_template", None)  # a client's own template replaces the model's
+    if template is not None and not getattr(ctx.args, "trust_request_chat_template", False):
+        where = "chat_template_kwargs.chat_template"
+        raise bad_request(f"{where}: a request's own chat template needs the server flag "
+                          "--trust-request-chat-template", param=where)
     try:
         text = render_chat(ctx.tokenizer, req.messages, plan.render_tools or None,
                            add_generation_prompt=req.add_generation_prompt is not False,

@@ -96,12 +96,14 @@ def test_invalid_role_is_400(server: Server) -> None:
 
 
 def test_chat_template_refusal_is_400(server: Server) -> None:
+    """A request's own template is a 400 on a server without --trust-request-chat-template (a template
+    refusing the messages is a 400 on `messages`: tests/tokenizer_proc/test_http_errors.py)."""
     body = {"model": MODEL, "messages": MSGS,
             "chat_template_kwargs": {"chat_template": "{{ raise_exception('no such conversation') }}"}}
     with good_request_in_flight(server):
         r = post(server, CHAT, body)
-    err = check_error(r, 400, param="messages")
-    assert "no such conversation" in err["message"]
+    err = check_error(r, 400, param="chat_template_kwargs.chat_template")
+    assert "--trust-request-chat-template" in err["message"]
 
 
 def test_prompt_over_context_length_is_400(server: Server) -> None:

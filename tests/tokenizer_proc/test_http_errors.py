@@ -56,6 +56,8 @@ def test_missing_and_empty_messages(fr: Front) -> None:
     # int() reads these as 5 (or fails: a 500); keys are ASCII digits only (break-it pass 3)
     ("logit_bias", {"\u0665": 1}), ("logit_bias", {"\u00b2": 1}), ("logit_bias", {"+5": 1}),
     ("logit_bias", {" 5": 1}),
+    # float32 reads it as 0: positive logits / 0 = inf, NaN samples, token 0 six times (break-it, 12-05)
+    ("repetition_penalty", 1e-300), ("repetition_penalty", 1e-40),
 ])
 def test_bad_parameter_names_param(fr: Front, field: str, value: Any) -> None:
     err = _err(httpx.post(fr.base_url + CHAT, json=_chat(fr, **{field: value})), 400, param=field)
@@ -225,3 +227,45 @@ def test_front_end_429_when_full_is_counted_as_rejected(tokenizer: Any, tok_mode
         assert _rejected_count(f) == before + 1
     finally:
         f.stop()
+
+
+@pytest.mark.parametrize(("path", "extra"), [
+    (CHAT, {"top_k": 10**12}),
+    ("/v1/messages", {"top_k": 3_000_000_000, "max_tokens": 4}),
+    ("/generate", {"text": "hi", "sampling_params": {"top_k": 2**31, "max_new_tokens": 2}}),
+])
+def test_top_k_past_int32_means_off(fr: Front, path: str, extra: dict[str, Any]) -> None:
+    """A top_k larger than any vocabulary keeps every token, as -1 does; it reached the scheduler's int32
+    batch arrays as it was and took the server down (OverflowError; break-it, 2026-12-05)."""
+    body = _chat(fr) if path != "/generate" else {}
+    body.update(extra)
+    if path == "/generate":
+        body.pop("model", None)
+    n = len(fr.sched.received)
+    r = httpx.post(fr.base_url + path, json=body)
+    assert r.status_code == 200, r.text
+    assert [q.sampling["top_k"] for q in fr.sched.received[n:]] == [-1]
+
+
+def test_a_request_chat_template_needs_the_flag(fr: Front, tokenizer: Any, tok_model_dir: Any) -> None:
+    """`chat_template_kwargs.chat_template` is code from the client (a short one rendered a
+    2,000,001-token prompt in 22 s of the front end's CPU; break-it, 2026-12-05): 400 unless the server
+    runs with --trust-request-chat-template (vLLM's flag), and then it is the template used."""
+    tmpl = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}"
+    body = _chat(fr, chat_template_kwargs={"chat_template": tmpl}, max_tokens=2)
+    n = len(fr.sched.received)
+    err = _err(httpx.post(fr.base_url + CHAT, json=body), 400, param="chat_template_kwargs.chat_template")
+    assert "--trust-request-chat-template" in err["message"]
+    assert len(fr.sched.received) == n
+    trusted = start_front(tokenizer, tok_model_dir, lambda req: ([42], "stop"),
+                          trust_request_chat_template=True)
+    try:
+        body["model"] = trusted.served_model
+        assert httpx.post(trusted.base_url + CHAT, json=body).status_code == 200
+        ids = trusted.sched.received[-1].input_ids.tolist()
+        assert ids == tokenizer("<<hi>>", add_special_tokens=False)["input_ids"]
+        body["chat_template_kwargs"] = {"chat_template": "{{ raise_exception('no such conversation') }}"}
+        err = _err(httpx.post(trusted.base_url + CHAT, json=body), 400, param="messages")
+        assert "no such conversation" in err["message"]
+    finally:
+        trusted.stop()
