@@ -85,12 +85,16 @@ async def serve_chat(ctx: ServingContext, request: Request, body: ChatCompletion
                      make_writer: WriterFactory) -> Response:
     """The one chat path (chat completions, and the Responses and Messages APIs translated onto it):
     plan tools and grammar, render the template, admit one prompt x n samples, answer through the
-    protocol's writer as JSON or SSE.
+    protocol's writer as JSON or SSE. Stop strings and stop token ids do not apply to a forced call
+    (tool_choice "required" or named; Messages' "any" / "tool"): the grammar admits only the call, and a
+    stop inside it cut the arguments while the reply still said "tool_calls".
 
     Raises:
         APIError: 400s of planning, rendering and submission; the scheduler's rejections.
     """
     plan = plan_tools(body, server_tool_parser(ctx))
+    if plan.forced and (body.stop or body.stop_token_ids):
+        body = body.model_copy(update={"stop": None, "stop_token_ids": None})
     grammar = grammar_fields(chat_grammar(body, body, plan))
     ids = await chat_prompt_ids(ctx, body, plan)
     sub = openai_submission(ctx, body, [ids], prompt_param="messages", max_new_tokens=body.max_new_tokens(),

@@ -124,6 +124,25 @@ def test_tool_grammar_wins_for_forced_choice_only(fr: Front) -> None:
     assert "get_weather" not in json.dumps(named_req) and "get_time" in json.dumps(named_req)
 
 
+def test_stops_do_not_apply_to_a_forced_call(fr: Front) -> None:
+    """A stop string inside a forced call cut its arguments ("{") or the whole call while the reply said
+    "tool_calls" (break-it, 2026-12-05): forced choices (chat's "required" / named, Messages' "any")
+    carry no stop strings or stop token ids to the scheduler; "auto" and "none" keep them."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    stops = {"stop": ['"city"', "name"], "stop_token_ids": [7]}
+    n = len(fr.sched.received)
+    for extra in ({"tool_choice": "required"}, {"tool_choice": named}, {"tool_choice": "auto"},
+                  {"tool_choice": "none"}):
+        assert chat(fr, tools=[WEATHER], **stops, **extra).status_code == 200
+    body = {"model": fr.served_model, "max_tokens": 16, "messages": MSGS, "stop_sequences": ['"city"'],
+            "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}],
+            "tool_choice": {"type": "any"}}
+    assert httpx.post(fr.base_url + "/v1/messages", json=body, timeout=30).status_code == 200
+    got = [(q.sampling["stop"], q.sampling["stop_token_ids"]) for q in fr.sched.received[n:]]
+    kept = (stops["stop"], stops["stop_token_ids"])
+    assert got == [([], []), ([], []), kept, kept, ([], [])]
+
+
 def test_tools_are_rendered_into_the_prompt(fr: Front, tokenizer: Any) -> None:
     assert chat(fr, tools=[WEATHER], tool_choice="none").status_code == 200
     prompt = tokenizer.decode(list(fr.sched.received[0].input_ids))
