@@ -99,15 +99,19 @@ class ReasoningStream:
 
     def finish(self) -> ReasoningDelta:
         """The end of the output: what was held back, placed where it belongs (reasoning if the think
-        block was never closed, trailing newlines of reasoning dropped)."""
+        block was never closed, trailing newlines of reasoning dropped). A tag that the end cut
+        (`max_tokens` after `</` or `<th`) is dropped, not returned as text: the held text ends
+        with a proper prefix of the tag the machine was waiting for."""
         held, self.held = self.held, ""
-        if self.state == _BEFORE:
-            return ReasoningDelta(content=held)
         if self.state == _ANSWER:
             return ReasoningDelta(content=held)
-        if self.at_start:
+        if self.at_start and self.state == _THINK:
             held = held.lstrip("\n")
             held = "" if THINK_OPEN.startswith(held) else held
+        tag = THINK_CLOSE if self.state == _THINK else THINK_OPEN
+        held = held[:len(held) - held_prefix_len(held, tag)]
+        if self.state == _BEFORE:
+            return ReasoningDelta(content=held)
         return ReasoningDelta(reasoning=held.rstrip("\n"))
 
 

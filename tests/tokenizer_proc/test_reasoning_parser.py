@@ -63,9 +63,18 @@ def test_tag_split_across_real_tokens(tokenizer: Any) -> None:
 
 
 def test_think_block_cut_mid_tag_is_reasoning() -> None:
-    """max_tokens ends the output inside `</think>`: the partial tag is reasoning text, no content."""
-    assert _streamed("qwen3", ["<think>\nalmost done\n</th"]) == ("almost done\n</th", "")
-    assert _streamed("deepseek-r1", ["almost", " done", "\n</thi"]) == ("almost done\n</thi", "")
+    """max_tokens ends the output inside `</think>` or `<think>`: the text before it is reasoning (or
+    content), the piece of the tag is dropped (it was returned as `reasoning_content: "hi there</"` and
+    `content: "<th"`; break-it, 2026-12-05)."""
+    assert _streamed("qwen3", ["<think>\nalmost done\n</th"]) == ("almost done", "")
+    assert _streamed("deepseek-r1", ["almost", " done", "\n</thi"]) == ("almost done", "")
+    assert _streamed("qwen3", ["<think>\nhi there</"]) == ("hi there", "")
+    assert _streamed("qwen3", ["<th"]) == ("", "")
+    assert _streamed("qwen3", ["Sure: <thi"]) == ("", "Sure: ")
+    assert _streamed("deepseek-r1", ["\n<thin"]) == ("", "")
+    for name in REASONING_PARSERS:  # whole and streamed agree on each
+        for text in ("<think>\nalmost done\n</th", "Sure: <thi", "<think>hi there</"):
+            assert REASONING_PARSERS[name].split(text) == _streamed(name, [text[:3], text[3:]])
 
 
 def test_reasoning_then_tool_call_stream_matches_whole() -> None:
