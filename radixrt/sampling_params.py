@@ -58,6 +58,9 @@ class SamplingParams:
         for name, ok, msg in checks:
             if not ok:
                 raise ValueError(f"{name} {msg}")
+        for key, value in self.logit_bias.items():  # the scheduler checks again (batch.py relies on it)
+            if not (isinstance(value, int | float) and -100.0 <= value <= 100.0):
+                raise ValueError(f"logit_bias value for {key} must be a number in [-100, 100]")
         if self.top_k >= TOP_K_OFF:
             self.top_k = -1
 

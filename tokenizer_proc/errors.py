@@ -76,7 +76,8 @@ def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
-_PARAM_PREFIX = re.compile(r"^([a-z_]+): (.*)$", re.S)
+# "name: ..." or a path "messages[0].tool_call_id: ..." at the start of a validator's message
+_PARAM_PREFIX = re.compile(r"^([a-z_][a-z_0-9]*(?:\[\d+\]|\.[a-z_][a-z_0-9]*)*): (.*)$", re.S)
 
 
 def from_validation_error(err: ValidationError | RequestValidationError) -> APIError:

@@ -99,6 +99,15 @@ def _text_of(block: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
+def _id_of(block: dict[str, Any], key: str, where: str) -> str:
+    """A tool_use `id` / tool_result `tool_use_id`: a non-empty string (an empty one failed later in
+    the chat translation, whose 400 named `messages.<i>.tool_call_id`, a field Messages has not)."""
+    value = _text_of(block, key, where)
+    if not value:
+        raise bad_request(f"{where}.{key}: must not be empty", param=f"{where}.{key}")
+    return value
+
+
 def _tool_result_text(block: dict[str, Any], where: str) -> str:
     """A `tool_result`'s content as text: a string, or text blocks joined by newlines. Any other
     block (image, document, search results) is a 400 naming it, as at a turn's top level: dropping
@@ -111,7 +120,10 @@ def _tool_result_text(block: dict[str, Any], where: str) -> str:
             raise bad_request(f"{at}: unsupported content block {b['type']!r} in a tool_result "
                               "(supported: text)", param=at)
     text = "\n".join(_text_of(b, "text", f"{where}.content.{k}") for k, b in enumerate(parts))
-    return f"Error: {text}" if block.get("is_error") else text
+    is_error = block.get("is_error", False)
+    if not isinstance(is_error, bool) and is_error is not None:
+        raise bad_request(f"{where}.is_error: expected a boolean", param=f"{where}.is_error")
+    return f"Error: {text}" if is_error else text
 
 
 def _user_turn(blocks: list[dict[str, Any]], where: str, tool_use_ids: set[str]) -> list[dict[str, Any]]:
@@ -124,7 +136,7 @@ def _user_turn(blocks: list[dict[str, Any]], where: str, tool_use_ids: set[str])
         if b["type"] == "text":
             texts.append(_text_of(b, "text", at))
         elif b["type"] == "tool_result":
-            use_id = _text_of(b, "tool_use_id", at)
+            use_id = _id_of(b, "tool_use_id", at)
             if use_id not in tool_use_ids:
                 raise bad_request(f"{at}.tool_use_id: unexpected tool_use_id {use_id!r}: no tool_use block "
                                   "with that id in the previous assistant message", param=f"{at}.tool_use_id")
@@ -147,7 +159,7 @@ def _assistant_turn(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
             args = b.get("input", {})
             if not isinstance(args, dict):
                 raise bad_request(f"{at}.input: expected an object", param=f"{at}.input")
-            calls.append({"id": _text_of(b, "id", at), "type": "function",
+            calls.append({"id": _id_of(b, "id", at), "type": "function",
                           "function": {"name": _text_of(b, "name", at),
                                        "arguments": json.dumps(args, ensure_ascii=False)}})
         elif b["type"] == "thinking":

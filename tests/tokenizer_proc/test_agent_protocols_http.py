@@ -272,6 +272,19 @@ BAD_MESSAGES = [
      400, "tools.1.name"),
     ({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stop_sequences": ["a", 5]},
      400, "stop_sequences.1"),
+    # an empty tool_use id was named as the chat translation's `messages.2.tool_call_id`; is_error "yes"
+    # was taken as true (break-it, 2026-12-05)
+    ({"max_tokens": 8, "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "", "content": "ok"}]}]}, 400,
+     "messages.1.content.0.id"),
+    ({"max_tokens": 8, "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok",
+                                      "is_error": "yes"}]}]}, 400,
+     "messages.2.content.0.is_error"),
 ]
 
 

@@ -176,6 +176,20 @@ def test_malformed_token_prompt_names_the_problem(fr: Front, prompt: Any, where:
     assert where in err["message"], err
 
 
+def test_path_named_errors_set_param(fr: Front) -> None:
+    """Errors whose message starts with a path set `param` to it; /generate's logit_bias values are
+    checked in the front end, as chat's are (both were 400s with `param: null`; break-it, 2026-12-05)."""
+    msgs = [{"role": "tool", "tool_call_id": "a", "content": "x"}]
+    err = _err(httpx.post(fr.base_url + CHAT, json=_chat(fr, messages=msgs)), 400,
+               param="messages[0].tool_call_id")
+    assert "answers no tool call" in err["message"]
+    n = len(fr.sched.received)
+    body = {"text": "hi", "sampling_params": {"logit_bias": {"5": 1000}}}
+    err = _err(httpx.post(fr.base_url + "/generate", json=body), 400, param="sampling_params.logit_bias")
+    assert "[-100, 100]" in err["message"]
+    assert len(fr.sched.received) == n
+
+
 def test_malformed_input_ids_in_generate(fr: Front) -> None:
     r = httpx.post(fr.base_url + "/generate", json={"input_ids": [[1, 2], [3, "x"]]})
     err = _err(r, 400, param="input_ids")
