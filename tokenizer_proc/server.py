@@ -37,11 +37,11 @@ _NO_TELEMETRY: dict[str, Any] = {"tracing": False, "metrics": False, "logs": Fal
 
 class ApiKeyMiddleware:
     """Require `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on every HTTP route
-    but /health (constant-time compare)."""
+    but /health (constant-time compare of the key; the scheme "Bearer" in any case, RFC 7235)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
         self.expected_x = api_key.encode()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -54,7 +54,8 @@ class ApiKeyMiddleware:
                 given = value
             elif name == b"x-api-key":
                 given_x = value
-        ok_bearer = hmac.compare_digest(given, self.expected)
+        scheme, _, key = given.partition(b" ")
+        ok_bearer = hmac.compare_digest(key, self.expected) & (scheme.lower() == b"bearer")
         if ok_bearer | hmac.compare_digest(given_x, self.expected_x):
             await self.app(scope, receive, send)
             return
@@ -127,7 +128,7 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
 def _add_control_routes(app: FastAPI, ctx: ServingContext) -> None:
     """/health, /get_server_info (+ /server_info), /flush_cache: answered by the scheduler (ControlReq)."""
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def _health() -> Response:
         await _control(ctx, "health")
         return Response(status_code=200)

@@ -159,6 +159,11 @@ def test_api_key(keyed: Front) -> None:
     _err(httpx.get(url + "/metrics"), 401)
     ok = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer sekret"})
     assert ok.status_code == 200
+    for auth in ("bearer sekret", "BEARER sekret"):  # the scheme is case-insensitive (RFC 7235)
+        assert httpx.get(url + "/v1/models", headers={"Authorization": auth}).status_code == 200
+    for auth in ("Bearer  sekret", "Basic sekret", "Bearersekret", "Bearer sekret2"):
+        _err(httpx.get(url + "/v1/models", headers={"Authorization": auth}), 401)
+    assert httpx.head(url + "/health").status_code == 200
     assert httpx.get(url + "/health").status_code == 200
     info = httpx.get(url + "/get_server_info", headers={"Authorization": "Bearer sekret"}).json()
     assert info["api_key"] == "***" and "sekret" not in str(info)
