@@ -25,7 +25,10 @@ def median(xs: list[float]) -> float | None:
 
 
 def git_commit() -> str:
-    """Short commit of the checkout, or $COMMIT where the tree was copied without .git (device calls)."""
+    """$COMMIT when set (device calls: the copied tree's own .git, where there is one, can be a stale
+    one; on 2026-12-05 it named 5c48a56 for the tree of 3549af9), else the checkout's short commit."""
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
     try:
         r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                            timeout=10)
@@ -33,7 +36,7 @@ def git_commit() -> str:
             return r.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("COMMIT", "unknown")
+    return "unknown"
 
 
 def run_header(device: str = "cuda") -> dict[str, Any]:
