@@ -39,6 +39,9 @@ _TYPES = {
 class ClientGone(Exception):
     """The client closed the connection before the response was ready."""
 
+RETRY_AFTER_S = "1"  # the Retry-After of a 429, seconds: the queue moves within a few decode steps
+
+
 class APIError(Exception):
     """An error that becomes an OpenAI error body with HTTP status `status`."""
 
@@ -50,7 +53,9 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type_ or _TYPES.get(status, "invalid_request_error")
-        self.headers: dict[str, str] | None = None  # extra response headers (e.g. Connection: close)
+        # extra response headers (e.g. Connection: close); a 429 says when to retry (the OpenAI and
+        # Anthropic clients wait that long before their retries)
+        self.headers: dict[str, str] | None = {"Retry-After": RETRY_AFTER_S} if status == 429 else None
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,

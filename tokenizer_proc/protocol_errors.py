@@ -46,7 +46,9 @@ def renamed(err: APIError, names: dict[str, str]) -> APIError:
         return err
     param = new + err.param[len(head):]
     message = param + err.message[len(err.param):] if err.message.startswith(err.param) else err.message
-    return APIError(err.status, message, param=param, code=err.code, type_=err.type)
+    out = APIError(err.status, message, param=param, code=err.code, type_=err.type)
+    out.headers = err.headers
+    return out
 
 
 def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
@@ -73,7 +75,7 @@ def anthropic_error(err: APIError, headers: dict[str, str] | None = None) -> Res
         elif param not in message:
             message = f"{param}: {message}"
     return Response(orjson.dumps(anthropic_error_body(err.status, message)), status_code=err.status,
-                    media_type="application/json", headers=headers)
+                    media_type="application/json", headers=err.headers if headers is None else headers)
 
 
 def error_response(path: str, err: APIError) -> Response:

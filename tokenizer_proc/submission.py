@@ -108,15 +108,13 @@ def new_handle(ctx: ServingContext, specs: list[SampleSpec], *, stream: bool, re
     """
     if ctx.manager.closing:
         raise _refused(ctx, APIError(503, "server is shutting down"))
-    # A request's samples reach the scheduler together and all wait there first, so more than
-    # --max-queued-requests of them are refused there whatever runs: never admitted, not worth a retry
-    # (and more than running + queued are refused here)
-    most = min(ctx.manager.max_inflight, ctx.args.max_queued_requests)
+    # More samples than --max-running-requests + --max-queued-requests can never all be in flight
+    # (the scheduler queues only what the running set cannot take): never admitted, not worth a retry
+    most = ctx.manager.max_inflight
     if len(specs) > most:
         raise _refused(ctx, APIError(
             400, f"the request has {len(specs)} samples (prompts x n); this server takes at most {most} "
-            "at once (--max-queued-requests, and --max-running-requests + --max-queued-requests in "
-            "flight)", param="n"))
+            "at once (--max-running-requests + --max-queued-requests)", param="n"))
     if not ctx.manager.has_capacity(len(specs)):
         raise _refused(ctx, APIError(429, "too many requests in flight; retry later"))
     return RequestHandle(ctx.manager, ctx.tokenizer, specs, stream=stream, return_logprob=return_logprob,

@@ -117,7 +117,10 @@ class Scheduler:
                   seed=sampler_seed(seed), return_logprob=msg.return_logprob,
                   top_logprobs_num=msg.top_logprobs_num, internal=internal,
                   prefix=self.kv.prefix_handle(ids, msg.cache_salt))
-        if error is None and len(self.waiting) >= self.max_queued:
+        # queued = waiting beyond the running set's free slots: a burst of up to max_running +
+        # max_queued arrivals before the next step is taken whole (all of it waits at first)
+        free_slots = max(0, self.max_running - len(self.running))
+        if error is None and len(self.waiting) - free_slots >= self.max_queued:
             error = "too many queued requests"
         if error is None and msg.grammar_kind is not None:
             error = self.grammar.submit(req, msg.grammar_kind, msg.grammar_text)

@@ -325,3 +325,25 @@ def test_a_request_that_never_fits_is_finished_not_requeued_forever() -> None:
     assert big.finish_reason == "abort" and "KV cache" in big.error
     sched.check_invariants()
     assert sched.kv.stats()["num_protected_pages"] == 0
+
+
+def test_a_burst_of_running_plus_queued_arrivals_is_taken_whole() -> None:
+    """4 running slots + 4 queue slots: 8 arrivals before any step all wait at first, and all 8 are
+    taken (the first 4 are the running set's, not queued); the 9th is refused. Once 4 run, 4 more
+    may wait (break-it, 2026-12-05: a burst of 8 got two "too many queued requests")."""
+    sched, worker = make(16, num_pages=256, chunk=512, max_running=4)
+    sched.max_queued = 4
+    burst = [sched.add_request(gen(f"b{i}", [5, 6, 7 + i], max_new=40)) for i in range(9)]
+    assert [r.error for r in burst[:8]] == [None] * 8
+    assert burst[8].error == "too many queued requests"
+    late = []
+
+    def after_first_pass(step: int) -> None:
+        if step == 1:  # the first pass admitted 4: 4 running, 4 queued, full
+            assert len(sched.running) == 4 and len(sched.waiting) == 4
+            late.append(sched.add_request(gen("late", [5, 6, 99], max_new=4)))
+
+    res = run_to_idle(sched, worker, on_step=after_first_pass)
+    assert late[0].error == "too many queued requests"
+    assert all(res["reasons"][f"b{i}"] == "length" for i in range(8))
+    sched.check_invariants()

@@ -131,8 +131,14 @@ def test_context_length_exceeded(fr: Front) -> None:
 
 def test_scheduler_rejection_maps_to_status(fr: Front) -> None:
     fr.sched.error = "too many queued requests"
-    _err(httpx.post(fr.base_url + CHAT, json=_chat(fr)), 429)
-    _err(httpx.post(fr.base_url + CHAT, json=_chat(fr, stream=True)), 429)
+    for r in (httpx.post(fr.base_url + CHAT, json=_chat(fr)),
+              httpx.post(fr.base_url + CHAT, json=_chat(fr, stream=True))):
+        _err(r, 429)
+        assert r.headers.get("retry-after") == "1"  # the SDKs' retries wait that long (break-it, 12-05)
+    body = {"model": fr.served_model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(fr.base_url + "/v1/messages", json=body)
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    assert r.headers.get("retry-after") == "1"
     fr.sched.error = "prompt rejected"
     _err(httpx.post(fr.base_url + "/v1/completions", json={"model": fr.served_model, "prompt": "x"}), 400)
 
