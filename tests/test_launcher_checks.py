@@ -190,3 +190,15 @@ def test_a_fatal_report_carries_a_reason_for_clients(tmp_path: Path, during_star
         tx.sock.close()
         ctx.term()
         launcher.shutdown(crashed=True)
+
+
+def test_python_dash_m_radixrt_runs_the_cli() -> None:
+    """`python -m radixrt launch-server --help` works as the `radixrt` script does (it was "No module
+    named radixrt.__main__"; break-it, 2026-12-05)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "radixrt", "launch-server", "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--trust-request-chat-template" in r.stdout and "--model-path" in r.stdout
