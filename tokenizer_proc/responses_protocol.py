@@ -90,6 +90,7 @@ class ResponsesRequest(_Strict):
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    include: list[str] | None = None  # accepted and ignored, but of OpenAI's type (a string was a 200)
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None

@@ -148,6 +148,8 @@ def test_responses_incomplete_and_text_format(fr: Front) -> None:
 
 
 BAD_RESPONSES = [
+    ({"input": "hi", "include": "x"}, "include"),  # a 200 until 2026-12-05 (break-it)
+    ({"input": "hi", "include": [5]}, "include[0]"),
     ({"input": [{"type": "web_search_call"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
