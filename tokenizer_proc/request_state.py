@@ -216,6 +216,7 @@ class RequestHandle:
         self.timing = Timing()
         self.outcome = "aborted"
         self.on_done = on_done
+        self._done_callbacks: list[Callable[[], None]] = []
         self._done = False
         _LIVE.add(self)
 
@@ -269,6 +270,15 @@ class RequestHandle:
         self.outcome = self._outcome(exc)
         if self.on_done is not None:
             self.on_done(self, self.outcome)
+        for fn in self._done_callbacks:
+            fn()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` once, after `finish` has recorded the outcome (at once if it already has)."""
+        if self._done:
+            fn()
+        else:
+            self._done_callbacks.append(fn)
 
     def _outcome(self, exc: BaseException | None) -> str:
         if isinstance(exc, APIError):

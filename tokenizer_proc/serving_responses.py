@@ -9,11 +9,14 @@ Store: `store` defaults to true, as in OpenAI. The server keeps the last MAX_STO
 completed responses for STORED_RESPONSE_TTL_S each (least recently stored dropped first), in memory
 only (lost on restart). `previous_response_id` naming a response that is not (or no longer) stored
 is a 400 on `previous_response_id`; a stored turn is replayed as chat history (its input and output
-items, not its instructions, as in OpenAI).
+items, not its instructions, as in OpenAI). While a stored response is generated, GET answers its
+`in_progress` object and DELETE drops it (then nothing is stored when it ends); one that fails or
+whose client leaves is never stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -39,6 +42,7 @@ from .tool_parsers import plan_parser
 
 MAX_STORED_RESPONSES = 512
 STORED_RESPONSE_TTL_S = 3600.0
+PENDING_GRACE_S = 30.0  # an "ok" request whose writer never completed the body leaves GET this late
 # chat parameter -> Responses parameter, for errors raised on the chat path
 _PARAM_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 
@@ -62,6 +66,35 @@ class ResponseStore:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_entries, self.ttl_s, self.clock = max_entries, ttl_s, clock
         self.entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        # responses being generated (store=true): their `in_progress` body, for GET; DELETE drops the
+        # entry, and then `finish` stores nothing (a delete during generation was undone; break-it 12-05)
+        self.pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def begin(self, rid: str, body: dict[str, Any]) -> None:
+        """`rid` is being generated; `body` is its `in_progress` response object."""
+        self.pending[rid] = body
+        while len(self.pending) > self.max_entries:
+            self.pending.popitem(last=False)
+
+    def finish(self, rid: str, body: dict[str, Any] | None, messages: list[dict[str, Any]]) -> None:
+        """`rid` ended: store `body` if it is still pending (not deleted meanwhile); None: it failed or
+        its client left, and nothing is stored."""
+        if self.pending.pop(rid, None) is not None and body is not None:
+            self.put(rid, body, messages)
+
+    def ended(self, rid: str, outcome: str | None) -> None:
+        """The request of `rid` ended with `outcome` (RequestHandle.outcome). Unless every sample
+        finished ("ok": the writer completes the body right after, or already did) nothing will be
+        stored, so the pending entry goes now; after "ok" it goes PENDING_GRACE_S later if the
+        writer never completed it (the client left before the last bytes)."""
+        if outcome != "ok":
+            self.pending.pop(rid, None)
+        elif rid in self.pending:
+            asyncio.get_running_loop().call_later(PENDING_GRACE_S, self.pending.pop, rid, None)
+
+    def in_progress(self, rid: str) -> dict[str, Any] | None:
+        """The `in_progress` body of a response being generated, else None."""
+        return self.pending.get(rid)
 
     def put(self, rid: str, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         """Store `body`; the oldest entries go once there are more than `max_entries`."""
@@ -79,8 +112,8 @@ class ResponseStore:
         return entry
 
     def delete(self, rid: str) -> bool:
-        """Drop `rid`; False when it was not stored."""
-        return self.entries.pop(rid, None) is not None
+        """Drop `rid`, stored or being generated; False when it is neither."""
+        return (self.entries.pop(rid, None) is not None) | (self.pending.pop(rid, None) is not None)
 
 
 def _meta(req: ResponsesRequest, rid: str, model: str) -> dict[str, Any]:
@@ -130,15 +163,19 @@ async def create_response(ctx: ServingContext, store: ResponseStore, request: Re
     reasoning = get_reasoning_parser(getattr(ctx.args, "reasoning_parser", None))
 
     def on_complete(resp: dict[str, Any]) -> None:
-        if body.store is not False and resp["status"] in ("completed", "incomplete"):
-            store.put(rid, resp, history + turn + input_messages(resp["output"]))
+        if body.store is not False:
+            ok = resp["status"] in ("completed", "incomplete")
+            store.finish(rid, resp if ok else None, history + turn + input_messages(resp["output"]))
 
     def count_tokens(text: str) -> int:
         return len(ctx.tokenizer.encode(text, add_special_tokens=False))
 
-    def make_writer(_req: ChatCompletionRequest, _handle: RequestHandle, plan: ToolPlan) -> ResponsesWriter:
-        tools = plan_parser(plan)
-        return ResponsesWriter(meta, reasoning, tools, count_tokens, on_complete)
+    def make_writer(_req: ChatCompletionRequest, handle: RequestHandle, plan: ToolPlan) -> ResponsesWriter:
+        writer = ResponsesWriter(meta, reasoning, plan_parser(plan), count_tokens, on_complete)
+        if body.store is not False:  # GET shows it in_progress; a client that leaves stores nothing
+            store.begin(rid, writer.response("in_progress", [], None))
+            handle.add_done_callback(lambda: store.ended(rid, handle.outcome))
+        return writer
 
     try:
         chat = to_chat_request(body, history, turn)
@@ -148,10 +185,13 @@ async def create_response(ctx: ServingContext, store: ResponseStore, request: Re
 
 
 def get_response(store: ResponseStore, response_id: str) -> Response:
-    """GET /v1/responses/{id}: the stored response object, or 404."""
+    """GET /v1/responses/{id}: the stored response object (`in_progress` while it is generated), or 404."""
     entry = store.get(response_id)
     if entry is None:
-        raise APIError(404, f"response {response_id!r} is not stored here", param="response_id")
+        pending = store.in_progress(response_id)
+        if pending is None:
+            raise APIError(404, f"response {response_id!r} is not stored here", param="response_id")
+        return json_response(pending)
     return json_response(entry.body)
 
 

@@ -6,6 +6,7 @@ API key as `x-api-key`, and each protocol's error shape."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,41 @@ def test_responses_plain_and_stored(fr: Front) -> None:
     oai(fr).responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
         oai(fr).responses.retrieve(r.id)
+
+
+def test_a_response_being_generated_is_in_progress_and_can_be_deleted(fr: Front) -> None:
+    """GET during generation answers the `in_progress` object, and a DELETE then is kept: nothing is
+    stored when the stream ends (it was stored anyway, undoing the delete; break-it, 2026-12-05). A
+    stream whose client leaves stores nothing."""
+    auth = {"authorization": f"Bearer {KEY}"}
+    body = {"model": fr.served_model, "input": "Say hi", "stream": True}
+
+    def first_id(lines: Iterator[str]) -> str:
+        for line in lines:
+            if line.startswith("data: "):
+                return orjson.loads(line[6:])["response"]["id"]
+        raise AssertionError("no event")
+
+    fr.sched.interval_s = 0.05
+    try:
+        with httpx.stream("POST", fr.base_url + "/v1/responses", json=body, headers=auth, timeout=30) as r:
+            lines = r.iter_lines()
+            rid = first_id(lines)
+            got = httpx.get(f"{fr.base_url}/v1/responses/{rid}", headers=auth).json()
+            assert got["status"] == "in_progress" and got["output"] == [] and got["id"] == rid
+            assert httpx.delete(f"{fr.base_url}/v1/responses/{rid}", headers=auth).json()["deleted"]
+            assert any('"response.completed"' in line for line in lines)  # read to the end
+        assert httpx.get(f"{fr.base_url}/v1/responses/{rid}", headers=auth).status_code == 404
+        with httpx.stream("POST", fr.base_url + "/v1/responses", json=body, headers=auth, timeout=30) as r:
+            left = first_id(r.iter_lines())
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{fr.base_url}/v1/responses/{left}", headers=auth).status_code != 404:
+            assert time.monotonic() < deadline, "a left stream's response is still answered"
+            time.sleep(0.05)
+    finally:
+        fr.sched.interval_s = 0.0
+    done = post(fr, "/v1/responses", {"model": fr.served_model, "input": "Say hi"}).json()
+    assert httpx.get(f"{fr.base_url}/v1/responses/{done['id']}", headers=auth).json()["status"] == "completed"
 
 
 def test_responses_stream_event_sequence(fr: Front) -> None:
