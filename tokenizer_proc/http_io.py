@@ -45,6 +45,10 @@ def post_route(app: FastAPI, path: str) -> Callable[[Endpoint], Endpoint]:
 
 
 DRAIN_MAX_BYTES = 256 * 1024 * 1024  # an oversized body is read and dropped up to this, then cut
+# A body whose next bytes do not come for this long is answered 408 and its connection closed (nginx's
+# client_body_timeout default); a slow but steady body is read to the end (break-it, 2026-12-05: one
+# that stopped arriving held its connection open indefinitely)
+BODY_IDLE_TIMEOUT_S = 60.0
 
 
 async def _receive_part(request: Request) -> tuple[bytes, bool]:
@@ -79,8 +83,9 @@ async def read_json(request: Request, max_bytes: int) -> Any:
     oversized body can be drained after the cap whether or not it declared its length).
 
     Raises:
-        APIError: 413 when larger than `max_bytes` (the client can read it: see _too_large); 400 when
-            empty, not valid JSON, or nested deeper than json_limits.MAX_BODY_DEPTH.
+        APIError: 413 when larger than `max_bytes` (the client can read it: see _too_large); 408 when
+            no bytes came for BODY_IDLE_TIMEOUT_S; 400 when empty, not valid JSON, or nested deeper than
+            json_limits.MAX_BODY_DEPTH.
         ClientDisconnect: the client went away before the body ended.
     """
     declared = request.headers.get("content-length")
@@ -88,7 +93,13 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         raise await _too_large(request, max_bytes, 0, True)
     buf, more = bytearray(), True
     while more:
-        part, more = await _receive_part(request)
+        try:
+            part, more = await asyncio.wait_for(_receive_part(request), BODY_IDLE_TIMEOUT_S)
+        except TimeoutError:
+            err = APIError(408, f"the request body stopped arriving: no bytes for {BODY_IDLE_TIMEOUT_S:g} s "
+                           f"after {len(buf)}")
+            err.headers = {"Connection": "close"}
+            raise err from None
         buf += part
         if len(buf) > max_bytes:
             raise await _too_large(request, max_bytes, len(buf), more)

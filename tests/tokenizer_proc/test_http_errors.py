@@ -294,3 +294,32 @@ def test_a_request_chat_template_needs_the_flag(fr: Front, tokenizer: Any, tok_m
         assert "no such conversation" in err["message"]
     finally:
         trusted.stop()
+
+
+def test_a_body_that_stops_arriving_gets_408(fr: Front, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No body bytes for BODY_IDLE_TIMEOUT_S: 408 and the connection closed (it was held open with
+    no answer; break-it, 2026-12-05); a slow but steady body is still read; the server goes on."""
+    import socket
+    import time
+
+    from radixrt.tokenizer_proc import http_io
+
+    monkeypatch.setattr(http_io, "BODY_IDLE_TIMEOUT_S", 0.5)
+    host, port = fr.base_url.removeprefix("http://").split(":")
+    body = httpx.Request("POST", "/", json=_chat(fr, max_tokens=2)).content
+    head = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(head + body[:9])
+        t0 = time.monotonic()
+        reply = s.recv(65536).decode()
+        assert reply.startswith("HTTP/1.1 408"), reply
+        assert "stopped arriving" in reply and time.monotonic() - t0 < 5
+    with socket.create_connection((host, int(port)), timeout=10) as s:  # 0.2 s between pieces
+        s.sendall(head)
+        step = len(body) // 4 + 1
+        for i in range(0, len(body), step):
+            time.sleep(0.2)
+            s.sendall(body[i:i + step])
+        assert s.recv(65536).decode().startswith("HTTP/1.1 200")
+    assert httpx.post(fr.base_url + CHAT, json=_chat(fr)).status_code == 200
