@@ -33,6 +33,12 @@ _DELTA = {"thinking": ("thinking_delta", "thinking"), "text": ("text_delta", "te
           "tool_use": ("input_json_delta", "partial_json")}
 
 
+
+def tool_use_id(call_id: str) -> str:
+    """A tool call's id as Anthropic spells a tool_use block's: "toolu_" + the call's own digits."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
 def usage_object(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     """Anthropic usage: uncached input, cache reads (radix-cache hits), no cache writes, output."""
     return {"input_tokens": prompt - cached, "cache_creation_input_tokens": 0,
@@ -107,7 +113,8 @@ class MessagesWriter:
     def _piece(self, p: Piece, parts: list[bytes]) -> None:
         kind = {"reasoning": "thinking", "text": "text", "call": "tool_use"}[p.kind]
         if p.call is not None and p.call.id is not None:
-            self._start(parts, kind, {"type": "tool_use", "id": p.call.id, "name": p.call.name, "input": {}})
+            block = {"type": "tool_use", "id": tool_use_id(p.call.id), "name": p.call.name, "input": {}}
+            self._start(parts, kind, block)
         elif self.open != kind:
             if kind == "text" and not p.text.strip():
                 return  # whitespace between blocks is layout, not a text block

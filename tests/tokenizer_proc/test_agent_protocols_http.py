@@ -245,7 +245,7 @@ def test_messages_tool_use_round_trip(fr: Front, front_scripts: Scripts, tokeniz
     assert fr.sched.received[-1].grammar_kind == "structural_tag"
     assert m.stop_reason == "tool_use" and [b.type for b in m.content] == ["tool_use"]
     use = m.content[0]
-    assert use.name == "get_weather" and use.input == {"city": "Paris"}
+    assert use.name == "get_weather" and use.input == {"city": "Paris"} and use.id.startswith("toolu_")
     front_scripts.text = "It is 18 C."
     history = [*q, {"role": "assistant", "content": [b.model_dump() for b in m.content]},
                {"role": "user",
