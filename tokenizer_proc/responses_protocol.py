@@ -91,6 +91,7 @@ class ResponsesRequest(_Strict):
     metadata: dict[str, Any] | None = None
     user: str | None = None
     include: list[str] | None = None  # accepted and ignored, but of OpenAI's type (a string was a 200)
+    truncation: Literal["auto", "disabled"] | None = None  # auto: oldest turns dropped to fit the context
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None

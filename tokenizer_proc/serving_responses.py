@@ -35,9 +35,9 @@ from .request_checks import check_model, parse_body
 from .request_state import RequestHandle
 from .responses_protocol import ResponsesRequest, input_messages, to_chat_request
 from .responses_writer import ResponsesWriter, item_id
-from .serving_chat import serve_chat
+from .serving_chat import chat_prompt_ids, serve_chat, server_tool_parser
 from .serving_context import ServingContext
-from .tool_grammar import ToolPlan
+from .tool_grammar import ToolPlan, plan_tools
 from .tool_parsers import plan_parser
 
 MAX_STORED_RESPONSES = 512
@@ -129,7 +129,7 @@ def _meta(req: ResponsesRequest, rid: str, model: str) -> dict[str, Any]:
         "top_p": 1.0 if req.top_p is None else req.top_p, "text": {"format": fmt},
         "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
         "tools": [{"type": "function", **t.model_dump(exclude={"type"})} for t in req.tools or []],
-        "metadata": req.metadata or {}, "user": req.user, "truncation": "disabled",
+        "metadata": req.metadata or {}, "user": req.user, "truncation": req.truncation or "disabled",
         "reasoning": {"effort": None, "summary": None},
     }
 
@@ -179,9 +179,34 @@ async def create_response(ctx: ServingContext, store: ResponseStore, request: Re
 
     try:
         chat = to_chat_request(body, history, turn)
+        if body.truncation == "auto":
+            chat = await _truncated(ctx, body, history + turn, chat)
         return await serve_chat(ctx, request, chat, make_writer)
     except APIError as e:
         raise renamed(e, _PARAM_NAMES) from None
+
+
+async def _truncated(ctx: ServingContext, body: ResponsesRequest, conversation: list[dict[str, Any]],
+                     chat: ChatCompletionRequest) -> ChatCompletionRequest:
+    """`truncation: "auto"` (OpenAI's): while the rendered prompt leaves no room in the context, drop the
+    conversation's oldest turn (a message and the non-user messages after it, so that a tool result
+    never loses its call); the instructions stay. When only the last turn is left the request goes on
+    as it is, and its prompt check answers the 400 (context_length_exceeded).
+
+    The prompt is rendered once per try, so a long conversation cut by many turns pays several renders.
+    """
+    parser = server_tool_parser(ctx)
+    while True:
+        ids = await chat_prompt_ids(ctx, chat, plan_tools(chat, parser))
+        if len(ids) < ctx.context_length:
+            return chat
+        cut = 1
+        while cut < len(conversation) and conversation[cut].get("role") != "user":
+            cut += 1
+        if cut >= len(conversation):
+            return chat
+        conversation = conversation[cut:]
+        chat = to_chat_request(body, [], conversation)
 
 
 def get_response(store: ResponseStore, response_id: str) -> Response:

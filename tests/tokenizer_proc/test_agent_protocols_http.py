@@ -117,6 +117,31 @@ def test_a_response_being_generated_is_in_progress_and_can_be_deleted(fr: Front)
     assert httpx.get(f"{fr.base_url}/v1/responses/{done['id']}", headers=auth).json()["status"] == "completed"
 
 
+def test_responses_truncation_auto_drops_the_oldest_turns(fr: Front, tokenizer: Any) -> None:
+    """`truncation: "auto"` drops whole turns from the start until the prompt fits the context (2,048
+    here), keeping the instructions; "disabled" (the default) is the 400 (it was ignored; break-it,
+    2026-12-05)."""
+    def turn(tag: str, n: int) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": f"{tag} " + "apple " * n},
+                {"type": "function_call", "call_id": f"c_{tag}", "name": "get_weather", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": f"c_{tag}", "output": "sunny"},
+                {"role": "assistant", "content": "ok"}]
+    items = turn("FIRST", 1000) + turn("SECOND", 1000) + [{"role": "user", "content": "LAST question"}]
+    tools = [{"type": "function", "name": "get_weather", "parameters": PARAMS}]
+    body = {"model": fr.served_model, "input": items, "instructions": "Be brief.", "tools": tools}
+    r = post(fr, "/v1/responses", body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    r = post(fr, "/v1/responses", {**body, "truncation": "auto"})
+    assert r.status_code == 200 and r.json()["truncation"] == "auto", r.text
+    ids = fr.sched.received[-1].input_ids.tolist()
+    text = tokenizer.decode(ids)
+    assert len(ids) < 2048 and "Be brief." in text and "LAST question" in text
+    assert "FIRST" not in text and "SECOND" in text and "sunny" in text
+    r = post(fr, "/v1/responses", {**body, "input": [{"role": "user", "content": "apple " * 3000}],
+                                   "truncation": "auto"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
 def test_responses_stream_event_sequence(fr: Front) -> None:
     body = {"model": fr.served_model, "input": "Say hi", "stream": True}
     events = named_events(post(fr, "/v1/responses", body).text)
