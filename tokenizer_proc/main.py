@@ -85,8 +85,11 @@ def load_tokenizer(model_dir: Path) -> Any:
 def build_context(args: ServerArgs, addrs: IpcAddresses, tokenizer: Any, model_dir: Path,
                   worker_info: dict[str, Any], on_done: Any = None) -> ServingContext:
     """The manager (sockets bound) and everything the handlers need."""
-    context_length = int(worker_info.get("context_length") or args.context_length
-                         or getattr(tokenizer, "model_max_length", 0) or 2048)
+    # the worker's figure when it gives one, even 0 (a falsy 0 fell through to the tokenizer's ~1e30
+    # placeholder, which /v1/models then failed to serialize: a 500)
+    context_length = next((int(v) for v in (worker_info.get("context_length"), args.context_length,
+                                            getattr(tokenizer, "model_max_length", None)) if v is not None),
+                          2048)
     manager = TokenizerManager(addrs, max_inflight=args.max_running_requests + args.max_queued_requests)
     manager.bind()
     return ServingContext(manager=manager, tokenizer=tokenizer, args=args,

@@ -117,6 +117,11 @@ class ModelRunner:
             except ValueError as e:
                 raise ModelLoadError(f"{model_dir}: {e} (the checkpoint's KV-cache scales, which "
                                      "--kv-cache-dtype fp8_e4m3 uses)") from None
+        if self.served_context_len < 2:  # no request could ever run: refuse to start (one line, exit 2)
+            raise ModelLoadError(
+                f"the KV pool holds {self.pool.usable_tokens} usable tokens in pages of {self.page_size} "
+                "(one page is kept for copy-on-write): too small for any request; lower --page-size or "
+                "raise --max-total-tokens")
         if self.served_context_len < self.context_len:  # said once, where an operator looks
             log.warning("context length %d (the model's or --context-length) capped at %d: the KV pool "
                         "holds %d tokens, less one page kept for a copy-on-write page",

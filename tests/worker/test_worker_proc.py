@@ -154,3 +154,23 @@ def test_sigint_while_a_child_imports_ends_it_quietly() -> None:
         proc.kill()
     err = proc.stderr.read()
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_a_pool_too_small_for_any_request_refuses_to_start(tmp_path: Path) -> None:
+    """--page-size larger than the KV pool left a context length of 0: the server started, answered
+    every request 400 and /v1/models 500 (break-it, 2026-12-05). Now the worker refuses to start:
+    Fatal, one line, exit 2."""
+    model_dir = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"], model_type="llama", **BASE)
+    args = ServerArgs(device="cpu", load_format="dummy", page_size=100_000)
+    addrs = IpcAddresses.create()
+    ctx = zmq.Context()
+    try:
+        launcher = Receiver(ctx, addrs.launcher_in, protocol.CHILD_TO_LAUNCHER)
+        proc = _spawn(args, addrs, model_dir)
+        msg = launcher.recv(timeout_ms=60_000)
+        assert isinstance(msg, protocol.Fatal) and "too small for any request" in msg.message, msg
+        assert "--page-size" in msg.message and "\n" not in msg.message
+        assert proc.wait(timeout=30) == 2
+    finally:
+        ctx.destroy(linger=0)
+        addrs.cleanup()
