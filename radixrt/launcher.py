@@ -298,6 +298,9 @@ def launch_server(args: ServerArgs) -> int:
     except (ModelLoadError, ValueError) as e:
         print(f"radixrt: error: {e}", file=sys.stderr)
         return 2
+    if args.load_format == "dummy":  # said once, where an operator looks: the name is the model's
+        log.warning("--load-format dummy: random weights under %s's name and config; the output is "
+                    "noise (for benchmarks and tests)", args.model_path or "the default model")
     launcher = Launcher(args, model_dir)
     log.info("model dir %s, ipc dir %s", model_dir, launcher.addrs.dir)
     global _stopping
