@@ -142,6 +142,7 @@ def _add_control_routes(app: FastAPI, ctx: ServingContext) -> None:
         resolved = {k: v for k, v in (("device", worker.get("device")), ("dtype", worker.get("dtype")),
                                       ("attention_backend", worker.get("attention_backend")),
                                       ("chunked_prefill_size", sched.get("chunked_prefill_size")),
+                                      ("max_total_tokens", worker.get("pool_tokens")),
                                       ("quantization", worker.get("quantization")))
                     if v is not None}  # the values in effect, where the flag said "auto" or nothing
         return json_response({**_public_args(ctx), **resolved, "served_model_name": ctx.served_model,

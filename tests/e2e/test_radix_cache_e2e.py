@@ -70,6 +70,7 @@ def test_long_shared_system_prompt_reports_cached_tokens(server: Server) -> None
     # the values in effect where flags were left to "auto": a CPU server, torch attention, 512-token chunks
     assert (info["device"], info["attention_backend"]) == ("cpu", "sdpa")
     assert info["chunked_prefill_size"] == info["scheduler"]["chunked_prefill_size"] > 0
+    assert info["max_total_tokens"] == info["worker"]["pool_tokens"] > 0  # was null (break-it, 12-05)
     assert info["scheduler"]["cascade_attention"] is False  # torch backend: no cascade
     # The shared part: the system turn of the chat template (measured on the first request's prompt).
     shared = first.usage.prompt_tokens - 8  # the user turn "Hi there" + generation prompt, at most
