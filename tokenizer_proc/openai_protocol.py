@@ -225,7 +225,8 @@ class GenerateRequest(_Strict):
     stream: bool | None = False
     return_logprob: bool | None = False
     top_logprobs_num: int | None = Field(default=0, ge=0, le=20)
-    rid: str | None = None
+    # SGLang's request id(s): one per prompt, `meta_info.id` and the key of POST /abort_request
+    rid: str | list[str] | None = None  # checked in serving_generate._client_rids
     cache_salt: CacheSalt | None = None
     # SGLang's multimodal inputs: refused (a 400 naming the field), not ignored, as chat refuses images
     image_data: None = None

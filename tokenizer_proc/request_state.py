@@ -248,6 +248,20 @@ class RequestHandle:
                                                  prompt_tokens=None, completion_tokens=None,
                                                  cached_tokens=None, error=error))
 
+    def abort_sample(self, index: int) -> bool:
+        """End the unfinished sample of choice `index` with finish_reason "abort" (SGLang's
+        /abort_request): the scheduler drops it and frees its pages, and the reader sees it finish
+        with the tokens it had. False when no such sample is running."""
+        for rid, st in self.samples.items():
+            if st.spec.index == index and not st.finished and not self._done:
+                self.manager.abort(rid, reason="abort_request")
+                self.queue.put_nowait(TokenChunk(rid=rid, ids=[], logprobs=None, top_ids=None,
+                                                 top_logprobs=None, finish_reason="abort", matched_stop=None,
+                                                 prompt_tokens=None, completion_tokens=None,
+                                                 cached_tokens=None, error=None))
+                return True
+        return False
+
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.finish(exc)
 

@@ -25,7 +25,7 @@ from .protocol_routes import add_protocol_routes
 from .serving_chat import chat_completions
 from .serving_completions import completions
 from .serving_context import ServingContext
-from .serving_generate import generate
+from .serving_generate import abort_request, generate
 
 ASGIApp = Callable[[dict[str, Any], Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]],
                    Awaitable[None]]
@@ -95,6 +95,10 @@ def create_app(ctx: ServingContext, extra_routes: Callable[[FastAPI, ServingCont
     @post_route(app, "/generate")
     async def _generate(request: Request) -> Response:
         return await generate(ctx, request)
+
+    @post_route(app, "/abort_request")
+    async def _abort_request(request: Request) -> Response:
+        return await abort_request(ctx, request)
 
     @post_route(app, "/v1/completions")
     async def _completions(request: Request) -> Response:

@@ -29,6 +29,8 @@ class ServingContext:
     context_length: int
     on_done: Callable[[RequestHandle | None, str], None] | None = None
     texts: TokenTexts = field(init=False)
+    # /generate's client request ids (`rid`) in flight -> (handle, choice index), for /abort_request
+    client_rids: dict[str, tuple[RequestHandle, int]] = field(init=False, default_factory=dict)
     vocab_size: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from .http_io import read_json
+from .errors import bad_request
+from .http_io import json_response, read_json
 from .openai_protocol import GenerateRequest
 from .request_checks import check_prompt_shape, check_prompts, parse_body, parse_body_checked_prompt
 from .request_grammar import generate_grammar, grammar_fields
@@ -50,20 +51,63 @@ async def generate(ctx: ServingContext, request: Request) -> Response:
     kind, text = grammar_fields(grammar)
     prompts, batch = await _prompts(ctx, body)
     check_prompts(ctx, prompts, "input_ids" if body.input_ids is not None else "text")
+    rids = _client_rids(ctx, body.rid, len(prompts), batch)
     sub = Submission(prompts=prompts, sampling=sampling, stop=list(sampling["stop"]),
                      stream=bool(body.stream), return_logprob=bool(body.return_logprob),
                      top_logprobs_num=body.top_logprobs_num or 0, grammar_kind=kind, grammar_text=text,
                      cache_salt=body.cache_salt)
     handle = admit(ctx, sub)
-    return await respond(request, handle, GenerateWriter(ctx, handle, sub.return_logprob, batch))
+    if rids:
+        ctx.client_rids.update({r: (handle, i) for i, r in enumerate(rids)})
+        handle.add_done_callback(lambda: [ctx.client_rids.pop(r, None) for r in rids])
+    return await respond(request, handle, GenerateWriter(ctx, handle, sub.return_logprob, batch, rids))
+
+
+def _client_rids(ctx: ServingContext, rid: str | list[str] | None, num_prompts: int,
+                 batch: bool) -> list[str]:
+    """The client's request id per prompt ([] without `rid`).
+
+    Raises:
+        APIError: 400 on `rid` when its shape does not match the prompts (a string for one prompt, a
+            list of one per prompt for a batch), when it repeats an id, or names one in flight.
+    """
+    if rid is None:
+        return []
+    rids = rid if isinstance(rid, list) else [rid]
+    if isinstance(rid, list) != batch or len(rids) != num_prompts:
+        raise bad_request(f"rid: give one request id per prompt ({num_prompts}; a string for a single "
+                          "prompt, a list for a batch)", param="rid")
+    if not all(0 < len(r) <= 256 for r in rids):
+        raise bad_request("rid: request ids are strings of 1 to 256 characters", param="rid")
+    if len(set(rids)) != len(rids):
+        raise bad_request("rid: request ids must be distinct", param="rid")
+    for r in rids:
+        if r in ctx.client_rids:
+            raise bad_request(f"rid: request {r!r} is already in flight", param="rid")
+    return rids
+
+
+async def abort_request(ctx: ServingContext, request: Request) -> Response:
+    """POST /abort_request {"rid": ...} (SGLang's): the /generate request of that `rid` stops now; its
+    reply ends with finish_reason "abort" and the tokens made so far. Unknown or finished ids: nothing
+    to do (200, `"aborted": false`), as the request may have just ended."""
+    raw = await read_json(request, ctx.args.max_request_body_bytes)
+    rid = raw.get("rid") if isinstance(raw, dict) else None
+    if not isinstance(rid, str) or not rid:
+        raise bad_request("rid: the request id to abort, a non-empty string", param="rid")
+    entry = ctx.client_rids.get(rid)
+    aborted = entry is not None and entry[0].abort_sample(entry[1])
+    return json_response({"rid": rid, "aborted": aborted})
 
 
 class GenerateWriter:
     """/generate bodies (a ResponseWriter): a result, or a list of them for a batch; streamed, the
     cumulative result after each event, then [DONE]."""
 
-    def __init__(self, ctx: ServingContext, handle: RequestHandle, want_lp: bool, batch: bool) -> None:
+    def __init__(self, ctx: ServingContext, handle: RequestHandle, want_lp: bool, batch: bool,
+                 rids: list[str] | None = None) -> None:
         self.ctx, self.handle, self.want_lp, self.batch = ctx, handle, want_lp, batch
+        self.rids = rids or []  # the client's ids by choice index (`rid`), else the server's
         self.acc: dict[int, Collected] = {}  # streamed output so far, by choice index
 
     def _lp_meta(self, lps: list[TokenLogprob]) -> dict[str, Any]:
@@ -73,7 +117,8 @@ class GenerateWriter:
                 "output_top_logprobs": [[[v, t, txt(t)] for t, v in lp.top] for lp in lps]}
 
     def _result(self, index: int, c: Collected) -> dict[str, Any]:
-        meta: dict[str, Any] = {"id": f"{self.handle.id}-{index}", "prompt_tokens": c.prompt_tokens,
+        rid = self.rids[index] if index < len(self.rids) else f"{self.handle.id}-{index}"
+        meta: dict[str, Any] = {"id": rid, "prompt_tokens": c.prompt_tokens,
                                 "completion_tokens": c.completion_tokens, "cached_tokens": c.cached_tokens,
                                 "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
         if self.want_lp:

@@ -323,3 +323,45 @@ def test_a_body_that_stops_arriving_gets_408(fr: Front, monkeypatch: pytest.Monk
             s.sendall(body[i:i + step])
         assert s.recv(65536).decode().startswith("HTTP/1.1 200")
     assert httpx.post(fr.base_url + CHAT, json=_chat(fr)).status_code == 200
+
+
+def test_generate_rid_names_the_reply_and_abort_request_stops_it(fr: Front) -> None:
+    """SGLang's `rid`: the reply's `meta_info.id`, one per prompt of a batch, unique among requests in
+    flight; POST /abort_request {"rid"} ends that request with finish_reason "abort" (the id was
+    ignored and there was no abort route; break-it, 2026-12-05)."""
+    import threading
+    import time
+
+    url = fr.base_url
+    one = httpx.post(url + "/generate", json={"text": "hi", "rid": "my-1"}).json()
+    assert one["meta_info"]["id"] == "my-1"
+    two = httpx.post(url + "/generate", json={"text": ["a", "b"], "rid": ["x-1", "x-2"]}).json()
+    assert [r["meta_info"]["id"] for r in two] == ["x-1", "x-2"]
+    for bad in ({"text": ["a", "b"], "rid": "x"}, {"text": "a", "rid": ["x"]}, {"text": "a", "rid": ""},
+                {"text": ["a", "b"], "rid": ["x", "x"]}, {"text": ["a", "b"], "rid": ["x"]}):
+        _err(httpx.post(url + "/generate", json=bad), 400, param="rid")
+    never = httpx.post(url + "/abort_request", json={"rid": "never"}).json()
+    assert never == {"rid": "never", "aborted": False}
+    _err(httpx.post(url + "/abort_request", json={"rid": 5}), 400, param="rid")
+
+    fr.sched.interval_s = 0.05  # the scripted reply (14 tokens) takes ~0.7 s
+    replies: list[httpx.Response] = []
+    try:
+        t = threading.Thread(target=lambda: replies.append(httpx.post(
+            url + "/generate", json={"text": "hi", "rid": "slow-1"}, timeout=30)))
+        n = len(fr.sched.received)
+        t.start()
+        deadline = time.monotonic() + 10
+        while len(fr.sched.received) == n:  # until the scheduler has it
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        _err(httpx.post(url + "/generate", json={"text": "hi", "rid": "slow-1"}), 400, param="rid")
+        assert httpx.post(url + "/abort_request", json={"rid": "slow-1"}).json()["aborted"]
+        t.join(10)
+    finally:
+        fr.sched.interval_s = 0.0
+    meta = replies[0].json()["meta_info"]
+    assert replies[0].status_code == 200 and meta["id"] == "slow-1" and meta["finish_reason"] == "abort"
+    assert meta["completion_tokens"] < 14
+    assert fr.sched.aborted[-1] == fr.sched.received[-1].rid  # the scheduler was told
+    assert httpx.post(url + "/generate", json={"text": "hi", "rid": "slow-1"}).status_code == 200  # reusable
