@@ -26,6 +26,7 @@ ROUTES = [
      {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}),
     ("POST", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
+    ("POST", "/abort_request", {"rid": "none-in-flight"}),
     ("GET", "/get_server_info", None),
     ("POST", "/flush_cache", None),
     ("GET", "/metrics", None),
