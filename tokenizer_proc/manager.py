@@ -59,6 +59,14 @@ class TokenChunk:
     cached_tokens: int | None
     error: str | None
 
+    @classmethod
+    def abort(cls, rid: str, error: str | None = None) -> TokenChunk:
+        """A chunk that ends `rid` here, not from the scheduler: finish_reason "abort", no tokens, and
+        `error` (the reader raises it) or None (the sample ends with what it had)."""
+        return cls(rid=rid, ids=[], logprobs=None, top_ids=None, top_logprobs=None, finish_reason="abort",
+                   matched_stop=None, prompt_tokens=None, completion_tokens=None, cached_tokens=None,
+                   error=error)
+
 
 def _item(lst: list[Any], i: int) -> Any:
     return lst[i] if i < len(lst) else None
@@ -206,9 +214,7 @@ class TokenizerManager:
         error event and `[DONE]` and a non-streamed request gets its status, instead of a cut connection.
         """
         for rid, inbox in list(self._queues.items()):
-            inbox.put_nowait(TokenChunk(rid=rid, ids=[], logprobs=None, top_ids=None, top_logprobs=None,
-                                        finish_reason="abort", matched_stop=None, prompt_tokens=None,
-                                        completion_tokens=None, cached_tokens=None, error=error))
+            inbox.put_nowait(TokenChunk.abort(rid, error))
         return len(self._queues)
 
     async def control(self, kind: str, timeout_s: float = 10.0) -> protocol.ControlResp:

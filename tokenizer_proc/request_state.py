@@ -242,11 +242,12 @@ class RequestHandle:
         error = f"408 the request exceeded the time limit of {self.timeout_s:g} s (--request-timeout)"
         for rid, st in self.samples.items():
             if not st.finished:
-                self.manager.abort(rid, reason="timeout")
-                self.queue.put_nowait(TokenChunk(rid=rid, ids=[], logprobs=None, top_ids=None,
-                                                 top_logprobs=None, finish_reason="abort", matched_stop=None,
-                                                 prompt_tokens=None, completion_tokens=None,
-                                                 cached_tokens=None, error=error))
+                self._end_sample(rid, "timeout", error)
+
+    def _end_sample(self, rid: str, reason: str, error: str | None) -> None:
+        """Abort `rid` in the scheduler and end it for the reader (TokenChunk.abort)."""
+        self.manager.abort(rid, reason=reason)
+        self.queue.put_nowait(TokenChunk.abort(rid, error))
 
     def abort_sample(self, index: int) -> bool:
         """End the unfinished sample of choice `index` with finish_reason "abort" (SGLang's
@@ -254,11 +255,7 @@ class RequestHandle:
         with the tokens it had. False when no such sample is running."""
         for rid, st in self.samples.items():
             if st.spec.index == index and not st.finished and not self._done:
-                self.manager.abort(rid, reason="abort_request")
-                self.queue.put_nowait(TokenChunk(rid=rid, ids=[], logprobs=None, top_ids=None,
-                                                 top_logprobs=None, finish_reason="abort", matched_stop=None,
-                                                 prompt_tokens=None, completion_tokens=None,
-                                                 cached_tokens=None, error=None))
+                self._end_sample(rid, "abort_request", None)
                 return True
         return False
 

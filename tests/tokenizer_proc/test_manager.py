@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.lab.inbox_pinning import token_pass
 from radixrt import protocol
 from radixrt.config import ServerArgs
 from radixrt.ipc import IpcAddresses
@@ -80,21 +81,6 @@ def test_served_model_name() -> None:
     assert served_model_name(ServerArgs(model_path="/m/x", served_model_name="mine"), d) == "mine"
 
 
-def _frame_batch(n_reqs: int, k: int, rng: np.random.Generator) -> protocol.TokenOutBatch:
-    """A one-token-per-request batch with top-k logprobs, through encode / decode like the real socket
-    (its arrays are views of the received frames)."""
-    frames = protocol.encode(protocol.TokenOutBatch(
-        rids=[f"r{i}" for i in range(n_reqs)], top_logprobs_nums=[k] * n_reqs,
-        offsets=np.arange(n_reqs + 1, dtype=np.int32),
-        output_ids=rng.integers(0, 999, n_reqs, dtype=np.int32),
-        logprobs=-rng.random(n_reqs, dtype=np.float32),
-        top_logprob_ids=rng.integers(0, 999, n_reqs * k, dtype=np.int32),
-        top_logprobs=-rng.random(n_reqs * k, dtype=np.float32), finish_reasons=[None] * n_reqs,
-        matched_stop=[None] * n_reqs, prompt_tokens=[4] * n_reqs, completion_tokens=[1] * n_reqs,
-        cached_tokens=[0] * n_reqs, errors=[None] * n_reqs))
-    return protocol.decode([bytes(f) for f in frames], (protocol.TokenOutBatch,))
-
-
 def test_a_reader_that_falls_behind_stops_pinning_whole_passes() -> None:
     """Request r0's reader never takes: after _DETACH_EVERY passes its pending chunks own their logprob
     arrays (the same values) instead of views that keep each pass's frame (all 256 requests' logprobs)
@@ -107,7 +93,7 @@ def test_a_reader_that_falls_behind_stops_pinning_whole_passes() -> None:
     rng = np.random.default_rng(0)
     batches, taken = [], []
     for _ in range(_DETACH_EVERY + 3):
-        batches.append(_frame_batch(256, 20, rng))
+        batches.append(token_pass(256, 20, rng))
         m._dispatch(batches[-1])
         taken.extend(fast.items)
         fast.items = []
